@@ -1,0 +1,3 @@
+module github.com/vmipam/vmipam
+
+go 1.26

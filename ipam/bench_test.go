@@ -1,0 +1,223 @@
+package ipam
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// benchClock is a lock-free Clock, so the benchmarks measure the Manager
+// rather than the fake clock's mutex.
+type benchClock struct{ ns atomic.Int64 }
+
+func (c *benchClock) Now() time.Time       { return time.Unix(0, c.ns.Load()) }
+func (c *benchClock) Step(d time.Duration) { c.ns.Add(int64(d)) }
+
+func benchManager(b *testing.B, cidr string, clk Clock, store Store) *Manager {
+	b.Helper()
+	m, err := NewManager(Config{
+		Pool: "bench", Holder: "h", Ranges: mustRanges(b, RangeSpec{CIDR: cidr}),
+		Cooldown: time.Second, PendingTTL: time.Hour,
+		LowWatermark: 32, TargetFree: 128, HighWatermark: 4096,
+		Store: store, Clock: clk,
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return m
+}
+
+func tokens(n int) []string {
+	t := make([]string, n)
+	for i := range t {
+		t[i] = fmt.Sprintf("tok-%06d", i)
+	}
+	return t
+}
+
+// BenchmarkAllocateRelease is one allocate and one release on a /16 pool at
+// steady state: the clock moves 1ms an operation against a 1s cooldown, so
+// about a thousand addresses cycle through cooldown and back to the free
+// list, and nothing touches the store.
+func BenchmarkAllocateRelease(b *testing.B) {
+	ctx := context.Background()
+	clk := &benchClock{}
+	m := benchManager(b, "10.0.0.0/16", clk, NewMemoryStore())
+	if _, err := m.Recover(ctx, nil); err != nil {
+		b.Fatal(err)
+	}
+	toks := tokens(4096)
+	op := func(i int) {
+		tok := toks[i&4095]
+		a, err := m.Allocate(ctx, tok)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := m.Release(a, Owner{Token: tok}); err != nil {
+			b.Fatal(err)
+		}
+		clk.Step(time.Millisecond)
+	}
+	for i := range 20000 { // warm up to the steady state
+		op(i)
+		if i%64 == 0 {
+			_ = m.Rebalance(ctx)
+		}
+	}
+	writes := m.Stats().StoreWrites
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		op(i)
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(m.Stats().StoreWrites-writes)/float64(b.N), "writes/op")
+}
+
+// BenchmarkAllocateParallel is allocate+release from 32 goroutines at once.
+func BenchmarkAllocateParallel(b *testing.B) {
+	ctx := context.Background()
+	clk := &benchClock{}
+	m := benchManager(b, "10.0.0.0/16", clk, NewMemoryStore())
+	if _, err := m.Recover(ctx, nil); err != nil {
+		b.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go m.Run(runCtx, 10*time.Millisecond, nil)
+	var g atomic.Int64
+	b.ReportAllocs()
+	b.SetParallelism(32 / runtime.GOMAXPROCS(0))
+	b.RunParallel(func(pb *testing.PB) {
+		toks := tokens(1024)
+		id := g.Add(1)
+		for i := range toks {
+			toks[i] = fmt.Sprintf("g%d-%s", id, toks[i])
+		}
+		for i := 0; pb.Next(); i++ {
+			tok := toks[i&1023]
+			a, err := m.Allocate(ctx, tok)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			if err := m.Release(a, Owner{Token: tok}); err != nil {
+				b.Error(err)
+				return
+			}
+			clk.Step(time.Millisecond / 32)
+		}
+	})
+}
+
+// liveOn returns n holdings on consecutive addresses from start.
+func liveOn(start string, n int) []Holding {
+	live := make([]Holding, n)
+	a := netip.MustParseAddr(start)
+	for i := range live {
+		a = a.Next()
+		live[i] = Holding{Addr: a, Owner: Owner{Token: fmt.Sprintf("t%d", i), UID: fmt.Sprintf("uid-%d", i)}}
+	}
+	return live
+}
+
+// BenchmarkRecover100k rebuilds a Manager from a store and 100,000 live
+// machines, as after a restart (goal: under 1s).
+func BenchmarkRecover100k(b *testing.B) {
+	ctx := context.Background()
+	clk := &benchClock{}
+	store := NewMemoryStore()
+	live := liveOn("10.0.0.0", 100_000)
+	seed := benchManager(b, "10.0.0.0/12", clk, store)
+	if _, err := seed.Recover(ctx, live); err != nil {
+		b.Fatal(err)
+	}
+	if err := seed.Flush(ctx); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		m := benchManager(b, "10.0.0.0/12", clk, store)
+		rep, err := m.Recover(ctx, live)
+		if err != nil || rep.Allocated != len(live) {
+			b.Fatalf("recover: %+v %v", rep, err)
+		}
+	}
+}
+
+// BenchmarkMemoryPerAddress reports the heap a claimed address costs.
+func BenchmarkMemoryPerAddress(b *testing.B) {
+	ctx := context.Background()
+	const n = 100_000
+	live := liveOn("10.0.0.0", n)
+	for b.Loop() {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		m := benchManager(b, "10.0.0.0/12", &benchClock{}, NewMemoryStore())
+		if _, err := m.Recover(ctx, live); err != nil {
+			b.Fatal(err)
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/n, "bytes/address")
+		runtime.KeepAlive(m)
+	}
+}
+
+// BenchmarkPersistedSize reports what a full pool costs in the store: every
+// address claimed, and the worst case of every address cooling down.
+func BenchmarkPersistedSize(b *testing.B) {
+	for _, tc := range []struct{ name, cidr string }{{"slash16", "10.0.0.0/16"}, {"slash12", "10.0.0.0/12"}} {
+		b.Run(tc.name, func(b *testing.B) {
+			ctx := context.Background()
+			p := netip.MustParsePrefix(tc.cidr)
+			n := 1<<(32-p.Bits()) - 2
+			for b.Loop() {
+				store := NewMemoryStore()
+				clk := &benchClock{}
+				m := benchManager(b, tc.cidr, clk, store)
+				live := liveOn("10.0.0.0", n)
+				if _, err := m.Recover(ctx, live); err != nil {
+					b.Fatal(err)
+				}
+				if err := m.Flush(ctx); err != nil {
+					b.Fatal(err)
+				}
+				total, largest, objects := storeSize(b, store)
+				b.ReportMetric(float64(objects), "objects")
+				b.ReportMetric(float64(total), "bytes-claimed")
+				b.ReportMetric(float64(largest), "max-object-bytes-claimed")
+				for _, h := range live {
+					if err := m.Release(h.Addr, h.Owner); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if err := m.Flush(ctx); err != nil {
+					b.Fatal(err)
+				}
+				total, largest, _ = storeSize(b, store)
+				b.ReportMetric(float64(total), "bytes-all-cooling")
+				b.ReportMetric(float64(largest), "max-object-bytes-all-cooling")
+			}
+		})
+	}
+}
+
+func storeSize(b *testing.B, s *MemoryStore) (total, largest, objects int) {
+	blocks, _ := s.List(context.Background())
+	for _, bl := range blocks {
+		raw, err := json.Marshal(bl.Encode())
+		if err != nil {
+			b.Fatal(err)
+		}
+		total += len(raw)
+		largest = max(largest, len(raw))
+	}
+	return total, largest, len(blocks)
+}

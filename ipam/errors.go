@@ -1,0 +1,118 @@
+package ipam
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"time"
+)
+
+// Sentinel errors for the conditions callers act on; match them with
+// errors.Is, the concrete errors below carry the details.
+var (
+	// ErrNotReady is returned until the Manager has recovered its state.
+	ErrNotReady = errors.New("allocator is not ready: state not yet recovered")
+	// ErrExhausted means no address can be handed out now; see ExhaustedError.
+	ErrExhausted = errors.New("pool exhausted")
+	// ErrOutOfRange means an address is in none of the pool's ranges.
+	ErrOutOfRange = errors.New("address outside every range of the pool")
+	// ErrInUse means an address is pending for, or allocated to, another owner.
+	ErrInUse = errors.New("address in use")
+	// ErrCoolingDown means an address was released and its cooldown has not ended.
+	ErrCoolingDown = errors.New("address cooling down")
+	// ErrConflict means two owners claim one address; it is never resolved silently.
+	ErrConflict = errors.New("address conflict")
+	// ErrUnknownToken means no reservation exists for a token (never made, or expired).
+	ErrUnknownToken = errors.New("unknown reservation token")
+	// ErrStoreConflict is returned by a Store when a write's version is stale.
+	ErrStoreConflict = errors.New("store version conflict")
+	// ErrInvalid marks a configuration error; see FieldErrors.
+	ErrInvalid = errors.New("invalid configuration")
+)
+
+// FieldError is one invalid input value: the field it came from (a path such
+// as "ranges[0].cidr"), the value, and what is wrong and how to fix it.
+type FieldError struct {
+	Field  string
+	Value  string
+	Detail string
+}
+
+func (e *FieldError) Error() string {
+	if e.Value == "" {
+		return fmt.Sprintf("%s: %s", e.Field, e.Detail)
+	}
+	return fmt.Sprintf("%s: invalid value %q: %s", e.Field, e.Value, e.Detail)
+}
+
+// FieldErrors is every problem found in one input, reported together so the
+// user can fix them in one pass. It matches ErrInvalid.
+type FieldErrors []*FieldError
+
+func (l FieldErrors) Error() string {
+	msgs := make([]string, len(l))
+	for i, e := range l {
+		msgs[i] = e.Error()
+	}
+	return strings.Join(msgs, "; ")
+}
+
+// Is reports whether target is ErrInvalid.
+func (l FieldErrors) Is(target error) bool { return target == ErrInvalid }
+
+// ExhaustedError says why a pool cannot hand out an address and when one
+// will free up, so the user is told something they can act on.
+type ExhaustedError struct {
+	Pool   string
+	Counts Counts
+	// NextFree is when the next address leaves cooldown; zero when no
+	// address is cooling down or pending.
+	NextFree time.Time
+}
+
+func (e *ExhaustedError) Error() string {
+	msg := fmt.Sprintf("pool %q is exhausted: %d of %d usable addresses allocated, %d pending, %d cooling down",
+		e.Pool, e.Counts.Allocated, e.Counts.Usable, e.Counts.Pending, e.Counts.Cooldown)
+	if e.Counts.ClaimedElsewhere > 0 {
+		msg += fmt.Sprintf(", %d claimed by other holders", e.Counts.ClaimedElsewhere)
+	}
+	if !e.NextFree.IsZero() {
+		msg += "; the next address frees at " + e.NextFree.UTC().Format(time.RFC3339)
+	} else {
+		msg += "; add a range to the pool or delete virtual machines"
+	}
+	return msg
+}
+
+// Is reports whether target is ErrExhausted.
+func (e *ExhaustedError) Is(target error) bool { return target == ErrExhausted }
+
+// AddressError says why one specific address cannot be had: who holds it, or
+// until when it cools down. It matches ErrInUse, ErrCoolingDown or
+// ErrConflict, according to Reason.
+type AddressError struct {
+	Addr   netip.Addr
+	Reason error
+	// State the address is in, and its holder: a UID when allocated, a
+	// reservation token when pending.
+	State State
+	Owner Owner
+	// Until is the end of the cooldown, for ErrCoolingDown.
+	Until time.Time
+}
+
+func (e *AddressError) Error() string {
+	switch e.State {
+	case StateAllocated:
+		return fmt.Sprintf("address %s is allocated to the virtual machine with UID %s", e.Addr, e.Owner.UID)
+	case StatePending:
+		return fmt.Sprintf("address %s is reserved for another virtual machine being created (token %s)", e.Addr, e.Owner.Token)
+	case StateCooldown:
+		return fmt.Sprintf("address %s was released recently and cools down until %s", e.Addr, e.Until.UTC().Format(time.RFC3339))
+	}
+	return fmt.Sprintf("address %s: %v", e.Addr, e.Reason)
+}
+
+// Unwrap returns the sentinel the error matches.
+func (e *AddressError) Unwrap() error { return e.Reason }

@@ -1,0 +1,608 @@
+package ipam
+
+import (
+	"context"
+	"errors"
+	"math/bits"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestAllocateOrderAndIdempotence(t *testing.T) {
+	m, _, _ := newTestManager(t, testPool{cidr: "10.0.0.0/28", exclude: []string{"10.0.0.3"}})
+	ctx := t.Context()
+	want := []string{"10.0.0.1", "10.0.0.2", "10.0.0.4", "10.0.0.5"}
+	for i, w := range want {
+		tok := string(rune('a' + i))
+		got, err := m.Allocate(ctx, tok)
+		if err != nil || got != addr(w) {
+			t.Fatalf("Allocate(%s) = %s, %v; want %s (never-used addresses in range order)", tok, got, err, w)
+		}
+		again, err := m.Allocate(ctx, tok)
+		if err != nil || again != got {
+			t.Fatalf("Allocate(%s) again = %s, %v; want %s", tok, again, err, got)
+		}
+	}
+}
+
+func TestReuseOrderFollowsRelease(t *testing.T) {
+	// Target 8 over a /28: everything is claimed at once, so the order of
+	// reuse is the free list's alone.
+	m, clk, _ := newTestManager(t, testPool{cidr: "10.0.0.0/29", low: 0, target: 6, high: 6, cooldown: time.Minute})
+	ctx := t.Context()
+	for i := range 6 {
+		tok := string(rune('a' + i))
+		a, _ := m.Allocate(ctx, tok)
+		if _, err := m.Bind(tok, "uid-"+tok); err != nil {
+			t.Fatal(err)
+		}
+		_ = a
+	}
+	// Release .4 first, then .2, then .6, a second apart.
+	for _, r := range []struct{ a, uid string }{{"10.0.0.4", "uid-d"}, {"10.0.0.2", "uid-b"}, {"10.0.0.6", "uid-f"}} {
+		if err := m.Release(addr(r.a), Owner{UID: r.uid}); err != nil {
+			t.Fatal(err)
+		}
+		clk.Step(time.Second)
+	}
+	if _, err := m.Allocate(ctx, "early"); !errors.Is(err, ErrExhausted) {
+		t.Fatalf("Allocate inside every cooldown: err = %v, want ErrExhausted", err)
+	}
+	clk.Step(time.Minute)
+	for i, w := range []string{"10.0.0.4", "10.0.0.2", "10.0.0.6"} {
+		got, err := m.Allocate(ctx, "late"+string(rune('0'+i)))
+		if err != nil || got != addr(w) {
+			t.Fatalf("reuse %d = %s, %v; want %s (released longest ago first)", i, got, err, w)
+		}
+	}
+}
+
+func TestCooldownNeverShortened(t *testing.T) {
+	m, clk, _ := newTestManager(t, testPool{cidr: "10.0.0.0/30", cooldown: time.Hour})
+	ctx := t.Context()
+	a, _ := m.Allocate(ctx, "a")
+	b, _ := m.Allocate(ctx, "b")
+	if _, err := m.Bind("a", "uid-a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Release(a, Owner{UID: "uid-a"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []time.Duration{time.Minute, 30 * time.Minute, 28*time.Minute + 59*time.Second} {
+		clk.Step(step)
+		got, err := m.Allocate(ctx, "c"+step.String())
+		if err == nil {
+			t.Fatalf("after %s got %s, want exhaustion while %s cools down (b holds %s)", step, got, a, b)
+		}
+		var ex *ExhaustedError
+		if !errors.As(err, &ex) || ex.NextFree.IsZero() {
+			t.Fatalf("error %v: want *ExhaustedError with NextFree", err)
+		}
+	}
+	clk.Step(time.Second)
+	if got, err := m.Allocate(ctx, "d"); err != nil || got != a {
+		t.Fatalf("after the cooldown: %s, %v; want %s", got, err, a)
+	}
+}
+
+func TestReserve(t *testing.T) {
+	tests := map[string]struct {
+		setup   func(t *testing.T, m *Manager, clk *fakeClock)
+		addr    string
+		wantErr error
+		wantMsg string
+	}{
+		"unclaimed address is claimed and reserved": {addr: "10.0.0.9"},
+		"free address": {
+			setup: func(t *testing.T, m *Manager, _ *fakeClock) { mustAllocate(t, m, "x") },
+			addr:  "10.0.0.3",
+		},
+		"outside every range": {addr: "10.0.1.1", wantErr: ErrOutOfRange, wantMsg: "10.0.0.1-10.0.0.14"},
+		"network address":     {addr: "10.0.0.0", wantErr: ErrOutOfRange},
+		"pending for another": {
+			setup:   func(t *testing.T, m *Manager, _ *fakeClock) { mustAllocate(t, m, "other") },
+			addr:    "10.0.0.1",
+			wantErr: ErrInUse, wantMsg: "reserved for another virtual machine being created (token other)",
+		},
+		"allocated to another": {
+			setup: func(t *testing.T, m *Manager, _ *fakeClock) {
+				mustAllocate(t, m, "other")
+				if _, err := m.Bind("other", "uid-1"); err != nil {
+					t.Fatal(err)
+				}
+			},
+			addr:    "10.0.0.1",
+			wantErr: ErrInUse, wantMsg: "allocated to the virtual machine with UID uid-1",
+		},
+		"cooling down": {
+			setup: func(t *testing.T, m *Manager, _ *fakeClock) {
+				a := mustAllocate(t, m, "other")
+				if err := m.Release(a, Owner{Token: "other"}); err != nil {
+					t.Fatal(err)
+				}
+			},
+			addr:    "10.0.0.1",
+			wantErr: ErrCoolingDown, wantMsg: "cools down until 2026-01-01T00:01:00Z",
+		},
+		"same token, same address again": {
+			setup: func(t *testing.T, m *Manager, _ *fakeClock) {
+				if err := m.Reserve(t.Context(), "tok", addr("10.0.0.7")); err != nil {
+					t.Fatal(err)
+				}
+			},
+			addr: "10.0.0.7",
+		},
+		"same token, other address": {
+			setup:   func(t *testing.T, m *Manager, _ *fakeClock) { mustAllocate(t, m, "tok") },
+			addr:    "10.0.0.7",
+			wantErr: ErrConflict, wantMsg: "token tok already holds 10.0.0.1",
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			m, clk, _ := newTestManager(t, testPool{cidr: "10.0.0.0/28"})
+			if tc.setup != nil {
+				tc.setup(t, m, clk)
+			}
+			err := m.Reserve(t.Context(), "tok", addr(tc.addr))
+			if tc.wantErr == nil {
+				if err != nil {
+					t.Fatalf("Reserve: %v", err)
+				}
+				if st, o, _ := m.Lookup(addr(tc.addr)); st != StatePending || o.Token != "tok" {
+					t.Fatalf("after Reserve: %s %+v, want pending for tok", st, o)
+				}
+				return
+			}
+			if !errors.Is(err, tc.wantErr) || !strings.Contains(err.Error(), tc.wantMsg) {
+				t.Fatalf("Reserve error = %v; want %v containing %q", err, tc.wantErr, tc.wantMsg)
+			}
+		})
+	}
+}
+
+func mustAllocate(t *testing.T, m *Manager, tok string) netip.Addr {
+	t.Helper()
+	a, err := m.Allocate(t.Context(), tok)
+	if err != nil {
+		t.Fatalf("Allocate(%s): %v", tok, err)
+	}
+	return a
+}
+
+func TestBindReleaseAdopt(t *testing.T) {
+	tests := map[string]struct {
+		run     func(m *Manager, a netip.Addr) error
+		wantErr error
+		state   State
+	}{
+		"bind pending": {
+			run:   func(m *Manager, _ netip.Addr) error { _, err := m.Bind("tok", "uid"); return err },
+			state: StateAllocated,
+		},
+		"bind twice, same uid": {
+			run: func(m *Manager, _ netip.Addr) error {
+				_, _ = m.Bind("tok", "uid")
+				_, err := m.Bind("tok", "uid")
+				return err
+			},
+			state: StateAllocated,
+		},
+		"bind twice, other uid": {
+			run: func(m *Manager, _ netip.Addr) error {
+				_, _ = m.Bind("tok", "uid")
+				_, err := m.Bind("tok", "uid2")
+				return err
+			},
+			wantErr: ErrConflict, state: StateAllocated,
+		},
+		"bind unknown token": {
+			run:     func(m *Manager, _ netip.Addr) error { _, err := m.Bind("nope", "uid"); return err },
+			wantErr: ErrUnknownToken, state: StatePending,
+		},
+		"release pending by token": {
+			run:   func(m *Manager, a netip.Addr) error { return m.Release(a, Owner{Token: "tok"}) },
+			state: StateCooldown,
+		},
+		"release by a stranger": {
+			run:     func(m *Manager, a netip.Addr) error { return m.Release(a, Owner{Token: "x", UID: "y"}) },
+			wantErr: ErrConflict, state: StatePending,
+		},
+		"release allocated, twice": {
+			run: func(m *Manager, a netip.Addr) error {
+				_, _ = m.Bind("tok", "uid")
+				if err := m.Release(a, Owner{UID: "uid"}); err != nil {
+					return err
+				}
+				return m.Release(a, Owner{UID: "uid"})
+			},
+			state: StateCooldown,
+		},
+		"release allocated with wrong uid": {
+			run: func(m *Manager, a netip.Addr) error {
+				_, _ = m.Bind("tok", "uid")
+				return m.Release(a, Owner{UID: "other", Token: "tok"})
+			},
+			wantErr: ErrConflict, state: StateAllocated,
+		},
+		"adopt a pending address for its own token": {
+			run:   func(m *Manager, a netip.Addr) error { return m.Adopt(a, Owner{Token: "tok", UID: "uid"}) },
+			state: StateAllocated,
+		},
+		"adopt a pending address for another machine displaces the reservation": {
+			run: func(m *Manager, a netip.Addr) error {
+				if err := m.Adopt(a, Owner{UID: "live"}); err != nil {
+					return err
+				}
+				if _, err := m.Bind("tok", "late"); !errors.Is(err, ErrUnknownToken) {
+					return errors.New("displaced token still bindable")
+				}
+				return nil
+			},
+			state: StateAllocated,
+		},
+		"adopt a cooling address": {
+			run: func(m *Manager, a netip.Addr) error {
+				_ = m.Release(a, Owner{Token: "tok"})
+				return m.Adopt(a, Owner{UID: "uid"})
+			},
+			state: StateAllocated,
+		},
+		"adopt an address allocated to another uid": {
+			run: func(m *Manager, a netip.Addr) error {
+				_, _ = m.Bind("tok", "uid")
+				return m.Adopt(a, Owner{UID: "uid2"})
+			},
+			wantErr: ErrConflict, state: StateAllocated,
+		},
+		"adopt outside the ranges": {
+			run:     func(m *Manager, _ netip.Addr) error { return m.Adopt(addr("192.0.2.1"), Owner{UID: "uid"}) },
+			wantErr: ErrOutOfRange, state: StatePending,
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			m, _, _ := newTestManager(t, testPool{cidr: "10.0.0.0/28"})
+			a := mustAllocate(t, m, "tok")
+			err := tc.run(m, a)
+			if tc.wantErr == nil && err != nil || tc.wantErr != nil && !errors.Is(err, tc.wantErr) {
+				t.Fatalf("err = %v, want %v", err, tc.wantErr)
+			}
+			if st, _, _ := m.Lookup(a); st != tc.state {
+				t.Fatalf("state = %s, want %s", st, tc.state)
+			}
+			c := m.Snapshot()
+			if c.Free+c.Pending+c.Allocated+c.Cooldown != c.Claimed {
+				t.Fatalf("counts do not add up: %+v", c)
+			}
+		})
+	}
+}
+
+func TestPendingExpiry(t *testing.T) {
+	m, clk, _ := newTestManager(t, testPool{cidr: "10.0.0.0/28", pendingTT: 30 * time.Second, cooldown: time.Minute})
+	a := mustAllocate(t, m, "tok")
+	clk.Step(29 * time.Second)
+	if n := m.Expire(); n != 0 {
+		t.Fatalf("expired %d before the TTL", n)
+	}
+	clk.Step(time.Second)
+	if n := m.Expire(); n != 1 {
+		t.Fatalf("expired %d at the TTL, want 1", n)
+	}
+	st, _, until := m.Lookup(a)
+	if want := newFakeClock().Now().Add(90 * time.Second); st != StateCooldown || !until.Equal(want) {
+		t.Fatalf("after expiry: %s until %s, want cooldown until %s", st, until, want)
+	}
+	if _, err := m.Bind("tok", "uid"); !errors.Is(err, ErrUnknownToken) {
+		t.Fatalf("Bind after expiry: %v, want ErrUnknownToken", err)
+	}
+	if got := m.Stats().ExpiredPendings; got != 1 {
+		t.Fatalf("ExpiredPendings = %d", got)
+	}
+}
+
+func TestWatermarks(t *testing.T) {
+	m, clk, st := newTestManager(t, testPool{cidr: "10.0.0.0/24", low: 4, target: 16, high: 24, cooldown: time.Second})
+	ctx := t.Context()
+	mustAllocate(t, m, "first")
+	if c := m.Snapshot(); c.Claimed != 16 || st.Puts() != 1 {
+		t.Fatalf("first allocation claimed %d with %d writes; want target 16 in one write", c.Claimed, st.Puts())
+	}
+	// Down to the low watermark without touching the store.
+	for i := range 11 {
+		mustAllocate(t, m, "a"+string(rune('a'+i)))
+	}
+	if st.Puts() != 1 {
+		t.Fatalf("allocations above the low watermark wrote %d times", st.Puts()-1)
+	}
+	mustAllocate(t, m, "below")
+	if err := m.Rebalance(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if c := m.Snapshot(); c.Free != 16 || st.Puts() != 2 {
+		t.Fatalf("rebalance: free %d after %d writes; want refilled to the target 16 in one write", c.Free, st.Puts())
+	}
+	// Expire all 13 reservations: 13 come back, free rises to 29 > high.
+	clk.Step(time.Hour)
+	m.Expire()
+	if c := m.Snapshot(); c.Free != 29 {
+		t.Fatalf("free = %d, want 29", c.Free)
+	}
+	if err := m.Rebalance(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if c := m.Snapshot(); c.Free != 16 || c.Claimed != 16 || st.Puts() != 3 {
+		t.Fatalf("after returning: %+v after %d writes; want free=claimed=16 in one write", c, st.Puts())
+	}
+	// The returned ones are unclaimed in the store.
+	bl, _ := st.List(ctx)
+	n := 0
+	for _, w := range bl[0].Claims["h1"] {
+		n += bits.OnesCount64(w)
+	}
+	if n != 16 {
+		t.Fatalf("store holds %d claims, want 16", n)
+	}
+}
+
+func TestNoStoreIOUnderLock(t *testing.T) {
+	// A store that blocks every write must not block allocations that the
+	// free list can serve.
+	clk := newFakeClock()
+	blocking := &blockingStore{Store: NewMemoryStore(), release: make(chan struct{})}
+	m, err := NewManager(Config{
+		Pool: "p", Holder: "h", Ranges: mustRanges(t, RangeSpec{CIDR: "10.0.0.0/24"}),
+		LowWatermark: 8, TargetFree: 16, HighWatermark: 32, Store: blocking, Clock: clk,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Recover(t.Context(), nil); err != nil {
+		t.Fatal(err)
+	}
+	close(blocking.release) // let the first claim through
+	mustAllocate(t, m, "seed")
+	blocking.release = make(chan struct{})
+	for i := range 8 {
+		mustAllocate(t, m, "a"+string(rune('a'+i)))
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = m.Rebalance(context.Background()) }) // blocks in Put
+	for !blocking.waiting() {
+		time.Sleep(time.Millisecond)
+	}
+	done := make(chan error)
+	go func() { _, err := m.Allocate(t.Context(), "during"); done <- err }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Allocate waited on a store write")
+	}
+	close(blocking.release)
+	wg.Wait()
+}
+
+type blockingStore struct {
+	Store
+	mu      sync.Mutex
+	release chan struct{}
+	blocked bool
+}
+
+func (s *blockingStore) Put(ctx context.Context, b Block) (string, error) {
+	s.mu.Lock()
+	ch := s.release
+	s.blocked = true
+	s.mu.Unlock()
+	<-ch
+	s.mu.Lock()
+	s.blocked = false
+	s.mu.Unlock()
+	return s.Store.Put(ctx, b)
+}
+
+func (s *blockingStore) waiting() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.blocked
+}
+
+func TestNotReadyUntilRecovered(t *testing.T) {
+	m, err := NewManager(Config{Pool: "p", Holder: "h", Ranges: mustRanges(t, RangeSpec{CIDR: "10.0.0.0/24"}), Store: NewMemoryStore(), Clock: newFakeClock()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Allocate(t.Context(), "a"); !errors.Is(err, ErrNotReady) {
+		t.Fatalf("Allocate before Recover: %v, want ErrNotReady", err)
+	}
+	if _, err := m.Recover(t.Context(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if !m.Ready() {
+		t.Fatal("not ready after Recover")
+	}
+}
+
+func TestRecover(t *testing.T) {
+	ctx := t.Context()
+	clk := newFakeClock()
+	store := NewMemoryStore()
+	cfg := Config{
+		Pool: "p", Holder: "h", Ranges: mustRanges(t, RangeSpec{CIDR: "10.0.0.0/28"}),
+		Cooldown: time.Minute, PendingTTL: 30 * time.Second, LowWatermark: 1, TargetFree: 8, HighWatermark: 14,
+		Store: store, Clock: clk,
+	}
+	m1, _ := NewManager(cfg)
+	if _, err := m1.Recover(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	a := mustAllocate(t, m1, "a") // .1, will be live
+	b := mustAllocate(t, m1, "b") // .2, pending at the crash
+	c := mustAllocate(t, m1, "c") // .3, released and flushed
+	if _, err := m1.Bind("a", "uid-a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m1.Bind("c", "uid-c"); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Cooldown = time.Hour // a shorter cooldown never shortens a persisted one; a longer one persisted wins
+	_ = m1.Release(c, Owner{UID: "uid-c"})
+	if err := m1.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	clk.Step(10 * time.Second)
+
+	cfg.Cooldown = time.Minute
+	m2, _ := NewManager(cfg)
+	rep, err := m2.Recover(ctx, []Holding{
+		{Addr: a, Owner: Owner{Token: "a", UID: "uid-a"}},
+		{Addr: addr("10.0.0.9"), Owner: Owner{UID: "uid-static"}}, // never claimed: adopted
+		{Addr: addr("10.0.0.9"), Owner: Owner{UID: "uid-dup"}},    // a duplicate: reported
+		{Addr: addr("192.0.2.1"), Owner: Owner{UID: "uid-out"}},   // outside: reported
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Allocated != 2 || len(rep.Conflicts) != 1 || len(rep.OutOfRange) != 1 {
+		t.Fatalf("report = %+v", rep)
+	}
+	if !errors.Is(rep.Conflicts[0], ErrConflict) || !strings.Contains(rep.Conflicts[0].Error(), "uid-static") {
+		t.Fatalf("conflict = %v", rep.Conflicts[0])
+	}
+	restart := clk.Now()
+	for _, tc := range []struct {
+		a     netip.Addr
+		state State
+		until time.Time
+	}{
+		{a, StateAllocated, time.Time{}},
+		{addr("10.0.0.9"), StateAllocated, time.Time{}},
+		// pending at the crash: its machine may still appear for the TTL
+		{b, StateCooldown, restart.Add(90 * time.Second)},
+		// released before the crash: at least the crash-safe rest
+		{c, StateCooldown, restart.Add(90 * time.Second)},
+		// claimed for the free list, never handed out: the same rest
+		{addr("10.0.0.4"), StateCooldown, restart.Add(90 * time.Second)},
+	} {
+		st, _, until := m2.Lookup(tc.a)
+		if st != tc.state || !until.Equal(tc.until) {
+			t.Errorf("%s: %s until %s, want %s until %s", tc.a, st, until, tc.state, tc.until)
+		}
+	}
+	// The adopted claim is persisted by the next flush.
+	if err := m2.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	bl, _ := store.Get(ctx, BlockOf(a))
+	if !bl.Claims["h"].Has(9) {
+		t.Fatal("adopted address 10.0.0.9 not claimed in the store after Flush")
+	}
+}
+
+func TestStoreConflictRetried(t *testing.T) {
+	m, _, st := newTestManager(t, testPool{cidr: "10.0.0.0/24"})
+	ctx := t.Context()
+	a := mustAllocate(t, m, "a")
+	ms := st.Store.(*MemoryStore)
+	ms.Touch(BlockOf(a))
+	if err := m.Release(a, Owner{Token: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Flush(ctx); err != nil {
+		t.Fatalf("Flush after a concurrent write: %v", err)
+	}
+	if s := m.Stats(); s.StoreConflicts != 1 {
+		t.Fatalf("StoreConflicts = %d, want 1", s.StoreConflicts)
+	}
+	b, _ := ms.Get(ctx, BlockOf(a))
+	if _, ok := b.Cooldowns[a]; !ok {
+		t.Fatal("cooldown not persisted after the retry")
+	}
+}
+
+func TestRebalanceFailureCounted(t *testing.T) {
+	m, _, st := newTestManager(t, testPool{cidr: "10.0.0.0/24"})
+	st.mu.Lock()
+	st.fail = errors.New("etcd is down")
+	st.mu.Unlock()
+	_, err := m.Allocate(t.Context(), "a")
+	if err == nil || !strings.Contains(err.Error(), "etcd is down") {
+		t.Fatalf("Allocate with a failing store and an empty free list: %v", err)
+	}
+	if err := m.Rebalance(t.Context()); err == nil {
+		t.Fatal("Rebalance with a failing store: no error")
+	}
+	if s := m.Stats(); s.RebalanceFailures != 1 {
+		t.Fatalf("RebalanceFailures = %d", s.RebalanceFailures)
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	r := mustRanges(t, RangeSpec{CIDR: "10.0.0.0/24"})
+	tests := map[string]struct {
+		cfg  Config
+		want string
+	}{
+		"no pool":         {Config{Holder: "h", Ranges: r, Store: NewMemoryStore()}, "pool: a pool name is required"},
+		"no store":        {Config{Pool: "p", Holder: "h", Ranges: r}, "store: a store is required"},
+		"bad watermarks":  {Config{Pool: "p", Holder: "h", Ranges: r, Store: NewMemoryStore(), LowWatermark: 9, TargetFree: 4, HighWatermark: 8}, "low <= target <= high"},
+		"target too big":  {Config{Pool: "p", Holder: "h", Ranges: r, Store: NewMemoryStore(), TargetFree: 5000, HighWatermark: 6000}, "at most 4096"},
+		"negative cooldn": {Config{Pool: "p", Holder: "h", Ranges: r, Store: NewMemoryStore(), Cooldown: -time.Second}, "cooldown"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			_, err := NewManager(tc.cfg)
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want ErrInvalid containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestConcurrentAllocations(t *testing.T) {
+	m, _, _ := newTestManager(t, testPool{cidr: "10.0.0.0/20", low: 8, target: 32, high: 64, cooldown: time.Second})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go m.Run(ctx, time.Millisecond, nil)
+	var mu sync.Mutex
+	held := map[netip.Addr]string{}
+	var wg sync.WaitGroup
+	for g := range 16 {
+		wg.Go(func() {
+			for i := range 200 {
+				tok := string(rune('A'+g)) + "-" + string(rune('0'+i%10)) + string(rune('a'+i/10))
+				a, err := m.Allocate(ctx, tok)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				if other, ok := held[a]; ok {
+					t.Errorf("%s handed to %s while %s holds it", a, tok, other)
+				}
+				held[a] = tok
+				mu.Unlock()
+				if i%2 == 0 {
+					mu.Lock()
+					delete(held, a)
+					mu.Unlock()
+					if err := m.Release(a, Owner{Token: tok}); err != nil {
+						t.Error(err)
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	c := m.Snapshot()
+	if c.Pending != 1600 || c.Cooldown != 1600 || c.Free+c.Pending+c.Allocated+c.Cooldown != c.Claimed {
+		t.Fatalf("counts %+v, want 1600 pending and 1600 cooling down", c)
+	}
+}

@@ -1,0 +1,376 @@
+package ipam
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+)
+
+// harness drives a Manager through operations and checks the invariants
+// against a model of the world after every step:
+//   - no address is held twice: by two live machines, or by a live machine
+//     and a reservation whose machine may still appear;
+//   - no address is handed out before its cooldown ends, across restarts;
+//   - the counts add up and match the model;
+//   - nothing leaks: once every TTL and cooldown has passed, every address
+//     on no live machine can be handed out again.
+type harness struct {
+	ranges  *Ranges
+	usable  []netip.Addr
+	clock   *fakeClock
+	store   *MemoryStore
+	faulty  *faultyStore
+	cfg     Config
+	m       *Manager
+	seq     int
+	epoch   int // restarts so far
+	log     []string
+	reserva map[string]*reservation // by token
+	live    map[string]netip.Addr   // UID -> address
+	holder  map[netip.Addr]string   // address -> token of the reservation or machine holding it
+	// notBefore is the earliest time an address may be handed out again.
+	notBefore map[netip.Addr]time.Time
+}
+
+type reservation struct {
+	token string
+	addr  netip.Addr
+	at    time.Time
+	uid   string // set once the machine is stored
+	epoch int    // restarts before the reservation was made
+}
+
+// faultyStore fails or conflicts on demand.
+type faultyStore struct {
+	*MemoryStore
+	failPuts int
+}
+
+var errInjected = errors.New("injected store failure")
+
+func (s *faultyStore) Put(ctx context.Context, b Block) (string, error) {
+	if s.failPuts > 0 {
+		s.failPuts--
+		return "", errInjected
+	}
+	return s.MemoryStore.Put(ctx, b)
+}
+
+var harnessPools = [][]RangeSpec{
+	{{CIDR: "10.0.0.0/28", Exclude: []string{"10.0.0.5", "10.0.0.8/30"}}},
+	{{CIDR: "10.1.0.0/29"}, {CIDR: "10.2.0.0/24", First: "10.2.0.250", Last: "10.2.0.254"}},
+	{{CIDR: "fd00::/124", Exclude: []string{"fd00::3"}}},
+	{{CIDR: "10.3.15.240/28"}, {CIDR: "10.3.16.0/30"}}, // spans two blocks
+	{{CIDR: "192.168.7.0/31"}, {CIDR: "fd00:1::/127"}},
+	{{CIDR: "255.255.255.248/29"}, {CIDR: "ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffc/126"}}, // the top of both families
+}
+
+func newHarness(pool int, cooldown, ttl time.Duration, low, target, high int) (*harness, error) {
+	r, err := ParseRanges(harnessPools[pool%len(harnessPools)])
+	if err != nil {
+		return nil, err
+	}
+	h := &harness{
+		ranges: r, clock: newFakeClock(), store: NewMemoryStore(),
+		reserva: map[string]*reservation{}, live: map[string]netip.Addr{},
+		holder: map[netip.Addr]string{}, notBefore: map[netip.Addr]time.Time{},
+	}
+	for a, ok := r.Next(netip.IPv4Unspecified()); ok; a, ok = r.Next(a.Next()) {
+		h.usable = append(h.usable, a)
+	}
+	h.faulty = &faultyStore{MemoryStore: h.store}
+	h.cfg = Config{
+		Pool: "p", Holder: "h", Ranges: r, Cooldown: cooldown, PendingTTL: ttl,
+		LowWatermark: low, TargetFree: target, HighWatermark: high,
+		Store: h.faulty, Clock: h.clock,
+	}
+	return h, h.restart(0)
+}
+
+func (h *harness) logf(format string, args ...any) {
+	h.log = append(h.log, fmt.Sprintf(format, args...))
+}
+
+// restart replaces the Manager as a crash would, and recovers it. Each
+// reservation whose machine may still appear appears during the crash when
+// its bit in stored is set.
+func (h *harness) restart(stored uint32) error {
+	m, err := NewManager(h.cfg)
+	if err != nil {
+		return err
+	}
+	h.m = m
+	h.epoch++
+	i := 0
+	for _, tok := range h.tokens() {
+		r := h.reserva[tok]
+		if r.uid == "" && h.mayAppear(r) {
+			if stored&(1<<(i%32)) != 0 {
+				h.seq++
+				r.uid = fmt.Sprintf("uid-%d", h.seq)
+				h.live[r.uid] = r.addr
+			}
+			i++
+		}
+	}
+	var live []Holding
+	for _, tok := range h.tokens() {
+		if r := h.reserva[tok]; r.uid != "" {
+			live = append(live, Holding{Addr: r.addr, Owner: Owner{Token: r.token, UID: r.uid}})
+		}
+	}
+	rep, err := h.m.Recover(context.Background(), live)
+	if err != nil {
+		return fmt.Errorf("recover: %w", err)
+	}
+	if len(rep.Conflicts) > 0 || len(rep.OutOfRange) > 0 {
+		return fmt.Errorf("recover reported %v, out of range %v", rep.Conflicts, rep.OutOfRange)
+	}
+	h.logf("restart: %d live, report %+v", len(live), rep)
+	return nil
+}
+
+func (h *harness) tokens() []string {
+	return slices.Sorted(mapsKeys(h.reserva))
+}
+
+func mapsKeys[K comparable, V any](m map[K]V) func(func(K) bool) {
+	return func(yield func(K) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+// mayAppear reports whether a reservation's machine may still be stored.
+func (h *harness) mayAppear(r *reservation) bool {
+	return h.clock.Now().Before(r.at.Add(h.cfg.PendingTTL))
+}
+
+// settle forgets reservations whose machine can no longer appear: from
+// then on their address may be reused after the cooldown.
+func (h *harness) settle() {
+	for tok, r := range h.reserva {
+		if r.uid == "" && !h.mayAppear(r) {
+			delete(h.reserva, tok)
+			delete(h.holder, r.addr)
+			h.notBefore[r.addr] = r.at.Add(h.cfg.PendingTTL + h.cfg.Cooldown)
+		}
+	}
+}
+
+// handedOut checks and records an address handed out to a new token.
+func (h *harness) handedOut(tok string, a netip.Addr) error {
+	if !h.ranges.Contains(a) {
+		return fmt.Errorf("handed out %s outside the ranges", a)
+	}
+	if other, ok := h.holder[a]; ok {
+		return fmt.Errorf("DUPLICATE: %s handed to %s while %s holds it", a, tok, other)
+	}
+	if nb := h.notBefore[a]; h.clock.Now().Before(nb) {
+		return fmt.Errorf("COOLDOWN: %s handed to %s at %s, before %s", a, tok, h.clock.Now().Format(time.TimeOnly), nb.Format(time.TimeOnly))
+	}
+	h.reserva[tok] = &reservation{token: tok, addr: a, at: h.clock.Now(), epoch: h.epoch}
+	h.holder[a] = tok
+	return nil
+}
+
+// step applies one operation chosen by op, with arg as its parameter.
+func (h *harness) step(op byte, arg uint32) error {
+	ctx := context.Background()
+	h.settle()
+	switch op % 16 {
+	case 0, 1, 2: // allocate for a new token
+		h.seq++
+		tok := fmt.Sprintf("t%d", h.seq)
+		a, err := h.m.Allocate(ctx, tok)
+		h.logf("allocate %s -> %s %v", tok, a, err)
+		if err != nil {
+			if errors.Is(err, ErrExhausted) || errors.Is(err, errInjected) || errors.Is(err, ErrStoreConflict) {
+				return nil
+			}
+			return fmt.Errorf("allocate: unexpected error %w", err)
+		}
+		return h.handedOut(tok, a)
+	case 3: // reinvoked allocation for an existing token
+		toks := h.tokens()
+		if len(toks) == 0 {
+			return nil
+		}
+		r := h.reserva[toks[int(arg)%len(toks)]]
+		if r.uid == "" && r.epoch != h.epoch {
+			// A crash forgot the pending reservation (it rests in
+			// cooldown); the webhook never re-asks for it.
+			return nil
+		}
+		a, err := h.m.Allocate(ctx, r.token)
+		h.logf("reallocate %s -> %s %v", r.token, a, err)
+		if err == nil && a != r.addr {
+			return fmt.Errorf("allocate not idempotent: token %s had %s, got %s", r.token, r.addr, a)
+		}
+		if err != nil && h.m.Ready() && r.uid != "" {
+			// A bound token is never forgotten while its machine lives.
+			return fmt.Errorf("reallocate of bound token %s: %w", r.token, err)
+		}
+		return nil
+	case 4: // static request
+		h.seq++
+		tok := fmt.Sprintf("s%d", h.seq)
+		a := h.usable[int(arg)%len(h.usable)]
+		err := h.m.Reserve(ctx, tok, a)
+		h.logf("reserve %s %s -> %v", tok, a, err)
+		if err != nil {
+			if errors.Is(err, ErrInUse) || errors.Is(err, ErrCoolingDown) || errors.Is(err, errInjected) || errors.Is(err, ErrStoreConflict) {
+				return nil
+			}
+			return fmt.Errorf("reserve: unexpected error %w", err)
+		}
+		return h.handedOut(tok, a)
+	case 5, 6: // a machine is stored: bind its token, or adopt after a restart
+		var cand []*reservation
+		for _, tok := range h.tokens() {
+			if r := h.reserva[tok]; r.uid == "" && h.mayAppear(r) {
+				cand = append(cand, r)
+			}
+		}
+		if len(cand) == 0 {
+			return nil
+		}
+		r := cand[int(arg)%len(cand)]
+		h.seq++
+		uid := fmt.Sprintf("uid-%d", h.seq)
+		a, err := h.m.Bind(r.token, uid)
+		h.logf("bind %s %s -> %s %v", r.token, uid, a, err)
+		if errors.Is(err, ErrUnknownToken) {
+			err = h.m.Adopt(r.addr, Owner{Token: r.token, UID: uid})
+			a = r.addr
+			h.logf("adopt %s %s -> %v", r.addr, uid, err)
+		}
+		if err != nil {
+			return fmt.Errorf("machine %s stored with %s: %w", uid, r.addr, err)
+		}
+		if a != r.addr {
+			return fmt.Errorf("bind %s returned %s, reserved %s", r.token, a, r.addr)
+		}
+		r.uid = uid
+		h.live[uid] = r.addr
+	case 7, 8: // a machine is deleted
+		uids := slices.Sorted(mapsKeys(h.live))
+		if len(uids) == 0 {
+			return nil
+		}
+		uid := uids[int(arg)%len(uids)]
+		a := h.live[uid]
+		tok := h.holder[a]
+		err := h.m.Release(a, Owner{UID: uid, Token: tok})
+		h.logf("release %s %s -> %v", a, uid, err)
+		if err != nil {
+			return fmt.Errorf("release: %w", err)
+		}
+		if err := h.m.Release(a, Owner{UID: uid, Token: tok}); err != nil {
+			return fmt.Errorf("release is not idempotent: %w", err)
+		}
+		delete(h.live, uid)
+		delete(h.reserva, tok)
+		delete(h.holder, a)
+		h.notBefore[a] = h.clock.Now().Add(h.cfg.Cooldown)
+	case 9, 10: // time passes
+		d := time.Duration(arg%uint32(2*(h.cfg.Cooldown+h.cfg.PendingTTL)/time.Second+1)) * time.Second / 4
+		h.clock.Step(d)
+		h.logf("clock +%s", d)
+	case 11: // background work
+		err := errors.Join(h.m.Rebalance(ctx), h.m.Flush(ctx))
+		h.logf("rebalance+flush -> %v", err)
+		if err != nil && !errors.Is(err, errInjected) && !errors.Is(err, ErrStoreConflict) {
+			return fmt.Errorf("rebalance/flush: %w", err)
+		}
+	case 12: // another writer bumps a block under us
+		bl, _ := h.store.List(ctx)
+		if len(bl) > 0 {
+			h.store.Touch(bl[int(arg)%len(bl)].Prefix)
+			h.logf("touch %s", bl[int(arg)%len(bl)].Prefix)
+		}
+	case 13: // the store fails for a while
+		h.faulty.failPuts = int(arg % 4)
+		h.logf("store fails %d puts", h.faulty.failPuts)
+	case 14: // crash and restart
+		if arg%4 != 0 {
+			return nil
+		}
+		h.faulty.failPuts = 0
+		return h.restart(arg)
+	case 15:
+		h.m.Expire()
+	}
+	return h.check()
+}
+
+// check verifies the Manager's state against the model.
+func (h *harness) check() error {
+	h.settle()
+	c := h.m.Snapshot()
+	if c.Free+c.Pending+c.Allocated+c.Cooldown != c.Claimed {
+		return fmt.Errorf("counts do not add up: %+v", c)
+	}
+	if uint64(c.Claimed) > c.Usable {
+		return fmt.Errorf("claimed more than usable: %+v", c)
+	}
+	if c.Allocated != len(h.live) {
+		return fmt.Errorf("allocated %d, model has %d live machines: %+v", c.Allocated, len(h.live), c)
+	}
+	for uid, a := range h.live {
+		st, o, _ := h.m.Lookup(a)
+		if st != StateAllocated || o.UID != uid {
+			return fmt.Errorf("live machine %s has %s, manager says %s owned by %+v", uid, a, st, o)
+		}
+	}
+	return nil
+}
+
+// drain lets every TTL and cooldown pass, then checks that every address on
+// no live machine can be handed out again, and hands them all out.
+func (h *harness) drain() error {
+	ctx := context.Background()
+	h.faulty.failPuts = 0
+	h.clock.Step(2 * (h.cfg.Cooldown + h.cfg.PendingTTL))
+	h.settle()
+	if len(h.holder) != len(h.live) {
+		return fmt.Errorf("model: %d held, %d live", len(h.holder), len(h.live))
+	}
+	h.m.Expire()
+	c := h.m.Snapshot()
+	if c.Pending != 0 || c.Cooldown != 0 {
+		return fmt.Errorf("LEAK: after every TTL and cooldown, %d pending and %d cooling down", c.Pending, c.Cooldown)
+	}
+	got := 0
+	for {
+		h.seq++
+		tok := fmt.Sprintf("d%d", h.seq)
+		a, err := h.m.Allocate(ctx, tok)
+		if errors.Is(err, ErrExhausted) {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("drain allocate: %w", err)
+		}
+		if err := h.handedOut(tok, a); err != nil {
+			return err
+		}
+		got++
+	}
+	if want := len(h.usable) - len(h.live); got != want {
+		return fmt.Errorf("LEAK: %d addresses on no live machine, only %d could be handed out", want, got)
+	}
+	return h.check()
+}
+
+func (h *harness) trace() string {
+	start := max(0, len(h.log)-60)
+	return strings.Join(h.log[start:], "\n")
+}

@@ -1,0 +1,64 @@
+package ipam
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"testing"
+	"time"
+)
+
+// TestProperties runs thousands of random operation sequences and checks
+// the invariants after every step and, at the end, that nothing leaked.
+func TestProperties(t *testing.T) {
+	sequences, steps := 2000, 200
+	if testing.Short() {
+		sequences = 200
+	}
+	for seed := range uint64(sequences) {
+		if s := os.Getenv("IPAM_SEED"); s != "" && s != fmt.Sprint(seed) {
+			continue
+		}
+		rng := rand.New(rand.NewPCG(seed, 0x5eed))
+		low := rng.IntN(3)
+		target := low + 1 + rng.IntN(4)
+		high := target + rng.IntN(6)
+		h, err := newHarness(rng.IntN(len(harnessPools)),
+			time.Duration(1+rng.IntN(60))*time.Second, time.Duration(1+rng.IntN(30))*time.Second, low, target, high)
+		if err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+		for i := range steps {
+			if err := h.step(byte(rng.UintN(256)), rng.Uint32()); err != nil {
+				t.Fatalf("seed %d step %d: %v\ntrace:\n%s", seed, i, err, h.trace())
+			}
+		}
+		if err := h.drain(); err != nil {
+			t.Fatalf("seed %d drain: %v\ntrace:\n%s", seed, err, h.trace())
+		}
+	}
+}
+
+// FuzzOperations feeds arbitrary operation sequences to the same model.
+func FuzzOperations(f *testing.F) {
+	f.Add([]byte{0, 0, 0, 5, 1, 7, 2, 9, 200, 11, 0, 14, 0, 3, 1})
+	f.Add([]byte{4, 3, 4, 3, 0, 1, 0, 2, 13, 2, 0, 0, 11, 0, 14, 4, 5, 0, 9, 255})
+	f.Add([]byte{0, 0, 0, 0, 0, 0, 0, 0, 12, 0, 11, 0, 14, 8, 6, 0, 6, 1, 8, 0, 10, 90, 15, 0})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) < 2 {
+			return
+		}
+		h, err := newHarness(int(data[0]), 10*time.Second, 5*time.Second, int(data[1]%3), 3, 5)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 2; i+1 < len(data) && i < 2+2*500; i += 2 {
+			if err := h.step(data[i], uint32(data[i+1])*2654435761); err != nil {
+				t.Fatalf("step %d: %v\ntrace:\n%s", i/2, err, h.trace())
+			}
+		}
+		if err := h.drain(); err != nil {
+			t.Fatalf("drain: %v\ntrace:\n%s", err, h.trace())
+		}
+	})
+}

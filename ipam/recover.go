@@ -1,0 +1,126 @@
+package ipam
+
+import (
+	"context"
+	"fmt"
+	"math/bits"
+	"net/netip"
+	"slices"
+	"time"
+)
+
+// Holding is an address found on a live virtual machine.
+type Holding struct {
+	Addr  netip.Addr
+	Owner Owner
+}
+
+// RecoveryReport says what Recover found.
+type RecoveryReport struct {
+	// Allocated counts live addresses now allocated; Cooldown, claimed
+	// addresses on no live machine, now cooling down.
+	Allocated, Cooldown int
+	// Dropped counts claims outside the pool's current ranges, released.
+	Dropped int
+	// OutOfRange lists live addresses outside the pool's ranges.
+	OutOfRange []Holding
+	// Conflicts lists live addresses held by two machines: the first one
+	// keeps it, each later one is here.
+	Conflicts []error
+}
+
+// Recover rebuilds the Manager's state from the store's claims and
+// cooldowns and the addresses on live virtual machines, then marks it
+// ready. Live addresses become allocated, whoever claimed them. Addresses
+// this holder claimed that no live machine carries go into cooldown: they
+// may have been handed out just before a crash, to a machine the cluster
+// has not stored yet. They rest for the pending TTL plus the cooldown, or
+// until their persisted deadline if that is later (say, the cooldown was
+// shortened since).
+func (m *Manager) Recover(ctx context.Context, live []Holding) (RecoveryReport, error) {
+	var rep RecoveryReport
+	blocks, err := m.cfg.Store.List(ctx)
+	if err != nil {
+		return rep, fmt.Errorf("recover pool %q: list blocks: %w", m.cfg.Pool, err)
+	}
+	m.io.Lock()
+	defer m.io.Unlock()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.clock.Now()
+	m.entries = make(map[netip.Addr]*entry, len(live))
+	m.byToken = make(map[string]*entry, len(live))
+	m.free, m.pending, m.cooldown = list{}, list{}, list{}
+	m.blocks = make(map[netip.Prefix]*blockState, len(blocks))
+	m.cursor = m.cfg.Ranges.First()
+	m.noClaimableUntil = time.Time{}
+	for _, b := range blocks {
+		if b.Claims == nil {
+			b.Claims = map[string]*Bitmap{}
+		}
+		m.blocks[b.Prefix] = &blockState{persisted: b, loaded: true}
+	}
+	for _, h := range live {
+		if !m.cfg.Ranges.Contains(h.Addr) {
+			rep.OutOfRange = append(rep.OutOfRange, h)
+			continue
+		}
+		if err := m.adoptLocked(h.Addr, h.Owner); err != nil {
+			rep.Conflicts = append(rep.Conflicts, err)
+			continue
+		}
+		rep.Allocated++
+	}
+	// A reservation handed out just before the crash may still see its
+	// machine stored for up to the pending TTL, and the cooldown runs from
+	// then.
+	rest := m.cfg.PendingTTL + m.cfg.Cooldown
+	var cooling []*entry
+	for p, bs := range m.blocks {
+		bm := bs.persisted.Claims[m.cfg.Holder]
+		if bm == nil {
+			continue
+		}
+		for w, word := range bm {
+			for word != 0 {
+				off := w*64 + bits.TrailingZeros64(word)
+				word &= word - 1
+				a := blockAddr(p, off)
+				if m.entries[a] != nil {
+					continue
+				}
+				if !m.cfg.Ranges.Contains(a) {
+					bs.gen++
+					rep.Dropped++
+					continue
+				}
+				// A persisted deadline only ever lengthens the rest: one
+				// that looks shorter may be stale, since an adopted
+				// address leaves cooldown early and may be released again
+				// before the next flush.
+				until := now.Add(rest)
+				if d := bs.persisted.Cooldowns[a]; d.After(until) {
+					until = d
+				} else {
+					bs.gen++
+				}
+				e := &entry{addr: a, state: StateCooldown, at: until}
+				m.entries[a] = e
+				cooling = append(cooling, e)
+			}
+		}
+	}
+	slices.SortFunc(cooling, func(a, b *entry) int {
+		if c := a.at.Compare(b.at); c != 0 {
+			return c
+		}
+		return a.addr.Compare(b.addr)
+	})
+	for _, e := range cooling {
+		m.cooldown.pushBack(e)
+	}
+	rep.Cooldown = len(cooling)
+	m.ready = true
+	m.Kick()
+	return rep, nil
+}
