@@ -240,6 +240,15 @@ func (m *Manager) Pool() string { return m.cfg.Pool }
 // Ranges returns the pool's ranges.
 func (m *Manager) Ranges() *Ranges { return m.cfg.Ranges }
 
+// Close stops the Manager from handing out addresses, as before Recover.
+// Call it, and stop Run, before another Manager takes over the same holder's
+// claims, so the two never write over each other.
+func (m *Manager) Close() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.ready = false
+}
+
 // Ready reports whether the Manager has recovered and can allocate.
 func (m *Manager) Ready() bool {
 	m.mu.Lock()
@@ -647,6 +656,7 @@ func (m *Manager) Run(ctx context.Context, interval time.Duration, onError func(
 		if !m.Ready() {
 			continue
 		}
+		m.Expire()
 		err := errors.Join(m.Rebalance(ctx), m.Flush(ctx))
 		if err != nil && onError != nil && ctx.Err() == nil {
 			onError(err)

@@ -606,3 +606,41 @@ func TestConcurrentAllocations(t *testing.T) {
 		t.Fatalf("counts %+v, want 1600 pending and 1600 cooling down", c)
 	}
 }
+
+func TestResync(t *testing.T) {
+	m, _, _ := newTestManager(t, testPool{cidr: "10.0.0.0/28"})
+	a := mustAllocate(t, m, "a")
+	b := mustAllocate(t, m, "b")
+	p := mustAllocate(t, m, "p") // pending: left alone
+	for tok, uid := range map[string]string{"a": "uid-a", "b": "uid-b"} {
+		if _, err := m.Bind(tok, uid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// uid-b's finalizer was removed by force; uid-c was created while the
+	// webhook was bypassed; uid-d claims a's address too.
+	rep := m.Resync([]Holding{
+		{Addr: a, Owner: Owner{UID: "uid-a", Token: "a"}},
+		{Addr: addr("10.0.0.9"), Owner: Owner{UID: "uid-c"}},
+		{Addr: a, Owner: Owner{UID: "uid-d"}},
+	})
+	if rep.Released != 1 || rep.Adopted != 1 || len(rep.Conflicts) != 1 {
+		t.Fatalf("report = %+v", rep)
+	}
+	for _, tc := range []struct {
+		a     netip.Addr
+		state State
+	}{{a, StateAllocated}, {b, StateCooldown}, {p, StatePending}, {addr("10.0.0.9"), StateAllocated}} {
+		if st, _, _ := m.Lookup(tc.a); st != tc.state {
+			t.Errorf("%s: %s, want %s", tc.a, st, tc.state)
+		}
+	}
+}
+
+func TestClose(t *testing.T) {
+	m, _, _ := newTestManager(t, testPool{cidr: "10.0.0.0/28"})
+	m.Close()
+	if _, err := m.Allocate(t.Context(), "a"); !errors.Is(err, ErrNotReady) {
+		t.Fatalf("Allocate after Close: %v", err)
+	}
+}

@@ -306,7 +306,19 @@ func (h *harness) step(op byte, arg uint32) error {
 		h.faulty.failPuts = 0
 		return h.restart(arg)
 	case 15:
-		h.m.Expire()
+		if arg%2 == 0 {
+			h.m.Expire()
+			break
+		}
+		// A full resync against the true set of live machines must
+		// find nothing to fix.
+		var live []Holding
+		for uid, a := range h.live {
+			live = append(live, Holding{Addr: a, Owner: Owner{UID: uid, Token: h.holder[a]}})
+		}
+		if rep := h.m.Resync(live); rep.Released != 0 || rep.Adopted != 0 || len(rep.Conflicts) != 0 {
+			return fmt.Errorf("resync of a consistent state changed it: %+v", rep)
+		}
 	}
 	return h.check()
 }

@@ -124,3 +124,54 @@ func (m *Manager) Recover(ctx context.Context, live []Holding) (RecoveryReport, 
 	m.Kick()
 	return rep, nil
 }
+
+// ResyncReport says what Resync changed.
+type ResyncReport struct {
+	// Released counts addresses allocated to machines no longer live
+	// (their finalizer was removed by force), now cooling down.
+	Released int
+	// Adopted counts live addresses that were not allocated to their
+	// machine, now allocated.
+	Adopted int
+	// Conflicts lists live addresses held by two machines.
+	Conflicts []error
+}
+
+// Resync reconciles the Manager with a full list of the live machines: an
+// address allocated to a UID missing from live goes into cooldown, and a live
+// address not allocated to its machine is adopted. Pending reservations are
+// left alone: their machines may not be stored yet. live must come from a
+// view of the cluster at least as new as every Bind and Adopt before it (an
+// informer cache that fed them is), or a machine just bound could look gone.
+func (m *Manager) Resync(live []Holding) ResyncReport {
+	var rep ResyncReport
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.clock.Now()
+	m.advance(now)
+	uids := make(map[string]bool, len(live))
+	for _, h := range live {
+		uids[h.Owner.UID] = true
+		if !m.cfg.Ranges.Contains(h.Addr) {
+			continue
+		}
+		if e := m.entries[h.Addr]; e != nil && e.state == StateAllocated && e.owner.UID == h.Owner.UID {
+			continue
+		}
+		if err := m.adoptLocked(h.Addr, h.Owner); err != nil {
+			rep.Conflicts = append(rep.Conflicts, err)
+			continue
+		}
+		rep.Adopted++
+	}
+	for _, e := range m.entries {
+		if e.state == StateAllocated && !uids[e.owner.UID] {
+			m.toCooldown(e, now)
+			rep.Released++
+		}
+	}
+	if rep.Released > 0 {
+		m.stats.releases.Add(uint64(rep.Released))
+	}
+	return rep
+}

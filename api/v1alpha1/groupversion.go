@@ -1,0 +1,32 @@
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/scheme"
+)
+
+var (
+	// GroupVersion is the group and version of these types.
+	GroupVersion = schema.GroupVersion{Group: "vmipam.io", Version: "v1alpha1"}
+
+	// SchemeBuilder registers these types with a scheme.
+	SchemeBuilder = &scheme.Builder{GroupVersion: GroupVersion}
+
+	// AddToScheme adds these types to a scheme.
+	AddToScheme = SchemeBuilder.AddToScheme
+)
+
+// Well-known annotations, labels and finalizers.
+const (
+	// TokenAnnotation holds the reservation token the webhook stamped: the
+	// key of the pending reservation until the controller binds it to the
+	// object's UID.
+	TokenAnnotation = "vmipam.io/token"
+	// PoolAnnotation names the IPPool the address was taken from.
+	PoolAnnotation = "vmipam.io/pool"
+	// Finalizer keeps a VirtualMachine until its address is released into
+	// cooldown.
+	Finalizer = "vmipam.io/release-address"
+	// PoolLabel on an IPBlock names its pool.
+	PoolLabel = "vmipam.io/pool"
+)

@@ -1,0 +1,55 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// IPBlockSpec is the persisted state of one block of 4096 addresses of a
+// pool: which allocator replica (holder) claimed which address, and the
+// cooldown deadlines of released ones. Allocations are not here: they live
+// on the VirtualMachines. The format is ipam.EncodedBlock's.
+type IPBlockSpec struct {
+	// Pool is the IPPool the block belongs to.
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="pool is immutable"
+	Pool string `json:"pool"`
+	// Prefix is the block, a /20 in IPv4 or a /116 in IPv6.
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="prefix is immutable"
+	// +kubebuilder:validation:MaxLength=43
+	Prefix string `json:"prefix"`
+	// Claims maps a holder to the base64 bitmap of the offsets it claimed.
+	// +optional
+	// +kubebuilder:validation:MaxProperties=64
+	Claims map[string]string `json:"claims,omitempty"`
+	// Cooldowns is base64 of (uint16 offset, int64 Unix seconds) records.
+	// +optional
+	// +kubebuilder:validation:MaxLength=65536
+	Cooldowns string `json:"cooldowns,omitempty"`
+}
+
+// IPBlock persists the allocator's claims and cooldowns for one block of a
+// pool. vmipam manages these objects; do not edit them.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Cluster
+// +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=`.spec.pool`
+// +kubebuilder:printcolumn:name="Prefix",type=string,JSONPath=`.spec.prefix`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type IPBlock struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec IPBlockSpec `json:"spec"`
+}
+
+// IPBlockList is a list of IPBlocks.
+//
+// +kubebuilder:object:root=true
+type IPBlockList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []IPBlock `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&IPBlock{}, &IPBlockList{})
+}

@@ -1,0 +1,157 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// IPRange is one range of a pool: a CIDR, optionally narrowed to
+// [first, last], minus exclusions. The network address, and the broadcast
+// address of an IPv4 subnet, are never handed out (except in /31, /32,
+// /127 and /128).
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.first) || !isCIDR(self.cidr) || !isIP(self.first) || cidr(self.cidr).containsIP(self.first)",message="first must lie inside cidr"
+// +kubebuilder:validation:XValidation:rule="!has(self.last) || !isCIDR(self.cidr) || !isIP(self.last) || cidr(self.cidr).containsIP(self.last)",message="last must lie inside cidr"
+type IPRange struct {
+	// CIDR is the subnet, for example 10.0.0.0/16 or fd00::/64.
+	// +kubebuilder:validation:MaxLength=43
+	// +kubebuilder:validation:XValidation:rule="isCIDR(self)",message="must be a CIDR such as 10.0.0.0/24 or fd00::/64"
+	// +kubebuilder:validation:XValidation:rule="!isCIDR(self) || cidr(self).masked() == cidr(self)",message="host bits are set: write the network address, for example 10.0.0.0/24 rather than 10.0.0.1/24"
+	CIDR string `json:"cidr"`
+	// First narrows the range to start at this address.
+	// +optional
+	// +kubebuilder:validation:MaxLength=39
+	// +kubebuilder:validation:XValidation:rule="isIP(self)",message="must be an IP address"
+	First string `json:"first,omitempty"`
+	// Last narrows the range to end at this address.
+	// +optional
+	// +kubebuilder:validation:MaxLength=39
+	// +kubebuilder:validation:XValidation:rule="isIP(self)",message="must be an IP address"
+	Last string `json:"last,omitempty"`
+	// Exclude lists CIDRs or single addresses inside the range that are
+	// never handed out.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=256
+	// +kubebuilder:validation:items:MaxLength=43
+	Exclude []string `json:"exclude,omitempty"`
+}
+
+// Watermarks bound the free list each allocator keeps in memory.
+type Watermarks struct {
+	// Low: below it the allocator claims more addresses, up to Target.
+	// +kubebuilder:validation:Minimum=0
+	Low int32 `json:"low"`
+	// Target is what the free list is refilled or trimmed to.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=4096
+	Target int32 `json:"target"`
+	// High: above it the allocator returns addresses, down to Target.
+	// +kubebuilder:validation:Minimum=1
+	High int32 `json:"high"`
+}
+
+// IPPoolSpec configures a pool.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.watermarks) || (self.watermarks.low <= self.watermarks.target && self.watermarks.target <= self.watermarks.high)",message="watermarks need low <= target <= high"
+type IPPoolSpec struct {
+	// Ranges are the pool's addresses. Ranges of one pool, and of
+	// different pools, must not overlap.
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=64
+	// +listType=atomic
+	Ranges []IPRange `json:"ranges"`
+	// Cooldown is how long a released address rests before it is handed
+	// out again, so that stale routes, ARP and conntrack entries die first.
+	// +optional
+	// +kubebuilder:default="5m"
+	Cooldown metav1.Duration `json:"cooldown,omitempty"`
+	// PendingTTL bounds how long an address handed out at admission waits
+	// for its VirtualMachine to be stored; then it goes through cooldown.
+	// It must exceed the API server's request timeout.
+	// +optional
+	// +kubebuilder:default="2m"
+	PendingTTL metav1.Duration `json:"pendingTTL,omitempty"`
+	// Watermarks tune the in-memory free list; the defaults suit most pools.
+	// +optional
+	Watermarks *Watermarks `json:"watermarks,omitempty"`
+	// NamespaceSelector picks the namespaces whose VirtualMachines draw from
+	// this pool when they name no pool.
+	// +optional
+	NamespaceSelector *metav1.LabelSelector `json:"namespaceSelector,omitempty"`
+	// Default makes this the pool of VirtualMachines that name no pool and
+	// match no namespace selector. At most one pool may be the default.
+	// +optional
+	Default bool `json:"default,omitempty"`
+}
+
+// IPPoolStatus reports a pool's use.
+type IPPoolStatus struct {
+	// ObservedGeneration is the generation the status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// Usable is the number of usable addresses in the ranges, capped at the
+	// largest int64.
+	// +optional
+	Usable int64 `json:"usable,omitempty"`
+	// Allocated addresses are bound to stored VirtualMachines.
+	// +optional
+	Allocated int64 `json:"allocated"`
+	// Pending addresses were handed out at admission and await their
+	// VirtualMachine.
+	// +optional
+	Pending int64 `json:"pending"`
+	// Free addresses are claimed by the allocator and ready.
+	// +optional
+	Free int64 `json:"free"`
+	// Cooldown addresses were released and rest before reuse.
+	// +optional
+	Cooldown int64 `json:"cooldown"`
+	// Conditions: Ready (the allocator has recovered and serves), Exhausted
+	// (no address can be handed out now), DuplicateAddress (two live
+	// VirtualMachines carry one address).
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// Condition types of an IPPool.
+const (
+	ConditionReady            = "Ready"
+	ConditionExhausted        = "Exhausted"
+	ConditionDuplicateAddress = "DuplicateAddress"
+)
+
+// IPPool is a pool of addresses handed to VirtualMachines.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Cluster,shortName=ipp
+// +kubebuilder:subresource:status
+// +kubebuilder:printcolumn:name="Usable",type=integer,JSONPath=`.status.usable`
+// +kubebuilder:printcolumn:name="Allocated",type=integer,JSONPath=`.status.allocated`
+// +kubebuilder:printcolumn:name="Pending",type=integer,JSONPath=`.status.pending`
+// +kubebuilder:printcolumn:name="Cooldown",type=integer,JSONPath=`.status.cooldown`
+// +kubebuilder:printcolumn:name="Free",type=integer,JSONPath=`.status.free`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Exhausted",type=string,JSONPath=`.status.conditions[?(@.type=="Exhausted")].status`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type IPPool struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   IPPoolSpec   `json:"spec"`
+	Status IPPoolStatus `json:"status,omitempty"`
+}
+
+// IPPoolList is a list of IPPools.
+//
+// +kubebuilder:object:root=true
+type IPPoolList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []IPPool `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&IPPool{}, &IPPoolList{})
+}

@@ -1,0 +1,68 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// VirtualMachineSpec is a minimal reference virtual machine: enough to
+// show where vmipam stamps the address.
+type VirtualMachineSpec struct {
+	// IPPool names the pool to draw the address from; empty picks the
+	// pool by namespace selector, then the default pool.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	IPPool string `json:"ipPool,omitempty"`
+	// Addresses are the VM's IP addresses. Leave empty to be given one;
+	// set one to ask for that address. Immutable once set.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=1
+	// +kubebuilder:validation:items:MaxLength=39
+	Addresses []string `json:"addresses,omitempty"`
+	// Image is what the VM boots; vmipam does not look at it.
+	// +optional
+	Image string `json:"image,omitempty"`
+	// CPUs and Memory size the VM; vmipam does not look at them.
+	// +optional
+	CPUs int32 `json:"cpus,omitempty"`
+	// +optional
+	Memory string `json:"memory,omitempty"`
+}
+
+// VirtualMachineStatus is the VM's observed state.
+type VirtualMachineStatus struct {
+	// Conditions of the VM.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// VirtualMachine is a virtual machine that receives an address from vmipam.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:shortName=vm
+// +kubebuilder:subresource:status
+// +kubebuilder:printcolumn:name="Address",type=string,JSONPath=`.spec.addresses[0]`
+// +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=`.metadata.annotations.vmipam\.io/pool`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type VirtualMachine struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   VirtualMachineSpec   `json:"spec,omitempty"`
+	Status VirtualMachineStatus `json:"status,omitempty"`
+}
+
+// VirtualMachineList is a list of VirtualMachines.
+//
+// +kubebuilder:object:root=true
+type VirtualMachineList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []VirtualMachine `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&VirtualMachine{}, &VirtualMachineList{})
+}
