@@ -8,6 +8,11 @@ GO ?= go
 BIN := $(CURDIR)/bin
 GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT := $(BIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
+CONTROLLER_GEN_VERSION := v0.23.0
+CONTROLLER_GEN := $(BIN)/controller-gen-$(CONTROLLER_GEN_VERSION)
+# kube-apiserver, etcd and kubectl for envtest, built once from the Go module
+# proxy and cached outside the clone (see hack/envtest-assets.sh).
+ENVTEST_ASSETS = $$(hack/envtest-assets.sh)
 
 # Fuzz targets whose seed corpus runs in `make test`; `make fuzz` explores.
 FUZZTIME ?= 30s
@@ -22,9 +27,27 @@ build: ## Build every package.
 	$(GO) build ./...
 
 .PHONY: test
-test: ## Unit, property and fuzz-seed tests under -race.
+test: ## Unit, property, fuzz-seed and envtest integration tests under -race.
 	$(GO) vet ./...
-	$(GO) test -race -count=1 ./...
+	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" $(GO) test -race -count=1 -timeout 15m ./...
+
+.PHONY: envtest-assets
+envtest-assets: ## Build (once) the control-plane binaries the tests use.
+	@hack/envtest-assets.sh
+
+.PHONY: generate
+generate: $(CONTROLLER_GEN) ## Generate deepcopy code.
+	$(CONTROLLER_GEN) object paths=./api/...
+
+.PHONY: manifests
+manifests: $(CONTROLLER_GEN) ## Generate CRDs, RBAC and webhook manifests from markers.
+	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=deploy/crd
+	$(CONTROLLER_GEN) rbac:roleName=vmipam paths=./... output:rbac:artifacts:config=deploy/rbac
+	$(CONTROLLER_GEN) webhook paths=./... output:webhook:artifacts:config=deploy/webhook
+
+.PHONY: verify
+verify: generate manifests ## Fail if generated files are stale.
+	@git diff --exit-code -- api deploy || { echo "generated files are stale: run 'make generate manifests' and commit" >&2; exit 1; }
 
 .PHONY: bench
 bench: ## Print the allocator benchmarks.
@@ -41,6 +64,11 @@ fuzz: ## Run each fuzz target for FUZZTIME.
 .PHONY: lint
 lint: $(GOLANGCI_LINT) ## Run golangci-lint.
 	$(GOLANGCI_LINT) run ./...
+
+$(CONTROLLER_GEN):
+	@mkdir -p $(BIN)
+	GOBIN=$(BIN) $(GO) install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
+	mv $(BIN)/controller-gen $@
 
 $(GOLANGCI_LINT):
 	@mkdir -p $(BIN)

@@ -1,8 +1,9 @@
 package v1alpha1
 
 import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"sigs.k8s.io/controller-runtime/pkg/scheme"
 )
 
 var (
@@ -10,11 +11,21 @@ var (
 	GroupVersion = schema.GroupVersion{Group: "vmipam.io", Version: "v1alpha1"}
 
 	// SchemeBuilder registers these types with a scheme.
-	SchemeBuilder = &scheme.Builder{GroupVersion: GroupVersion}
+	SchemeBuilder = runtime.NewSchemeBuilder(addKnownTypes)
 
 	// AddToScheme adds these types to a scheme.
 	AddToScheme = SchemeBuilder.AddToScheme
 )
+
+func addKnownTypes(s *runtime.Scheme) error {
+	s.AddKnownTypes(GroupVersion,
+		&IPPool{}, &IPPoolList{},
+		&IPBlock{}, &IPBlockList{},
+		&VirtualMachine{}, &VirtualMachineList{},
+	)
+	metav1.AddToGroupVersion(s, GroupVersion)
+	return nil
+}
 
 // Well-known annotations, labels and finalizers.
 const (

@@ -49,7 +49,3 @@ type IPBlockList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []IPBlock `json:"items"`
 }
-
-func init() {
-	SchemeBuilder.Register(&IPBlock{}, &IPBlockList{})
-}

@@ -1,0 +1,211 @@
+// Package controller holds vmipam's controllers: the garbage collector that
+// binds reservations to stored objects, releases addresses into cooldown
+// when objects are deleted, and repairs objects that bypassed the webhook;
+// and the IPPool controller that keeps an allocator per pool.
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	crcontroller "sigs.k8s.io/controller-runtime/pkg/controller"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+
+	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/ipam"
+	"github.com/vmipam/vmipam/pools"
+	"github.com/vmipam/vmipam/target"
+)
+
+// +kubebuilder:rbac:groups=vmipam.io,resources=virtualmachines,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
+
+// VMReconciler is the garbage collector of addresses on target objects.
+type VMReconciler struct {
+	Client   client.Client
+	Registry *pools.Registry
+	Target   target.Target
+	Recorder events.EventRecorder
+	// MaxConcurrentReconciles defaults to 4.
+	MaxConcurrentReconciles int
+}
+
+// SetupWithManager registers the reconciler.
+func (r *VMReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	n := r.MaxConcurrentReconciles
+	if n == 0 {
+		n = 4
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		For(r.Target.New()).
+		Named("address-gc").
+		WithOptions(crcontroller.Options{MaxConcurrentReconciles: n}).
+		Complete(r)
+}
+
+// Reconcile binds, releases or repairs the address of one object.
+func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	obj := r.Target.New()
+	if err := r.Client.Get(ctx, req.NamespacedName, obj); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	log := logf.FromContext(ctx)
+	addr, hasAddr, err := r.address(obj)
+	if err != nil {
+		r.event(obj, corev1.EventTypeWarning, "InvalidAddress", "Reconcile", "%v", err)
+		return ctrl.Result{}, nil
+	}
+	ann := obj.GetAnnotations()
+	var pool *pools.Pool
+	switch {
+	case ann[vmipamv1.PoolAnnotation] != "":
+		pool = r.Registry.Get(ann[vmipamv1.PoolAnnotation])
+	case hasAddr:
+		pool = r.Registry.PoolFor(addr)
+	case obj.GetDeletionTimestamp() == nil:
+		if pool, err = r.Registry.Select(ctx, obj); err != nil {
+			r.event(obj, corev1.EventTypeWarning, "NoPool", "Assign", "%v", err)
+			return ctrl.Result{RequeueAfter: time.Minute}, nil
+		}
+	}
+	if pool == nil {
+		if obj.GetDeletionTimestamp() != nil && target.HasFinalizer(obj) {
+			// The pool is gone, and its addresses with it.
+			return ctrl.Result{}, r.removeFinalizer(ctx, obj)
+		}
+		if hasAddr {
+			// Outside every pool: not ours to manage.
+			return ctrl.Result{}, nil
+		}
+		return ctrl.Result{RequeueAfter: 10 * time.Second}, nil
+	}
+	m := pool.Manager
+	if !m.Ready() {
+		return ctrl.Result{RequeueAfter: time.Second}, nil
+	}
+	owner := ipam.Owner{Token: ann[vmipamv1.TokenAnnotation], UID: string(obj.GetUID())}
+
+	if obj.GetDeletionTimestamp() != nil {
+		if !target.HasFinalizer(obj) {
+			return ctrl.Result{}, nil
+		}
+		if hasAddr {
+			log.V(1).Info("Releasing address", "address", addr, "pool", pool.Name)
+			if err := m.Release(addr, owner); err != nil {
+				// Someone else holds it: releasing would take it from them.
+				r.event(obj, corev1.EventTypeWarning, "ReleaseSkipped", "Release", "%v", err)
+			}
+			// The cooldown is persisted before the object may go.
+			if err := m.Flush(ctx); err != nil {
+				return ctrl.Result{}, fmt.Errorf("persist release of %s: %w", addr, err)
+			}
+		}
+		if err := r.removeFinalizer(ctx, obj); err != nil {
+			return ctrl.Result{}, err
+		}
+		if hasAddr {
+			_, _, until := m.Lookup(addr)
+			r.event(obj, corev1.EventTypeNormal, "AddressReleased", "Release", "Released %s to IPPool %s; it cools down until %s",
+				addr, pool.Name, until.UTC().Format(time.RFC3339))
+		}
+		return ctrl.Result{}, nil
+	}
+
+	if !hasAddr {
+		return r.assign(ctx, obj, pool)
+	}
+	if !target.HasFinalizer(obj) {
+		base := obj.DeepCopy()
+		target.AddFinalizer(obj)
+		if err := r.Client.Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+			return ctrl.Result{}, fmt.Errorf("add finalizer: %w", err)
+		}
+	}
+	if st, o, _ := m.Lookup(addr); st == ipam.StateAllocated && o.UID == owner.UID {
+		return ctrl.Result{}, nil
+	}
+	if owner.Token != "" {
+		if _, err := m.Bind(owner.Token, owner.UID); err == nil {
+			r.event(obj, corev1.EventTypeNormal, "AddressAssigned", "Assign", "Assigned %s from IPPool %s", addr, pool.Name)
+			return ctrl.Result{}, nil
+		} else if errors.Is(err, ipam.ErrConflict) {
+			// The token is bound to another object: this one carries a
+			// copy of its stamp. It must not inherit the reservation.
+			owner.Token = ""
+		}
+	}
+	switch err := m.Adopt(addr, owner); {
+	case err == nil:
+		r.event(obj, corev1.EventTypeNormal, "AddressAssigned", "Assign", "Adopted %s into IPPool %s", addr, pool.Name)
+	case errors.Is(err, ipam.ErrConflict):
+		log.Error(err, "Duplicate address", "address", addr, "pool", pool.Name)
+		pool.NoteConflict(err)
+		r.event(obj, corev1.EventTypeWarning, "DuplicateAddress", "Assign", "%v", err)
+	default:
+		r.event(obj, corev1.EventTypeWarning, "AddressNotManaged", "Assign", "%v", err)
+	}
+	return ctrl.Result{}, nil
+}
+
+// assign gives an address to an object that has none: it was created while
+// the webhook was bypassed. The token derives from the UID, so a retry after
+// a failed patch reserves the same address again.
+func (r *VMReconciler) assign(ctx context.Context, obj *unstructured.Unstructured, pool *pools.Pool) (ctrl.Result, error) {
+	token := "uid-" + string(obj.GetUID())
+	a, err := pool.Manager.Allocate(ctx, token)
+	if err != nil {
+		r.event(obj, corev1.EventTypeWarning, "NoAddress", "Assign", "%v", err)
+		if errors.Is(err, ipam.ErrExhausted) {
+			return ctrl.Result{RequeueAfter: 30 * time.Second}, nil
+		}
+		return ctrl.Result{}, fmt.Errorf("allocate for %s: %w", client.ObjectKeyFromObject(obj), err)
+	}
+	base := obj.DeepCopy()
+	if err := r.Target.Stamp(obj, a.String(), pool.Name, token); err != nil {
+		return ctrl.Result{}, err
+	}
+	if err := r.Client.Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+			return ctrl.Result{RequeueAfter: 200 * time.Millisecond}, nil
+		}
+		return ctrl.Result{}, fmt.Errorf("stamp address: %w", err)
+	}
+	return ctrl.Result{}, nil
+}
+
+func (r *VMReconciler) removeFinalizer(ctx context.Context, obj *unstructured.Unstructured) error {
+	base := obj.DeepCopy()
+	target.RemoveFinalizer(obj)
+	if err := r.Client.Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+		return client.IgnoreNotFound(fmt.Errorf("remove finalizer: %w", err))
+	}
+	return nil
+}
+
+func (r *VMReconciler) address(obj *unstructured.Unstructured) (netip.Addr, bool, error) {
+	addrs, err := r.Target.Addresses(obj)
+	if err != nil || len(addrs) == 0 {
+		return netip.Addr{}, false, err
+	}
+	a, err := netip.ParseAddr(addrs[0])
+	if err != nil {
+		return netip.Addr{}, false, fmt.Errorf("%s: %q is not an IP address", r.Target.AddressPath(), addrs[0])
+	}
+	return a, true, nil
+}
+
+func (r *VMReconciler) event(obj *unstructured.Unstructured, typ, reason, action, note string, args ...any) {
+	if r.Recorder != nil {
+		r.Recorder.Eventf(obj, nil, typ, reason, action, note, args...)
+	}
+}

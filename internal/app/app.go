@@ -1,0 +1,89 @@
+// Package app wires vmipam's parts into a controller-runtime manager: the
+// pool registry, the controllers, the webhooks and the health checks. The
+// vmipam binary and the integration tests call the same Setup, so what the
+// tests prove is what ships.
+package app
+
+import (
+	"fmt"
+	"net/http"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/controller"
+	"github.com/vmipam/vmipam/ipam"
+	"github.com/vmipam/vmipam/pools"
+	"github.com/vmipam/vmipam/target"
+	"github.com/vmipam/vmipam/webhook"
+)
+
+// Scheme knows the built-in kinds and vmipam's.
+var Scheme = runtime.NewScheme()
+
+func init() {
+	utilruntime.Must(clientgoscheme.AddToScheme(Scheme))
+	utilruntime.Must(vmipamv1.AddToScheme(Scheme))
+}
+
+// Options configure Setup.
+type Options struct {
+	// Holder names this replica in the pools' claims (stable).
+	Holder string
+	// Target is the kind given addresses; defaults to VirtualMachine.
+	Target *target.Target
+	// Clock defaults to the system clock.
+	Clock ipam.Clock
+	// RunInterval, ResyncInterval and StatusInterval: see pools.Options.
+	RunInterval, ResyncInterval, StatusInterval time.Duration
+	// MaxConcurrentReconciles of the address garbage collector.
+	MaxConcurrentReconciles int
+}
+
+// Setup adds the pool registry, the controllers, the webhooks and the
+// health checks to mgr and returns the registry.
+func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
+	t := target.VirtualMachine
+	if opts.Target != nil {
+		t = *opts.Target
+	}
+	if opts.Holder == "" {
+		opts.Holder = "vmipam"
+	}
+	reg := pools.NewRegistry(pools.Options{
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Target: t, Holder: opts.Holder, Clock: opts.Clock,
+		RunInterval: opts.RunInterval, ResyncInterval: opts.ResyncInterval, StatusInterval: opts.StatusInterval,
+		Recorder: mgr.GetEventRecorder("vmipam"),
+	})
+	if err := mgr.Add(reg); err != nil {
+		return nil, fmt.Errorf("add pool registry: %w", err)
+	}
+	if err := (&controller.IPPoolReconciler{Client: mgr.GetClient(), Registry: reg}).SetupWithManager(mgr); err != nil {
+		return nil, fmt.Errorf("set up IPPool controller: %w", err)
+	}
+	if err := (&controller.VMReconciler{
+		Client: mgr.GetClient(), Registry: reg, Target: t, Recorder: mgr.GetEventRecorder("vmipam"),
+		MaxConcurrentReconciles: opts.MaxConcurrentReconciles,
+	}).SetupWithManager(mgr); err != nil {
+		return nil, fmt.Errorf("set up address controller: %w", err)
+	}
+	srv := mgr.GetWebhookServer()
+	srv.Register(webhook.DefaulterPath, &admission.Webhook{Handler: &webhook.VMDefaulter{Registry: reg, Target: t}})
+	srv.Register(webhook.ValidatorPath, &admission.Webhook{Handler: &webhook.VMValidator{Registry: reg, Target: t}})
+	srv.Register(webhook.IPPoolValidatorPath, &admission.Webhook{Handler: webhook.NewIPPoolValidator(mgr.GetAPIReader(), mgr.GetScheme())})
+	if err := mgr.AddHealthzCheck("ping", func(*http.Request) error { return nil }); err != nil {
+		return nil, fmt.Errorf("add healthz check: %w", err)
+	}
+	if err := mgr.AddReadyzCheck("webhook", srv.StartedChecker()); err != nil {
+		return nil, fmt.Errorf("add readyz check: %w", err)
+	}
+	if err := mgr.AddReadyzCheck("pools", func(req *http.Request) error { return reg.Ready(req.Context()) }); err != nil {
+		return nil, fmt.Errorf("add readyz check: %w", err)
+	}
+	return reg, nil
+}

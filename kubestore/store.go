@@ -1,0 +1,226 @@
+package kubestore
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/ipam"
+)
+
+// hashLen is how many hex digits of a SHA-256 stand in for the cut part of a
+// pool name too long to fit in a block's name or a label value.
+const hashLen = 10
+
+// listPageSize bounds one List response: a block whose every address cools
+// down weighs some 55 KiB.
+const listPageSize = 100
+
+// Store is an ipam.Store for one pool that keeps each block in an IPBlock
+// named by BlockName, labelled with the pool and owned by the IPPool. Put is
+// a compare-and-swap on the object's resourceVersion. It is safe for
+// concurrent use.
+type Store struct {
+	c      client.Client
+	reader client.Reader
+	pool   string
+	label  string
+	owner  metav1.OwnerReference
+}
+
+var _ ipam.Store = (*Store)(nil)
+
+// New returns the Store of pool's blocks. c writes; reader reads and must
+// read from the API server, not a cache: pass mgr.GetAPIReader(). pool must
+// be the IPPool as stored, with its UID, which the blocks' owner reference
+// names; only its name and UID are kept.
+func New(c client.Client, reader client.Reader, pool *v1alpha1.IPPool) *Store {
+	return &Store{
+		c:      c,
+		reader: reader,
+		pool:   pool.Name,
+		label:  PoolLabelValue(pool.Name),
+		owner:  *metav1.NewControllerRef(pool, v1alpha1.GroupVersion.WithKind("IPPool")),
+	}
+}
+
+// BlockName returns the name of the IPBlock that holds block prefix of pool:
+// the pool name, a dot, then the address with ':' and '.' turned into '-'
+// and the prefix length, as in "pool-a.10-0-16-0-20" or "pool-a.fd00---116".
+// It is a valid DNS-1123 subdomain for any valid pool name, and distinct for
+// distinct (pool, prefix) pairs; a pool name too long to fit is cut and
+// suffixed with a hash of the whole name.
+func BlockName(pool string, prefix netip.Prefix) string {
+	a := prefix.Addr().WithZone("")
+	s := a.String()
+	switch {
+	case a.Is4In6():
+		// The mixed form "::ffff:10.0.0.0" would read as the plain IPv6
+		// "::ffff:10:0:0:0" once dots became dashes.
+		s = a.StringExpanded()
+	case strings.HasPrefix(s, ":"):
+		// A label must start with an alphanumeric; no canonical address
+		// starts with "0::", so this stays unambiguous.
+		s = "0" + s
+	}
+	suffix := strings.NewReplacer(":", "-", ".", "-").Replace(s) + "-" + strconv.Itoa(prefix.Bits())
+	if room := validation.DNS1123SubdomainMaxLength - len(".") - len(suffix); len(pool) > room {
+		pool = shorten(pool, room)
+	}
+	return pool + "." + suffix
+}
+
+// PoolLabelValue returns the value of the v1alpha1.PoolLabel label on the
+// IPBlocks of pool: the pool name, or, for a name longer than a label value
+// may be, the name cut and suffixed with a hash of the whole name. Select
+// blocks with it, then check spec.pool, which is always the full name.
+func PoolLabelValue(pool string) string {
+	if len(pool) <= validation.LabelValueMaxLength {
+		return pool
+	}
+	return shorten(pool, validation.LabelValueMaxLength)
+}
+
+// shorten cuts name to at most n characters, the last hashLen+1 of them a
+// dash and a hash of the whole name, keeping it a valid DNS-1123 subdomain
+// and label value when name is one.
+func shorten(name string, n int) string {
+	sum := sha256.Sum256([]byte(name))
+	h := hex.EncodeToString(sum[:])[:hashLen]
+	keep := strings.TrimRight(name[:max(n-1-hashLen, 0)], "-.")
+	if keep == "" {
+		return h
+	}
+	return keep + "-" + h
+}
+
+// List implements ipam.Store. IPBlocks carrying the pool's label but naming
+// another pool in spec.pool are skipped.
+func (s *Store) List(ctx context.Context) ([]ipam.Block, error) {
+	var out []ipam.Block
+	for cont := ""; ; {
+		var list v1alpha1.IPBlockList
+		err := s.reader.List(ctx, &list, client.MatchingLabels{v1alpha1.PoolLabel: s.label},
+			client.Limit(listPageSize), client.Continue(cont))
+		if err != nil {
+			return nil, fmt.Errorf("list IPBlocks of pool %s: %w", s.pool, err)
+		}
+		for i := range list.Items {
+			obj := &list.Items[i]
+			if obj.Spec.Pool != s.pool {
+				continue
+			}
+			b, err := s.decode(obj)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, b)
+		}
+		if cont = list.Continue; cont == "" {
+			break
+		}
+	}
+	slices.SortFunc(out, func(a, b ipam.Block) int { return a.Prefix.Compare(b.Prefix) })
+	return out, nil
+}
+
+// Get implements ipam.Store.
+func (s *Store) Get(ctx context.Context, prefix netip.Prefix) (ipam.Block, error) {
+	name := BlockName(s.pool, prefix)
+	if err := checkPrefix(prefix); err != nil {
+		return ipam.Block{}, fmt.Errorf("get IPBlock %s: %w", name, err)
+	}
+	var obj v1alpha1.IPBlock
+	if err := s.reader.Get(ctx, client.ObjectKey{Name: name}, &obj); err != nil {
+		if apierrors.IsNotFound(err) {
+			return ipam.Block{Prefix: prefix}, nil
+		}
+		return ipam.Block{}, fmt.Errorf("get IPBlock %s: %w", name, err)
+	}
+	if obj.Spec.Pool != s.pool {
+		return ipam.Block{}, fmt.Errorf("get IPBlock %s: it belongs to pool %q, not %q", name, obj.Spec.Pool, s.pool)
+	}
+	return s.decode(&obj)
+}
+
+// Put implements ipam.Store. An empty Version creates the IPBlock; any other
+// updates it at that resourceVersion. A create that finds the object, and an
+// update that finds it changed or gone, return an error matching
+// ipam.ErrStoreConflict (and the API server's error). An update rewrites the
+// whole object: labels and owner reference are set again, annotations and
+// finalizers others added are dropped.
+func (s *Store) Put(ctx context.Context, b ipam.Block) (string, error) {
+	name := BlockName(s.pool, b.Prefix)
+	if err := checkPrefix(b.Prefix); err != nil {
+		return "", fmt.Errorf("write IPBlock %s: %w", name, err)
+	}
+	if s.owner.UID == "" {
+		return "", fmt.Errorf("write IPBlock %s: IPPool %s has no UID: build the Store from the IPPool as read from the API server", name, s.pool)
+	}
+	e := b.Encode()
+	obj := &v1alpha1.IPBlock{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:            name,
+			Labels:          map[string]string{v1alpha1.PoolLabel: s.label},
+			OwnerReferences: []metav1.OwnerReference{s.owner},
+			ResourceVersion: b.Version,
+		},
+		Spec: v1alpha1.IPBlockSpec{Pool: s.pool, Prefix: e.Prefix, Claims: e.Claims, Cooldowns: e.Cooldowns},
+	}
+	if b.Version == "" {
+		if err := s.c.Create(ctx, obj); err != nil {
+			if apierrors.IsAlreadyExists(err) {
+				return "", fmt.Errorf("create IPBlock %s: %w: %w", name, ipam.ErrStoreConflict, err)
+			}
+			return "", fmt.Errorf("create IPBlock %s: %w", name, err)
+		}
+		return obj.ResourceVersion, nil
+	}
+	if err := s.c.Update(ctx, obj); err != nil {
+		// Gone counts as a conflict too: the caller re-reads, finds no
+		// block and creates it again.
+		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+			return "", fmt.Errorf("update IPBlock %s at resourceVersion %s: %w: %w", name, b.Version, ipam.ErrStoreConflict, err)
+		}
+		return "", fmt.Errorf("update IPBlock %s: %w", name, err)
+	}
+	return obj.ResourceVersion, nil
+}
+
+// decode turns an IPBlock of this pool into a Block versioned by its
+// resourceVersion.
+func (s *Store) decode(obj *v1alpha1.IPBlock) (ipam.Block, error) {
+	e := ipam.EncodedBlock{Prefix: obj.Spec.Prefix, Claims: obj.Spec.Claims, Cooldowns: obj.Spec.Cooldowns}
+	b, err := e.Decode(obj.ResourceVersion)
+	if err != nil {
+		return ipam.Block{}, fmt.Errorf("read IPBlock %s: %w", obj.Name, err)
+	}
+	// Get finds a block only under this name, so a block stored under
+	// another one would be invisible to it, and a second copy could be
+	// created beside it: refuse rather than merge two truths.
+	if want := BlockName(s.pool, b.Prefix); obj.Name != want {
+		return ipam.Block{}, fmt.Errorf("read IPBlock %s: it holds block %s of pool %s, which vmipam keeps in IPBlock %s: this object was not written by vmipam",
+			obj.Name, b.Prefix, s.pool, want)
+	}
+	return b, nil
+}
+
+// checkPrefix refuses a prefix that is not a block, which would be stored
+// under a name no reader looks up and fail to decode.
+func checkPrefix(p netip.Prefix) error {
+	if !p.IsValid() || p.Addr().Zone() != "" || p.Masked() != p || p.Bits() != p.Addr().BitLen()-ipam.BlockBits {
+		return fmt.Errorf("prefix %s is not a block: want a masked /%d (IPv4) or /%d (IPv6)", p, 32-ipam.BlockBits, 128-ipam.BlockBits)
+	}
+	return nil
+}

@@ -1,0 +1,204 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	admissionregv1 "k8s.io/api/admissionregistration/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/ipam"
+)
+
+// bypassMutation removes vmipam's mutating webhook until the test ends, as
+// when it was excluded or down while objects were created.
+func bypassMutation(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	var l admissionregv1.MutatingWebhookConfigurationList
+	if err := k8sClient.List(ctx, &l); err != nil {
+		t.Fatal(err)
+	}
+	var saved []admissionregv1.MutatingWebhookConfiguration
+	for _, c := range l.Items {
+		saved = append(saved, c)
+		if err := k8sClient.Delete(ctx, &c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, c := range saved {
+			c.ResourceVersion = ""
+			if err := k8sClient.Create(ctx, &c); err != nil {
+				t.Errorf("restore mutating webhook %s: %v", c.Name, err)
+			}
+		}
+		// Wait until the API server calls it again.
+		waitFor(t, 30*time.Second, "the mutating webhook to be back", func() error {
+			probe := vm("default", "probe", "nope")
+			err := k8sClient.Create(ctx, probe, client.DryRunAll)
+			if err != nil && strings.Contains(err.Error(), "mvirtualmachine.vmipam.io") {
+				return nil
+			}
+			return fmt.Errorf("dry run not seen by the webhook: %w", err)
+		})
+	})
+	// The API server drops the configuration asynchronously.
+	waitFor(t, 30*time.Second, "the mutating webhook to be gone", func() error {
+		err := k8sClient.Create(ctx, vm("default", "probe", "nope"), client.DryRunAll)
+		if err == nil {
+			return nil
+		}
+		return fmt.Errorf("still called: %w", err)
+	})
+}
+
+func TestRepairs(t *testing.T) {
+	clk := clocktesting.NewFakeClock(epoch)
+	v := startVMIPAM(t, clk)
+	ns := namespace(t)
+	newPool(t, v, "repair", []vmipamv1.IPRange{{CIDR: "10.80.0.0/24"}})
+	ctx := t.Context()
+	m := v.reg.Get("repair").Manager
+
+	t.Run("force-removed finalizer is caught by the resync", func(t *testing.T) {
+		obj := vm(ns, "forced", "repair")
+		if err := k8sClient.Create(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
+		a := netip.MustParseAddr(obj.Spec.Addresses[0])
+		waitFor(t, 10*time.Second, "bound", func() error { return wantState(m, a, ipam.StateAllocated) })
+		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
+			t.Fatal(err)
+		}
+		obj.Finalizers = nil
+		if err := k8sClient.Update(ctx, obj); err != nil {
+			t.Fatalf("remove the finalizer by force: %v", err)
+		}
+		if err := k8sClient.Delete(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 15*time.Second, "the resync to release it", func() error { return wantState(m, a, ipam.StateCooldown) })
+	})
+
+	bypassMutation(t)
+	t.Run("an object created without the webhook gets an address", func(t *testing.T) {
+		obj := vm(ns, "bypassed", "repair")
+		if err := k8sClient.Create(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
+		if len(obj.Spec.Addresses) != 0 {
+			t.Fatalf("the webhook was not bypassed: %v", obj.Spec.Addresses)
+		}
+		waitFor(t, 15*time.Second, "the controller to assign an address", func() error {
+			if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
+				return err
+			}
+			if len(obj.Spec.Addresses) != 1 || len(obj.Finalizers) != 1 {
+				return fmt.Errorf("addresses %v finalizers %v", obj.Spec.Addresses, obj.Finalizers)
+			}
+			return wantState(m, netip.MustParseAddr(obj.Spec.Addresses[0]), ipam.StateAllocated)
+		})
+	})
+	t.Run("two live objects on one address are reported, never papered over", func(t *testing.T) {
+		first, second := vm(ns, "dup-1", "repair", "10.80.0.200"), vm(ns, "dup-2", "repair", "10.80.0.200")
+		if err := k8sClient.Create(ctx, first); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 10*time.Second, "dup-1 adopted", func() error {
+			st, o, _ := m.Lookup(netip.MustParseAddr("10.80.0.200"))
+			if st != ipam.StateAllocated || o.UID != string(first.UID) {
+				return fmt.Errorf("%s %+v", st, o)
+			}
+			return nil
+		})
+		if err := k8sClient.Create(ctx, second); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 15*time.Second, "the DuplicateAddress condition", func() error {
+			c := poolCondition(t, "repair", vmipamv1.ConditionDuplicateAddress)
+			if c == nil || c.Status != metav1.ConditionTrue || !strings.Contains(c.Message, "10.80.0.200") {
+				return fmt.Errorf("condition %+v", c)
+			}
+			return nil
+		})
+		waitFor(t, 10*time.Second, "a DuplicateAddress event on dup-2", func() error {
+			return wantEvent(ctx, ns, "dup-2", "DuplicateAddress")
+		})
+		// The first keeps it.
+		if st, o, _ := m.Lookup(netip.MustParseAddr("10.80.0.200")); st != ipam.StateAllocated || o.UID != string(first.UID) {
+			t.Fatalf("after the conflict: %s %+v, want still allocated to dup-1", st, o)
+		}
+	})
+}
+
+func wantState(m *ipam.Manager, a netip.Addr, want ipam.State) error {
+	if st, _, _ := m.Lookup(a); st != want {
+		return fmt.Errorf("%s is %s, want %s", a, st, want)
+	}
+	return nil
+}
+
+func wantEvent(ctx context.Context, ns, name, reason string) error {
+	var l eventsv1.EventList
+	if err := k8sClient.List(ctx, &l, client.InNamespace(ns)); err != nil {
+		return err
+	}
+	for _, e := range l.Items {
+		if e.Regarding.Name == name && e.Reason == reason {
+			return nil
+		}
+	}
+	return fmt.Errorf("no %s event on %s among %d", reason, name, len(l.Items))
+}
+
+// TestIPPoolValidation: the schema (CEL) and the validating webhook refuse
+// bad pools with messages that name the field.
+func TestIPPoolValidation(t *testing.T) {
+	clk := clocktesting.NewFakeClock(epoch)
+	v := startVMIPAM(t, clk)
+	newPool(t, v, "existing", []vmipamv1.IPRange{{CIDR: "10.90.0.0/24"}})
+	tests := map[string]struct {
+		ranges []vmipamv1.IPRange
+		mutate func(*vmipamv1.IPPool)
+		want   []string
+	}{
+		"bad CIDR":         {[]vmipamv1.IPRange{{CIDR: "10.0.0/24"}}, nil, []string{"spec.ranges[0].cidr", "must be a CIDR"}},
+		"IPv6 typo":        {[]vmipamv1.IPRange{{CIDR: "fd00::g/64"}}, nil, []string{"spec.ranges[0].cidr", "must be a CIDR"}},
+		"host bits":        {[]vmipamv1.IPRange{{CIDR: "10.1.0.1/24"}}, nil, []string{"spec.ranges[0].cidr", "host bits are set"}},
+		"first after last": {[]vmipamv1.IPRange{{CIDR: "10.1.0.0/24", First: "10.1.0.9", Last: "10.1.0.2"}}, nil, []string{"spec.ranges[0].first", "after last"}},
+		"first outside":    {[]vmipamv1.IPRange{{CIDR: "10.1.0.0/24", First: "10.2.0.9"}}, nil, []string{"spec.ranges[0]", "first must lie inside cidr"}},
+		"exclude outside":  {[]vmipamv1.IPRange{{CIDR: "10.1.0.0/24", Exclude: []string{"10.9.0.1"}}}, nil, []string{"spec.ranges[0].exclude[0]", "outside the range's CIDR"}},
+		"overlap in pool":  {[]vmipamv1.IPRange{{CIDR: "10.1.0.0/24"}, {CIDR: "10.1.0.128/25"}}, nil, []string{"spec.ranges[1].cidr", "overlaps"}},
+		"overlap of pools": {[]vmipamv1.IPRange{{CIDR: "10.90.0.0/25"}}, nil, []string{"spec.ranges[0].cidr", `IPPool "existing"`}},
+		"bad watermarks": {[]vmipamv1.IPRange{{CIDR: "10.1.0.0/24"}}, func(p *vmipamv1.IPPool) {
+			p.Spec.Watermarks = &vmipamv1.Watermarks{Low: 10, Target: 5, High: 20}
+		}, []string{"low <= target <= high"}},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			p := &vmipamv1.IPPool{ObjectMeta: metav1.ObjectMeta{GenerateName: "bad-"}, Spec: vmipamv1.IPPoolSpec{Ranges: tc.ranges}}
+			if tc.mutate != nil {
+				tc.mutate(p)
+			}
+			err := k8sClient.Create(t.Context(), p)
+			if !apierrors.IsInvalid(err) {
+				t.Fatalf("create: %v; want Invalid", err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,237 @@
+// Package integration runs vmipam against a real kube-apiserver and etcd
+// (controller-runtime envtest) with the generated CRDs and webhook
+// manifests, the API server calling the webhook over TLS.
+package integration
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
+	clocktesting "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
+
+	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/internal/app"
+	"github.com/vmipam/vmipam/pools"
+)
+
+var (
+	testEnv   *envtest.Environment
+	cfg       *rest.Config
+	k8sClient client.Client
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
+		fmt.Fprintln(os.Stderr, "KUBEBUILDER_ASSETS is not set: run the tests with 'make test', which builds kube-apiserver and etcd once (hack/envtest-assets.sh)")
+		os.Exit(1)
+	}
+	flag.Parse()
+	if testing.Verbose() {
+		logf.SetLogger(zap.New(zap.UseDevMode(true)))
+	} else {
+		// Shutdowns in the restart tests log expected errors.
+		logf.SetLogger(zap.New(zap.WriteTo(io.Discard)))
+		klog.SetLogger(logr.Discard())
+	}
+	root := filepath.Join("..", "..")
+	testEnv = &envtest.Environment{
+		CRDDirectoryPaths:     []string{filepath.Join(root, "deploy", "crd")},
+		ErrorIfCRDPathMissing: true,
+		WebhookInstallOptions: envtest.WebhookInstallOptions{Paths: []string{filepath.Join(root, "deploy", "webhook")}},
+	}
+	var err error
+	if cfg, err = testEnv.Start(); err != nil {
+		fmt.Fprintf(os.Stderr, "start envtest: %v\n", err)
+		os.Exit(1)
+	}
+	// Many concurrent clients: lift client-go's default rate limit.
+	cfg.QPS, cfg.Burst = 1000, 2000
+	if k8sClient, err = client.New(cfg, client.Options{Scheme: app.Scheme}); err != nil {
+		fmt.Fprintf(os.Stderr, "client: %v\n", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	if err := testEnv.Stop(); err != nil {
+		fmt.Fprintf(os.Stderr, "stop envtest: %v\n", err)
+	}
+	os.Exit(code)
+}
+
+// vmipam is one running instance of vmipam's manager.
+type vmipam struct {
+	reg    *pools.Registry
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// startVMIPAM starts vmipam's manager on the envtest webhook port and waits
+// until its webhook serves. Stop it with stop (also registered as cleanup).
+func startVMIPAM(t *testing.T, clk *clocktesting.FakeClock) *vmipam {
+	t.Helper()
+	wo := &testEnv.WebhookInstallOptions
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                 app.Scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		WebhookServer: crwebhook.NewServer(crwebhook.Options{
+			Host: wo.LocalServingHost, Port: wo.LocalServingPort, CertDir: wo.LocalServingCertDir,
+		}),
+		// Each test starts a new manager in this process, with the same
+		// controller names.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	if err != nil {
+		t.Fatalf("new manager: %v", err)
+	}
+	reg, err := app.Setup(mgr, app.Options{
+		Holder: "test", Clock: clk,
+		RunInterval: 50 * time.Millisecond, ResyncInterval: time.Second, StatusInterval: 200 * time.Millisecond,
+		MaxConcurrentReconciles: 8,
+	})
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	v := &vmipam{reg: reg, cancel: cancel, done: make(chan error, 1)}
+	go func() { v.done <- mgr.Start(ctx) }()
+	t.Cleanup(v.stop)
+	addr := net.JoinHostPort(wo.LocalServingHost, strconv.Itoa(wo.LocalServingPort))
+	waitFor(t, 30*time.Second, "the webhook to serve", func() error {
+		conn, err := tls.DialWithDialer(&net.Dialer{Timeout: time.Second}, "tcp", addr, &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // a readiness probe
+		if err != nil {
+			return err
+		}
+		return conn.Close()
+	})
+	// As readyz would: every existing pool recovered.
+	waitFor(t, 60*time.Second, "every pool to be recovered", func() error { return reg.Ready(context.Background()) })
+	return v
+}
+
+// stop stops the manager and waits for it, as a crash would leave things:
+// nothing is flushed beyond what already was.
+func (v *vmipam) stop() {
+	if v.cancel == nil {
+		return
+	}
+	v.cancel()
+	if err := <-v.done; err != nil {
+		fmt.Fprintf(os.Stderr, "vmipam manager stopped with: %v\n", err)
+	}
+	v.cancel = nil
+}
+
+// waitFor polls cond until it returns nil or the timeout passes.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = cond(); err == nil {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("timed out after %s waiting for %s: %v", timeout, what, err)
+}
+
+// newPool creates an IPPool and waits until vmipam serves it.
+func newPool(t *testing.T, v *vmipam, name string, ranges []vmipamv1.IPRange, mutate ...func(*vmipamv1.IPPool)) *vmipamv1.IPPool {
+	t.Helper()
+	pool := &vmipamv1.IPPool{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: vmipamv1.IPPoolSpec{
+			Ranges: ranges, Cooldown: metav1.Duration{Duration: time.Minute}, PendingTTL: metav1.Duration{Duration: time.Minute},
+			Watermarks: &vmipamv1.Watermarks{Low: 4, Target: 16, High: 64},
+		},
+	}
+	for _, f := range mutate {
+		f(pool)
+	}
+	if err := k8sClient.Create(context.Background(), pool); err != nil {
+		t.Fatalf("create IPPool %s: %v", name, err)
+	}
+	waitFor(t, 30*time.Second, "pool "+name+" to be served", func() error {
+		if p := v.reg.Get(name); p == nil || !p.Manager.Ready() {
+			return errors.New("not ready")
+		}
+		return nil
+	})
+	return pool
+}
+
+// vm builds a VirtualMachine drawing from pool.
+func vm(ns, name, pool string, addrs ...string) *vmipamv1.VirtualMachine {
+	return &vmipamv1.VirtualMachine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec:       vmipamv1.VirtualMachineSpec{IPPool: pool, Addresses: addrs, Image: "debian-13", CPUs: 1, Memory: "512Mi"},
+	}
+}
+
+// createWithRetry creates obj, retrying while the webhook is unreachable
+// (vmipam restarting) or recovering.
+func createWithRetry(ctx context.Context, obj client.Object) error {
+	for {
+		err := k8sClient.Create(ctx, obj)
+		if err == nil || !retriable(err) || ctx.Err() != nil {
+			return err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func retriable(err error) bool {
+	if apierrors.IsServiceUnavailable(err) || apierrors.IsInternalError(err) || apierrors.IsTimeout(err) ||
+		apierrors.IsServerTimeout(err) || apierrors.IsTooManyRequests(err) {
+		return true
+	}
+	// The API server could not reach the webhook: vmipam is restarting.
+	var st apierrors.APIStatus
+	return errors.As(err, &st) && strings.Contains(st.Status().Message, "failed calling webhook")
+}
+
+// namespace creates a fresh namespace for a test.
+func namespace(t *testing.T) string {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "t-"}}
+	if err := k8sClient.Create(context.Background(), ns); err != nil {
+		t.Fatalf("create namespace: %v", err)
+	}
+	return ns.Name
+}
+
+func poolCondition(t *testing.T, name, typ string) *metav1.Condition {
+	t.Helper()
+	p := &vmipamv1.IPPool{}
+	if err := k8sClient.Get(context.Background(), client.ObjectKey{Name: name}, p); err != nil {
+		t.Fatalf("get IPPool %s: %v", name, err)
+	}
+	return meta.FindStatusCondition(p.Status.Conditions, typ)
+}

@@ -1,0 +1,411 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/ipam"
+)
+
+var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// listVMs returns the pool's live VirtualMachines in ns, from the API server.
+func listVMs(t *testing.T, ns string) []vmipamv1.VirtualMachine {
+	t.Helper()
+	var l vmipamv1.VirtualMachineList
+	if err := k8sClient.List(context.Background(), &l, client.InNamespace(ns)); err != nil {
+		t.Fatalf("list VirtualMachines: %v", err)
+	}
+	return l.Items
+}
+
+// checkDistinct fails if two VMs share an address or one lacks it.
+func checkDistinct(t *testing.T, vms []vmipamv1.VirtualMachine, prefix netip.Prefix) map[netip.Addr]string {
+	t.Helper()
+	seen := map[netip.Addr]string{}
+	for _, v := range vms {
+		if len(v.Spec.Addresses) != 1 {
+			t.Errorf("VirtualMachine %s has addresses %v, want one", v.Name, v.Spec.Addresses)
+			continue
+		}
+		a := netip.MustParseAddr(v.Spec.Addresses[0])
+		if !prefix.Contains(a) {
+			t.Errorf("VirtualMachine %s has %s outside its pool %s", v.Name, a, prefix)
+		}
+		if other, dup := seen[a]; dup {
+			t.Errorf("DUPLICATE: %s on %s and %s", a, other, v.Name)
+		}
+		seen[a] = v.Name
+	}
+	return seen
+}
+
+func TestConcurrentCreates(t *testing.T) {
+	clk := clocktesting.NewFakeClock(epoch)
+	v := startVMIPAM(t, clk)
+	ns := namespace(t)
+	newPool(t, v, "concurrent", []vmipamv1.IPRange{{CIDR: "10.10.0.0/22"}})
+	const clients, perClient = 32, 16 // 512 VirtualMachines
+	var wg sync.WaitGroup
+	errs := make(chan error, clients*perClient)
+	for c := range clients {
+		wg.Go(func() {
+			for i := range perClient {
+				if err := createWithRetry(t.Context(), vm(ns, fmt.Sprintf("vm-%02d-%02d", c, i), "concurrent")); err != nil {
+					errs <- err
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Errorf("create: %v", err)
+	}
+	vms := listVMs(t, ns)
+	if len(vms) != clients*perClient {
+		t.Fatalf("%d VirtualMachines, want %d", len(vms), clients*perClient)
+	}
+	checkDistinct(t, vms, netip.MustParsePrefix("10.10.0.0/22"))
+	for _, vm := range vms {
+		if vm.Annotations[vmipamv1.PoolAnnotation] != "concurrent" || vm.Annotations[vmipamv1.TokenAnnotation] == "" || len(vm.Finalizers) != 1 {
+			t.Fatalf("VirtualMachine %s not fully stamped: %v %v", vm.Name, vm.Annotations, vm.Finalizers)
+		}
+	}
+	// The controller binds every reservation, and the status shows it.
+	waitFor(t, 30*time.Second, "every reservation bound", func() error {
+		p := &vmipamv1.IPPool{}
+		if err := k8sClient.Get(t.Context(), client.ObjectKey{Name: "concurrent"}, p); err != nil {
+			return err
+		}
+		if p.Status.Allocated != int64(clients*perClient) || p.Status.Pending != 0 {
+			return fmt.Errorf("status allocated=%d pending=%d", p.Status.Allocated, p.Status.Pending)
+		}
+		return nil
+	})
+}
+
+func TestDeleteCooldown(t *testing.T) {
+	clk := clocktesting.NewFakeClock(epoch)
+	v := startVMIPAM(t, clk)
+	ns := namespace(t)
+	newPool(t, v, "cooldown", []vmipamv1.IPRange{{CIDR: "10.20.0.0/29"}}, func(p *vmipamv1.IPPool) {
+		p.Spec.Cooldown.Duration = 10 * time.Minute
+	})
+	ctx := t.Context()
+	var first string
+	for i := range 6 {
+		obj := vm(ns, fmt.Sprintf("vm-%d", i), "cooldown")
+		if err := k8sClient.Create(ctx, obj); err != nil {
+			t.Fatalf("create %d: %v", i, err)
+		}
+		if i == 0 {
+			first = obj.Spec.Addresses[0]
+		}
+	}
+	victim := &vmipamv1.VirtualMachine{}
+	if err := k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vm-0"}, victim); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "vm-0 bound", func() error {
+		if st, _, _ := v.reg.Get("cooldown").Manager.Lookup(netip.MustParseAddr(first)); st != ipam.StateAllocated {
+			return fmt.Errorf("state %s", st)
+		}
+		return nil
+	})
+	if err := k8sClient.Delete(ctx, victim); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "vm-0 gone", func() error {
+		err := k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vm-0"}, &vmipamv1.VirtualMachine{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("still there: %w", err)
+	})
+	// The released address is persisted in cooldown before the object went.
+	var block vmipamv1.IPBlockList
+	if err := k8sClient.List(ctx, &block, client.MatchingLabels{vmipamv1.PoolLabel: "cooldown"}); err != nil || len(block.Items) != 1 || block.Items[0].Spec.Cooldowns == "" {
+		t.Fatalf("IPBlock of pool cooldown after the release: %+v %v", block.Items, err)
+	}
+	// Inside the cooldown: exhausted, and the message says when it frees.
+	clk.Step(9 * time.Minute)
+	err := k8sClient.Create(ctx, vm(ns, "too-early", "cooldown"))
+	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "exhausted") || !strings.Contains(err.Error(), "the next address frees at 2026-01-01T00:10:00Z") {
+		t.Fatalf("create inside the cooldown: %v; want a denial saying the pool is exhausted and when the next address frees", err)
+	}
+	// Asking for it by name says it cools down, and until when.
+	err = k8sClient.Create(ctx, vm(ns, "static-early", "cooldown", first))
+	if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec.addresses[0]") || !strings.Contains(err.Error(), "cools down until 2026-01-01T00:10:00Z") {
+		t.Fatalf("static request inside the cooldown: %v", err)
+	}
+	clk.Step(time.Minute)
+	late := vm(ns, "after", "cooldown")
+	if err := k8sClient.Create(ctx, late); err != nil {
+		t.Fatalf("create after the cooldown: %v", err)
+	}
+	if late.Spec.Addresses[0] != first {
+		t.Fatalf("after the cooldown got %s, want the released %s", late.Spec.Addresses[0], first)
+	}
+}
+
+func TestDryRunAndGenerateName(t *testing.T) {
+	clk := clocktesting.NewFakeClock(epoch)
+	v := startVMIPAM(t, clk)
+	ns := namespace(t)
+	newPool(t, v, "dryrun", []vmipamv1.IPRange{{CIDR: "10.30.0.0/24"}})
+	ctx := t.Context()
+	before := v.reg.Get("dryrun").Manager.Snapshot()
+	dry := vm(ns, "dry", "dryrun")
+	if err := k8sClient.Create(ctx, dry, client.DryRunAll); err != nil {
+		t.Fatalf("dry-run create: %v", err)
+	}
+	if len(dry.Spec.Addresses) != 0 || dry.Annotations[vmipamv1.TokenAnnotation] != "" {
+		t.Fatalf("dry run reserved something: %v %v", dry.Spec.Addresses, dry.Annotations)
+	}
+	if after := v.reg.Get("dryrun").Manager.Snapshot(); after.Pending != before.Pending || after.Allocated != before.Allocated {
+		t.Fatalf("dry run changed the pool: %+v -> %+v", before, after)
+	}
+	if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(dry), &vmipamv1.VirtualMachine{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("dry run left an object: %v", err)
+	}
+	gen := vm(ns, "", "dryrun")
+	gen.GenerateName = "web-"
+	if err := k8sClient.Create(ctx, gen); err != nil {
+		t.Fatalf("create with generateName: %v", err)
+	}
+	if !strings.HasPrefix(gen.Name, "web-") || len(gen.Spec.Addresses) != 1 {
+		t.Fatalf("generateName create: name %q addresses %v", gen.Name, gen.Spec.Addresses)
+	}
+	if gen.Spec.Addresses[0] != "10.30.0.1" {
+		t.Fatalf("got %s, want the first address 10.30.0.1 (the dry run must not have used it)", gen.Spec.Addresses[0])
+	}
+}
+
+func TestStaticRequests(t *testing.T) {
+	clk := clocktesting.NewFakeClock(epoch)
+	v := startVMIPAM(t, clk)
+	ns := namespace(t)
+	newPool(t, v, "static", []vmipamv1.IPRange{{CIDR: "10.40.0.0/28"}})
+	ctx := t.Context()
+	a := vm(ns, "a", "static", "10.40.0.9")
+	if err := k8sClient.Create(ctx, a); err != nil {
+		t.Fatalf("static request for a free address: %v", err)
+	}
+	if a.Spec.Addresses[0] != "10.40.0.9" || a.Annotations[vmipamv1.TokenAnnotation] == "" {
+		t.Fatalf("static request stamped %v %v", a.Spec.Addresses, a.Annotations)
+	}
+	waitFor(t, 10*time.Second, "a bound", func() error {
+		if st, _, _ := v.reg.Get("static").Manager.Lookup(netip.MustParseAddr("10.40.0.9")); st != ipam.StateAllocated {
+			return fmt.Errorf("state %s", st)
+		}
+		return nil
+	})
+	tests := map[string]struct {
+		obj  *vmipamv1.VirtualMachine
+		want []string
+	}{
+		"taken": {vm(ns, "b", "static", "10.40.0.9"), []string{"spec.addresses[0]", "10.40.0.9", "allocated to the virtual machine with UID " + string(a.UID)}},
+		"outside the pool": {vm(ns, "c", "static", "10.41.0.1"),
+			[]string{"spec.addresses[0]", "outside IPPool static (usable: 10.40.0.1-10.40.0.14)"}},
+		"broadcast":      {vm(ns, "d", "static", "10.40.0.15"), []string{"spec.addresses[0]", "outside IPPool static"}},
+		"not an address": {vm(ns, "e", "static", "10.40.0.x"), []string{"spec.addresses[0]", "not an IP address"}},
+		"unknown pool":   {vm(ns, "f", "nope"), []string{"spec.ipPool", `IPPool "nope" does not exist`}},
+		"two addresses":  {vm(ns, "g", "static", "10.40.0.2", "10.40.0.3"), []string{"spec.addresses"}},
+		"dry run, taken": {vm(ns, "h", "static", "10.40.0.9"), []string{"allocated to the virtual machine"}},
+		"copied stamp": {func() *vmipamv1.VirtualMachine {
+			c := vm(ns, "copy", "static", "10.40.0.9")
+			c.Annotations = map[string]string{vmipamv1.TokenAnnotation: a.Annotations[vmipamv1.TokenAnnotation], vmipamv1.PoolAnnotation: "static"}
+			return c
+		}(), []string{"spec.addresses[0]", "allocated to the virtual machine with UID " + string(a.UID)}},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			var opts []client.CreateOption
+			if strings.HasPrefix(name, "dry run") {
+				opts = append(opts, client.DryRunAll)
+			}
+			err := k8sClient.Create(ctx, tc.obj, opts...)
+			if err == nil {
+				t.Fatalf("created %s with %v; want a denial", tc.obj.Name, tc.obj.Spec.Addresses)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+		})
+	}
+	// The address and the stamp are immutable.
+	t.Run("immutable", func(t *testing.T) {
+		cur := &vmipamv1.VirtualMachine{}
+		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(a), cur); err != nil {
+			t.Fatal(err)
+		}
+		cur.Spec.Addresses = []string{"10.40.0.10"}
+		if err := k8sClient.Update(ctx, cur); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "immutable") {
+			t.Fatalf("changing the address: %v", err)
+		}
+		_ = k8sClient.Get(ctx, client.ObjectKeyFromObject(a), cur)
+		cur.Annotations[vmipamv1.TokenAnnotation] = "forged"
+		if err := k8sClient.Update(ctx, cur); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), vmipamv1.TokenAnnotation) {
+			t.Fatalf("changing the token: %v", err)
+		}
+	})
+}
+
+func TestExhaustion(t *testing.T) {
+	clk := clocktesting.NewFakeClock(epoch)
+	v := startVMIPAM(t, clk)
+	ns := namespace(t)
+	newPool(t, v, "tiny", []vmipamv1.IPRange{{CIDR: "10.50.0.0/30"}})
+	ctx := t.Context()
+	for i := range 2 {
+		if err := k8sClient.Create(ctx, vm(ns, fmt.Sprintf("vm-%d", i), "tiny")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := k8sClient.Create(ctx, vm(ns, "third", "tiny"))
+	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), `pool "tiny" is exhausted`) {
+		t.Fatalf("third create in a /30: %v", err)
+	}
+	waitFor(t, 10*time.Second, "the Exhausted condition", func() error {
+		if c := poolCondition(t, "tiny", vmipamv1.ConditionExhausted); c == nil || c.Status != metav1.ConditionTrue {
+			return fmt.Errorf("condition %+v", c)
+		}
+		return nil
+	})
+}
+
+// TestRejectedAfterMutation: a validating webhook after vmipam's denies the
+// object; the reservation vmipam made comes back through cooldown after
+// the pending TTL.
+func TestRejectedAfterMutation(t *testing.T) {
+	clk := clocktesting.NewFakeClock(epoch)
+	v := startVMIPAM(t, clk)
+	ns := namespace(t)
+	newPool(t, v, "rejected", []vmipamv1.IPRange{{CIDR: "10.60.0.0/29"}}, func(p *vmipamv1.IPPool) {
+		p.Spec.PendingTTL.Duration = time.Minute
+		p.Spec.Cooldown.Duration = 2 * time.Minute
+	})
+	installDenyWebhook(t, ns, "rejected")
+	ctx := t.Context()
+	err := k8sClient.Create(ctx, vm(ns, "denied", "rejected"))
+	if err == nil || !strings.Contains(err.Error(), "denied by the test's policy") {
+		t.Fatalf("create: %v; want the second webhook's denial", err)
+	}
+	m := v.reg.Get("rejected").Manager
+	a := netip.MustParseAddr("10.60.0.1")
+	if st, _, _ := m.Lookup(a); st != ipam.StatePending {
+		t.Fatalf("%s is %s after the rejected create, want pending", a, st)
+	}
+	clk.Step(time.Minute)
+	waitFor(t, 10*time.Second, "the reservation to expire", func() error {
+		if st, _, _ := m.Lookup(a); st != ipam.StateCooldown {
+			return fmt.Errorf("state %s", st)
+		}
+		return nil
+	})
+	clk.Step(2 * time.Minute)
+	waitFor(t, 10*time.Second, "the address to be free again", func() error {
+		if st, _, _ := m.Lookup(a); st != ipam.StateFree {
+			return fmt.Errorf("state %s", st)
+		}
+		return nil
+	})
+}
+
+// TestRestart restarts vmipam in the middle of a create/delete run, as a
+// crash would, and checks from the API server that no two VMs share an
+// address, every VM has one, and no address was reused inside its cooldown
+// (the fake clock never advances, so no cooldown ends: no address may be
+// handed out twice at all).
+func TestRestart(t *testing.T) {
+	clk := clocktesting.NewFakeClock(epoch)
+	v := startVMIPAM(t, clk)
+	ns := namespace(t)
+	newPool(t, v, "restart", []vmipamv1.IPRange{{CIDR: "10.70.0.0/22"}})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var mu sync.Mutex
+	everHanded := map[string]string{} // address -> first VM given it
+	var failures []error
+	var wg sync.WaitGroup
+	for c := range 8 {
+		wg.Go(func() {
+			for i := 0; ctx.Err() == nil; i++ {
+				obj := vm(ns, fmt.Sprintf("r-%d-%d", c, i), "restart")
+				if err := createWithRetry(ctx, obj); err != nil {
+					if ctx.Err() == nil {
+						mu.Lock()
+						failures = append(failures, err)
+						mu.Unlock()
+					}
+					return
+				}
+				mu.Lock()
+				if prev, ok := everHanded[obj.Spec.Addresses[0]]; ok {
+					failures = append(failures, fmt.Errorf("REUSE: %s given to %s after %s, inside its cooldown", obj.Spec.Addresses[0], obj.Name, prev))
+				}
+				everHanded[obj.Spec.Addresses[0]] = obj.Name
+				mu.Unlock()
+				if i%2 == 1 {
+					if err := k8sClient.Delete(ctx, obj); err != nil && ctx.Err() == nil && !apierrors.IsNotFound(err) {
+						mu.Lock()
+						failures = append(failures, err)
+						mu.Unlock()
+						return
+					}
+				}
+			}
+		})
+	}
+	for range 2 {
+		time.Sleep(1500 * time.Millisecond)
+		v.stop()
+		time.Sleep(300 * time.Millisecond)
+		v = startVMIPAM(t, clk)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	cancel()
+	wg.Wait()
+	for _, err := range failures {
+		t.Error(err)
+	}
+	if len(everHanded) < 50 {
+		t.Fatalf("only %d creates went through; the test proves little", len(everHanded))
+	}
+	// Deleted objects go once their address is released.
+	waitFor(t, 30*time.Second, "deletions to finish", func() error {
+		for _, vm := range listVMs(t, ns) {
+			if vm.DeletionTimestamp != nil {
+				return fmt.Errorf("%s still deleting", vm.Name)
+			}
+		}
+		return nil
+	})
+	vms := listVMs(t, ns)
+	checkDistinct(t, vms, netip.MustParsePrefix("10.70.0.0/22"))
+	waitFor(t, 30*time.Second, "the allocator to match the cluster", func() error {
+		c := v.reg.Get("restart").Manager.Snapshot()
+		if c.Allocated != len(vms) {
+			return fmt.Errorf("allocated %d, %d live VMs", c.Allocated, len(vms))
+		}
+		return nil
+	})
+	t.Logf("%d creates, %d live after 2 restarts", len(everHanded), len(vms))
+}
+
+var errDenied = errors.New("denied by the test's policy")

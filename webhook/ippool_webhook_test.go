@@ -1,0 +1,648 @@
+package webhook
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+)
+
+// ippoolTestPool returns a pool named name with ranges, the others fields
+// left at what a Go client sends when it does not set them.
+func ippoolTestPool(name string, ranges ...vmipamv1.IPRange) vmipamv1.IPPool {
+	return vmipamv1.IPPool{
+		TypeMeta:   metav1.TypeMeta{APIVersion: vmipamv1.GroupVersion.String(), Kind: "IPPool"},
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec:       vmipamv1.IPPoolSpec{Ranges: ranges},
+	}
+}
+
+// ippoolCIDR is a range that is only a CIDR.
+func ippoolCIDR(cidr string) vmipamv1.IPRange { return vmipamv1.IPRange{CIDR: cidr} }
+
+// ippoolWantErr is one expected field error: its exact path and a part of
+// its message.
+type ippoolWantErr struct {
+	field, msg string
+}
+
+func ippoolCheckErrs(t *testing.T, errs field.ErrorList, want []ippoolWantErr) {
+	t.Helper()
+	if len(errs) != len(want) {
+		t.Fatalf("got %d errors, want %d:\n%s", len(errs), len(want), ippoolFormatErrs(errs))
+	}
+	for i, w := range want {
+		if errs[i].Field != w.field {
+			t.Errorf("error %d: field %q, want %q (%v)", i, errs[i].Field, w.field, errs[i])
+		}
+		if !strings.Contains(errs[i].Error(), w.msg) {
+			t.Errorf("error %d: %q does not contain %q", i, errs[i].Error(), w.msg)
+		}
+	}
+}
+
+func ippoolFormatErrs(errs field.ErrorList) string {
+	var b strings.Builder
+	for _, e := range errs {
+		b.WriteString("  " + e.Error() + "\n")
+	}
+	return b.String()
+}
+
+func TestValidateIPPoolRanges(t *testing.T) {
+	tests := map[string]struct {
+		ranges []vmipamv1.IPRange
+		want   []ippoolWantErr
+	}{
+		"single IPv4 CIDR": {
+			ranges: []vmipamv1.IPRange{ippoolCIDR("10.0.0.0/24")},
+		},
+		"dual stack, narrowed, with exclusions": {
+			ranges: []vmipamv1.IPRange{
+				{CIDR: "10.0.0.0/24", First: "10.0.0.10", Last: "10.0.0.200", Exclude: []string{"10.0.0.64/28", "10.0.0.100"}},
+				{CIDR: "fd00::/64", Exclude: []string{"fd00::1"}},
+			},
+		},
+		"no ranges": {
+			ranges: nil,
+			want:   []ippoolWantErr{{"spec.ranges", "Required value: at least one range is required"}},
+		},
+		"empty CIDR": {
+			ranges: []vmipamv1.IPRange{ippoolCIDR("")},
+			want:   []ippoolWantErr{{"spec.ranges[0].cidr", "Required value: a CIDR is required"}},
+		},
+		"prefix length out of bounds": {
+			ranges: []vmipamv1.IPRange{ippoolCIDR("10.0.0.0/33")},
+			want:   []ippoolWantErr{{"spec.ranges[0].cidr", `Invalid value: "10.0.0.0/33": not a valid CIDR`}},
+		},
+		"address without prefix length": {
+			ranges: []vmipamv1.IPRange{ippoolCIDR("10.0.0.7")},
+			want:   []ippoolWantErr{{"spec.ranges[0].cidr", "for a single address write 10.0.0.7/32"}},
+		},
+		"IPv6 typo": {
+			ranges: []vmipamv1.IPRange{ippoolCIDR("10.1.0.0/24"), ippoolCIDR("fd00:::/64")},
+			want:   []ippoolWantErr{{"spec.ranges[1].cidr", `Invalid value: "fd00:::/64": not a valid CIDR`}},
+		},
+		"host bits set": {
+			ranges: []vmipamv1.IPRange{ippoolCIDR("10.0.0.1/24")},
+			want:   []ippoolWantErr{{"spec.ranges[0].cidr", "host bits are set; the network is 10.0.0.0/24"}},
+		},
+		"first after last": {
+			ranges: []vmipamv1.IPRange{{CIDR: "10.0.0.0/24", First: "10.0.0.20", Last: "10.0.0.10"}},
+			want:   []ippoolWantErr{{"spec.ranges[0].first", `"10.0.0.20": is after last (10.0.0.10); swap them`}},
+		},
+		"first outside CIDR": {
+			ranges: []vmipamv1.IPRange{{CIDR: "10.0.0.0/24", First: "10.0.1.5"}},
+			want:   []ippoolWantErr{{"spec.ranges[0].first", "outside the range's CIDR 10.0.0.0/24"}},
+		},
+		"last is the broadcast address": {
+			ranges: []vmipamv1.IPRange{{CIDR: "10.0.0.0/24", Last: "10.0.0.255"}},
+			want:   []ippoolWantErr{{"spec.ranges[0].last", "network or broadcast address of 10.0.0.0/24"}},
+		},
+		"last not an address": {
+			ranges: []vmipamv1.IPRange{{CIDR: "10.0.0.0/24", Last: "10.0.0.x"}},
+			want:   []ippoolWantErr{{"spec.ranges[0].last", "not a valid IP address"}},
+		},
+		"exclude outside its range": {
+			ranges: []vmipamv1.IPRange{
+				ippoolCIDR("10.0.0.0/24"),
+				{CIDR: "10.0.1.0/24", Exclude: []string{"10.0.1.7", "10.0.0.5"}},
+			},
+			want: []ippoolWantErr{{"spec.ranges[1].exclude[1]", "exclusions must lie inside the range they belong to"}},
+		},
+		"exclude with host bits": {
+			ranges: []vmipamv1.IPRange{{CIDR: "10.0.0.0/24", Exclude: []string{"10.0.0.1/28"}}},
+			want:   []ippoolWantErr{{"spec.ranges[0].exclude[0]", "the network is 10.0.0.0/28"}},
+		},
+		"ranges of the pool overlap": {
+			ranges: []vmipamv1.IPRange{ippoolCIDR("10.0.0.0/16"), ippoolCIDR("10.0.5.0/24")},
+			want:   []ippoolWantErr{{"spec.ranges[1].cidr", "overlaps ranges[0] (10.0.0.0/16); ranges of one pool must not overlap"}},
+		},
+		"everything excluded": {
+			ranges: []vmipamv1.IPRange{{CIDR: "10.0.0.0/30", Exclude: []string{"10.0.0.0/30"}}},
+			want:   []ippoolWantErr{{"spec.ranges", "Invalid value: the pool has no usable address"}},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			pool := ippoolTestPool("a", tc.ranges...)
+			ippoolCheckErrs(t, ValidateIPPool(&pool, nil), tc.want)
+		})
+	}
+}
+
+func TestValidateIPPoolOthers(t *testing.T) {
+	defaultPool := func(name, cidr string) vmipamv1.IPPool {
+		p := ippoolTestPool(name, ippoolCIDR(cidr))
+		p.Spec.Default = true
+		return p
+	}
+	tests := map[string]struct {
+		pool   vmipamv1.IPPool
+		others []vmipamv1.IPPool
+		want   []ippoolWantErr
+	}{
+		"disjoint subnets": {
+			pool:   ippoolTestPool("a", ippoolCIDR("10.0.0.0/25")),
+			others: []vmipamv1.IPPool{ippoolTestPool("b", ippoolCIDR("10.0.0.128/25"), ippoolCIDR("fd00::/64"))},
+		},
+		"same subnet": {
+			pool:   ippoolTestPool("a", ippoolCIDR("10.0.0.0/24")),
+			others: []vmipamv1.IPPool{ippoolTestPool("b", ippoolCIDR("10.0.0.0/24"))},
+			want: []ippoolWantErr{{"spec.ranges[0].cidr",
+				`overlaps range 10.0.0.0/24 of IPPool "b" (shared: 10.0.0.1-10.0.0.254); pools must not share addresses`}},
+		},
+		"subnet inside another pool's": {
+			pool:   ippoolTestPool("a", ippoolCIDR("192.168.0.0/24"), ippoolCIDR("10.0.5.0/24")),
+			others: []vmipamv1.IPPool{ippoolTestPool("b", ippoolCIDR("10.0.0.0/16"))},
+			want:   []ippoolWantErr{{"spec.ranges[1].cidr", `overlaps range 10.0.0.0/16 of IPPool "b" (shared: 10.0.5.1-10.0.5.254)`}},
+		},
+		"IPv6 subnet inside another pool's": {
+			pool:   ippoolTestPool("a", ippoolCIDR("fd00:0:0:1::/64")),
+			others: []vmipamv1.IPPool{ippoolTestPool("b", ippoolCIDR("fd00::/48"))},
+			want:   []ippoolWantErr{{"spec.ranges[0].cidr", `overlaps range fd00::/48 of IPPool "b"`}},
+		},
+		"one subnet split with first and last": {
+			pool: ippoolTestPool("a", vmipamv1.IPRange{CIDR: "10.0.0.0/24", Last: "10.0.0.127"}),
+			others: []vmipamv1.IPPool{
+				ippoolTestPool("b", vmipamv1.IPRange{CIDR: "10.0.0.0/24", First: "10.0.0.128"}),
+			},
+		},
+		"split with one shared address": {
+			pool: ippoolTestPool("a", vmipamv1.IPRange{CIDR: "10.0.0.0/24", Last: "10.0.0.128"}),
+			others: []vmipamv1.IPPool{
+				ippoolTestPool("b", vmipamv1.IPRange{CIDR: "10.0.0.0/24", First: "10.0.0.128"}),
+			},
+			want: []ippoolWantErr{{"spec.ranges[0].cidr", `overlaps range 10.0.0.0/24 of IPPool "b" (shared: 10.0.0.128)`}},
+		},
+		"narrowed range of another pool inside this subnet": {
+			pool:   ippoolTestPool("a", ippoolCIDR("10.0.0.0/25")),
+			others: []vmipamv1.IPPool{ippoolTestPool("b", vmipamv1.IPRange{CIDR: "10.0.0.0/24", First: "10.0.0.100", Last: "10.0.0.200"})},
+			want:   []ippoolWantErr{{"spec.ranges[0].cidr", `(shared: 10.0.0.100-10.0.0.126)`}},
+		},
+		"network and broadcast addresses are never shared": {
+			// 10.0.0.0/25 hands out .1-.126, so a host /32 at its
+			// broadcast address takes nothing from it.
+			pool:   ippoolTestPool("a", ippoolCIDR("10.0.0.0/25")),
+			others: []vmipamv1.IPPool{ippoolTestPool("b", ippoolCIDR("10.0.0.127/32"), ippoolCIDR("10.0.0.0/32"))},
+		},
+		"exclusions do not make room for another pool": {
+			pool:   ippoolTestPool("a", vmipamv1.IPRange{CIDR: "10.0.0.0/24", Exclude: []string{"10.0.0.128/25"}}),
+			others: []vmipamv1.IPPool{ippoolTestPool("b", ippoolCIDR("10.0.0.128/25"))},
+			want:   []ippoolWantErr{{"spec.ranges[0].cidr", `overlaps range 10.0.0.128/25 of IPPool "b"`}},
+		},
+		"overlaps two pools, reported by name": {
+			pool: ippoolTestPool("a", ippoolCIDR("10.0.0.0/16")),
+			others: []vmipamv1.IPPool{
+				ippoolTestPool("c", ippoolCIDR("10.0.2.0/24")),
+				ippoolTestPool("b", ippoolCIDR("10.0.1.0/24")),
+			},
+			want: []ippoolWantErr{
+				{"spec.ranges[0].cidr", `IPPool "b"`},
+				{"spec.ranges[0].cidr", `IPPool "c"`},
+			},
+		},
+		"update ignores the pool itself": {
+			pool:   ippoolTestPool("a", ippoolCIDR("10.0.0.0/24")),
+			others: []vmipamv1.IPPool{ippoolTestPool("a", ippoolCIDR("10.0.0.0/23"))},
+		},
+		"other pool with a broken range is skipped": {
+			pool:   ippoolTestPool("a", ippoolCIDR("10.0.0.0/24")),
+			others: []vmipamv1.IPPool{ippoolTestPool("b", ippoolCIDR("10.0.0.0/33"))},
+		},
+		"first default": {
+			pool:   defaultPool("a", "10.0.0.0/24"),
+			others: []vmipamv1.IPPool{ippoolTestPool("b", ippoolCIDR("10.1.0.0/24"))},
+		},
+		"second default": {
+			pool:   defaultPool("a", "10.0.0.0/24"),
+			others: []vmipamv1.IPPool{defaultPool("b", "10.1.0.0/24")},
+			want:   []ippoolWantErr{{"spec.default", `Invalid value: true: IPPool "b" is already the default`}},
+		},
+		"non-default beside a default": {
+			pool:   ippoolTestPool("a", ippoolCIDR("10.0.0.0/24")),
+			others: []vmipamv1.IPPool{defaultPool("b", "10.1.0.0/24")},
+		},
+		"default update of the default pool": {
+			pool:   defaultPool("a", "10.0.0.0/24"),
+			others: []vmipamv1.IPPool{defaultPool("a", "10.0.0.0/24")},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			ippoolCheckErrs(t, ValidateIPPool(&tc.pool, tc.others), tc.want)
+		})
+	}
+}
+
+func TestValidateIPPoolSettings(t *testing.T) {
+	tests := map[string]struct {
+		spec func(*vmipamv1.IPPoolSpec)
+		want []ippoolWantErr
+	}{
+		"defaults left unset": {
+			spec: func(*vmipamv1.IPPoolSpec) {},
+		},
+		"everything set and sane": {
+			spec: func(s *vmipamv1.IPPoolSpec) {
+				s.Cooldown = metav1.Duration{Duration: 10 * time.Minute}
+				s.PendingTTL = metav1.Duration{Duration: 30 * time.Second}
+				s.Watermarks = &vmipamv1.Watermarks{Low: 0, Target: 4096, High: 4096}
+				s.NamespaceSelector = &metav1.LabelSelector{
+					MatchLabels:      map[string]string{"team": "a"},
+					MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "env", Operator: metav1.LabelSelectorOpIn, Values: []string{"prod"}}},
+				}
+			},
+		},
+		"negative cooldown": {
+			spec: func(s *vmipamv1.IPPoolSpec) { s.Cooldown = metav1.Duration{Duration: -time.Second} },
+			want: []ippoolWantErr{{"spec.cooldown", `Invalid value: "-1s": must not be negative`}},
+		},
+		"short pendingTTL": {
+			spec: func(s *vmipamv1.IPPoolSpec) { s.PendingTTL = metav1.Duration{Duration: 10 * time.Second} },
+			want: []ippoolWantErr{{"spec.pendingTTL", `Invalid value: "10s": must be at least 30s, and should exceed the API server's request timeout`}},
+		},
+		"negative pendingTTL": {
+			spec: func(s *vmipamv1.IPPoolSpec) { s.PendingTTL = metav1.Duration{Duration: -time.Minute} },
+			want: []ippoolWantErr{{"spec.pendingTTL", "must be at least 30s"}},
+		},
+		"negative low watermark": {
+			spec: func(s *vmipamv1.IPPoolSpec) { s.Watermarks = &vmipamv1.Watermarks{Low: -1, Target: 8, High: 16} },
+			want: []ippoolWantErr{{"spec.watermarks.low", "Invalid value: -1: must not be negative"}},
+		},
+		"low above target": {
+			spec: func(s *vmipamv1.IPPoolSpec) { s.Watermarks = &vmipamv1.Watermarks{Low: 64, Target: 32, High: 128} },
+			want: []ippoolWantErr{{"spec.watermarks.low", "Invalid value: 64: must not exceed target (32)"}},
+		},
+		"high below target": {
+			spec: func(s *vmipamv1.IPPoolSpec) { s.Watermarks = &vmipamv1.Watermarks{Low: 8, Target: 32, High: 16} },
+			want: []ippoolWantErr{{"spec.watermarks.high", "Invalid value: 16: must be at least target (32)"}},
+		},
+		"zero target": {
+			spec: func(s *vmipamv1.IPPoolSpec) { s.Watermarks = &vmipamv1.Watermarks{} },
+			want: []ippoolWantErr{{"spec.watermarks.target", "Invalid value: 0: must be between 1 and 4096"}},
+		},
+		"target larger than a block": {
+			spec: func(s *vmipamv1.IPPoolSpec) { s.Watermarks = &vmipamv1.Watermarks{Low: 1, Target: 4097, High: 5000} },
+			want: []ippoolWantErr{{"spec.watermarks.target", "Invalid value: 4097: must be between 1 and 4096 (the size of an address block)"}},
+		},
+		"unknown selector operator": {
+			spec: func(s *vmipamv1.IPPoolSpec) {
+				s.NamespaceSelector = &metav1.LabelSelector{
+					MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "env", Operator: "Equals", Values: []string{"prod"}}},
+				}
+			},
+			want: []ippoolWantErr{{"spec.namespaceSelector", `"Equals" is not a valid label selector operator`}},
+		},
+		"invalid selector label value": {
+			spec: func(s *vmipamv1.IPPoolSpec) {
+				s.NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"team": "not valid!"}}
+			},
+			want: []ippoolWantErr{{"spec.namespaceSelector", "not a valid label selector"}},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			pool := ippoolTestPool("a", ippoolCIDR("10.0.0.0/24"))
+			tc.spec(&pool.Spec)
+			ippoolCheckErrs(t, ValidateIPPool(&pool, nil), tc.want)
+		})
+	}
+}
+
+func TestValidateIPPoolReportsEveryError(t *testing.T) {
+	pool := ippoolTestPool("a",
+		vmipamv1.IPRange{CIDR: "10.0.0.0/24", First: "10.0.0.200", Last: "10.0.0.100"},
+		ippoolCIDR("fd00::1/64"),
+		vmipamv1.IPRange{CIDR: "10.2.0.0/24", Exclude: []string{"10.3.0.0/24"}},
+		ippoolCIDR("10.1.0.0/24"),
+	)
+	pool.Spec.Default = true
+	pool.Spec.PendingTTL = metav1.Duration{Duration: time.Second}
+	pool.Spec.Cooldown = metav1.Duration{Duration: -time.Minute}
+	pool.Spec.Watermarks = &vmipamv1.Watermarks{Low: 10, Target: 5, High: 1}
+	pool.Spec.NamespaceSelector = &metav1.LabelSelector{
+		MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "env", Operator: metav1.LabelSelectorOpExists, Values: []string{"x"}}},
+	}
+	others := []vmipamv1.IPPool{ippoolTestPool("b", ippoolCIDR("10.1.0.0/25"))}
+	others[0].Spec.Default = true
+
+	ippoolCheckErrs(t, ValidateIPPool(&pool, others), []ippoolWantErr{
+		{"spec.ranges[0].first", "is after last"},
+		{"spec.ranges[1].cidr", "host bits are set"},
+		{"spec.ranges[2].exclude[0]", "outside the range's CIDR 10.2.0.0/24"},
+		{"spec.ranges[3].cidr", `overlaps range 10.1.0.0/25 of IPPool "b"`},
+		{"spec.default", `IPPool "b" is already the default`},
+		{"spec.cooldown", "must not be negative"},
+		{"spec.pendingTTL", "must be at least 30s"},
+		{"spec.watermarks.low", "must not exceed target (5)"},
+		{"spec.watermarks.high", "must be at least target (5)"},
+		{"spec.namespaceSelector", "not a valid label selector"},
+	})
+}
+
+func TestIPPoolFieldPath(t *testing.T) {
+	tests := map[string]struct {
+		in   string
+		want string
+		ok   bool
+	}{
+		"top level":      {in: "ranges", want: "spec.ranges", ok: true},
+		"indexed child":  {in: "ranges[0].first", want: "spec.ranges[0].first", ok: true},
+		"nested index":   {in: "ranges[1].exclude[12]", want: "spec.ranges[1].exclude[12]", ok: true},
+		"key":            {in: "labels[team]", want: "spec.labels[team]", ok: true},
+		"empty":          {in: ""},
+		"empty segment":  {in: "ranges..cidr"},
+		"unclosed index": {in: "ranges[1.cidr"},
+		"junk after ]":   {in: "ranges[1]x.cidr"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			got, ok := ippoolFieldPath(field.NewPath("spec"), tc.in)
+			if ok != tc.ok {
+				t.Fatalf("ok = %v, want %v", ok, tc.ok)
+			}
+			if ok && got.String() != tc.want {
+				t.Errorf("got %q, want %q", got.String(), tc.want)
+			}
+		})
+	}
+}
+
+func TestIPPoolRangeSpan(t *testing.T) {
+	tests := map[string]struct {
+		r    vmipamv1.IPRange
+		want string // "" when the range does not parse
+	}{
+		"IPv4 subnet":           {r: ippoolCIDR("10.0.0.0/24"), want: "10.0.0.1-10.0.0.254"},
+		"IPv4 /30":              {r: ippoolCIDR("10.0.0.0/30"), want: "10.0.0.1-10.0.0.2"},
+		"IPv4 point to point":   {r: ippoolCIDR("10.0.0.0/31"), want: "10.0.0.0-10.0.0.1"},
+		"IPv4 host":             {r: ippoolCIDR("10.0.0.9/32"), want: "10.0.0.9"},
+		"IPv4 everything":       {r: ippoolCIDR("0.0.0.0/0"), want: "0.0.0.1-255.255.255.254"},
+		"IPv6 subnet keeps top": {r: ippoolCIDR("fd00::/64"), want: "fd00::1-fd00::ffff:ffff:ffff:ffff"},
+		"IPv6 /127":             {r: ippoolCIDR("fd00::/127"), want: "fd00::-fd00::1"},
+		"IPv6 everything":       {r: ippoolCIDR("::/0"), want: "::1-ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"},
+		"narrowed":              {r: vmipamv1.IPRange{CIDR: "10.0.0.0/24", First: " 10.0.0.10", Last: "10.0.0.20"}, want: "10.0.0.10-10.0.0.20"},
+		"first is network":      {r: vmipamv1.IPRange{CIDR: "10.0.0.0/24", First: "10.0.0.0"}},
+		"first other family":    {r: vmipamv1.IPRange{CIDR: "10.0.0.0/24", First: "::ffff:10.0.0.5"}},
+		"first after last":      {r: vmipamv1.IPRange{CIDR: "10.0.0.0/24", First: "10.0.0.9", Last: "10.0.0.8"}},
+		"host bits":             {r: ippoolCIDR("10.0.0.1/24")},
+		"zoned":                 {r: ippoolCIDR("fe80::%eth0/64")},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			sp, ok := ippoolRangeSpan(tc.r)
+			if ok != (tc.want != "") {
+				t.Fatalf("ok = %v, want %v (span %v)", ok, tc.want != "", sp)
+			}
+			if ok && sp.String() != tc.want {
+				t.Errorf("got %s, want %s", sp, tc.want)
+			}
+		})
+	}
+}
+
+func TestIPPoolUpdateWarnings(t *testing.T) {
+	tests := map[string]struct {
+		old, new []vmipamv1.IPRange
+		want     []string // substrings, one per warning
+	}{
+		"unchanged": {
+			old: []vmipamv1.IPRange{ippoolCIDR("10.0.0.0/24")},
+			new: []vmipamv1.IPRange{ippoolCIDR("10.0.0.0/24")},
+		},
+		"range added": {
+			old: []vmipamv1.IPRange{ippoolCIDR("10.0.0.0/24")},
+			new: []vmipamv1.IPRange{ippoolCIDR("10.0.0.0/24"), ippoolCIDR("10.0.1.0/24")},
+		},
+		"range widened": {
+			old: []vmipamv1.IPRange{{CIDR: "10.0.0.0/24", Last: "10.0.0.100"}},
+			new: []vmipamv1.IPRange{ippoolCIDR("10.0.0.0/23")},
+		},
+		"exclusion dropped": {
+			old: []vmipamv1.IPRange{{CIDR: "10.0.0.0/24", Exclude: []string{"10.0.0.5"}}},
+			new: []vmipamv1.IPRange{ippoolCIDR("10.0.0.0/24")},
+		},
+		"range removed": {
+			old: []vmipamv1.IPRange{ippoolCIDR("10.0.0.0/24"), ippoolCIDR("fd00::/120")},
+			new: []vmipamv1.IPRange{ippoolCIDR("10.0.0.0/24")},
+			want: []string{
+				"spec.ranges: the update takes fd00::1-fd00::ff out of the pool; VirtualMachines that hold these addresses keep them, but vmipam no longer hands them out",
+			},
+		},
+		"range narrowed with last": {
+			old:  []vmipamv1.IPRange{ippoolCIDR("10.0.0.0/24")},
+			new:  []vmipamv1.IPRange{{CIDR: "10.0.0.0/24", Last: "10.0.0.127"}},
+			want: []string{"takes 10.0.0.128-10.0.0.254 out of the pool"},
+		},
+		"range narrowed on both ends": {
+			old:  []vmipamv1.IPRange{ippoolCIDR("10.0.0.0/24")},
+			new:  []vmipamv1.IPRange{{CIDR: "10.0.0.0/24", First: "10.0.0.10", Last: "10.0.0.250"}},
+			want: []string{"takes 10.0.0.1-10.0.0.9 out", "takes 10.0.0.251-10.0.0.254 out"},
+		},
+		"subnet shrunk": {
+			old:  []vmipamv1.IPRange{ippoolCIDR("10.0.0.0/23")},
+			new:  []vmipamv1.IPRange{ippoolCIDR("10.0.0.0/24")},
+			want: []string{"takes 10.0.0.255-10.0.1.254 out"},
+		},
+		"exclusion added": {
+			old:  []vmipamv1.IPRange{ippoolCIDR("10.0.0.0/24")},
+			new:  []vmipamv1.IPRange{{CIDR: "10.0.0.0/24", Exclude: []string{"10.0.0.7"}}},
+			want: []string{"takes 10.0.0.7 out of the pool"},
+		},
+		"many spans removed": {
+			old: []vmipamv1.IPRange{
+				ippoolCIDR("10.0.1.0/24"), ippoolCIDR("10.0.2.0/24"), ippoolCIDR("10.0.3.0/24"), ippoolCIDR("10.0.4.0/24"),
+				ippoolCIDR("10.0.5.0/24"), ippoolCIDR("10.0.6.0/24"), ippoolCIDR("10.0.7.0/24"), ippoolCIDR("10.0.8.0/24"),
+			},
+			new: []vmipamv1.IPRange{ippoolCIDR("10.0.0.0/24")},
+			want: []string{
+				"takes 10.0.1.1-10.0.1.254 out", "10.0.2.1", "10.0.3.1", "10.0.4.1", "10.0.5.1",
+				"the update takes 3 more address spans out of the pool",
+			},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			old, pool := ippoolTestPool("a", tc.old...), ippoolTestPool("a", tc.new...)
+			got := ippoolUpdateWarnings(&old, &pool)
+			if len(got) != len(tc.want) {
+				t.Fatalf("got %d warnings, want %d: %q", len(got), len(tc.want), got)
+			}
+			for i, w := range tc.want {
+				if !strings.Contains(got[i], w) {
+					t.Errorf("warning %d: %q does not contain %q", i, got[i], w)
+				}
+				if len(got[i]) > 256 {
+					t.Errorf("warning %d is %d characters; the API server may truncate it", i, len(got[i]))
+				}
+			}
+		})
+	}
+}
+
+func TestIPPoolSubtractAtAddressSpaceEdges(t *testing.T) {
+	all := ippoolSpan{lo: netip.MustParseAddr("::"), hi: netip.MustParseAddr("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff")}
+	got := ippoolSubtract([]ippoolSpan{all}, ippoolSpan{lo: all.lo, hi: netip.MustParseAddr("::ff")})
+	got = ippoolSubtract(got, ippoolSpan{lo: netip.MustParseAddr("ffff::"), hi: all.hi})
+	if len(got) != 1 || got[0].String() != "::100-fffe:ffff:ffff:ffff:ffff:ffff:ffff:ffff" {
+		t.Errorf("got %v", got)
+	}
+	if got := ippoolSubtract([]ippoolSpan{all}, all); len(got) != 0 {
+		t.Errorf("subtracting everything left %v", got)
+	}
+}
+
+func ippoolTestScheme(t *testing.T) *runtime.Scheme {
+	t.Helper()
+	s := runtime.NewScheme()
+	if err := vmipamv1.AddToScheme(s); err != nil {
+		t.Fatalf("add vmipam types to scheme: %v", err)
+	}
+	return s
+}
+
+func ippoolRaw(t *testing.T, pool *vmipamv1.IPPool) runtime.RawExtension {
+	t.Helper()
+	if pool == nil {
+		return runtime.RawExtension{}
+	}
+	b, err := json.Marshal(pool)
+	if err != nil {
+		t.Fatalf("marshal IPPool: %v", err)
+	}
+	return runtime.RawExtension{Raw: b}
+}
+
+func TestIPPoolValidatorHandle(t *testing.T) {
+	existing := ippoolTestPool("b", ippoolCIDR("10.1.0.0/24"))
+	overlapping := ippoolTestPool("c", ippoolCIDR("10.1.0.0/25"))
+	valid := ippoolTestPool("a", ippoolCIDR("10.0.0.0/24"))
+	narrowed := ippoolTestPool("a", vmipamv1.IPRange{CIDR: "10.0.0.0/24", Last: "10.0.0.99"})
+	invalid := ippoolTestPool("x", vmipamv1.IPRange{CIDR: "10.0.0.0/24", First: "10.0.1.1"})
+	retuned := *overlapping.DeepCopy()
+	retuned.Spec.Cooldown = metav1.Duration{Duration: time.Minute}
+	relabelled := *overlapping.DeepCopy()
+	relabelled.Labels = map[string]string{"team": "a"}
+
+	tests := map[string]struct {
+		op         admissionv1.Operation
+		obj, old   *vmipamv1.IPPool
+		raw        []byte // overrides obj
+		listErr    error
+		allowed    bool
+		code       int32
+		msg        []string
+		causeField string
+		warnings   []string
+	}{
+		"create valid": {
+			op: admissionv1.Create, obj: &valid, allowed: true, code: http.StatusOK,
+		},
+		"create invalid": {
+			op: admissionv1.Create, obj: &invalid, code: http.StatusUnprocessableEntity,
+			msg: []string{
+				`IPPool.vmipam.io "x" is invalid: spec.ranges[0].first: Invalid value: "10.0.1.1": outside the range's CIDR 10.0.0.0/24`,
+			},
+			causeField: "spec.ranges[0].first",
+		},
+		"create overlapping a stored pool": {
+			op: admissionv1.Create, obj: &overlapping, code: http.StatusUnprocessableEntity,
+			msg:        []string{`IPPool.vmipam.io "c" is invalid: spec.ranges[0].cidr`, `overlaps range 10.1.0.0/24 of IPPool "b"`},
+			causeField: "spec.ranges[0].cidr",
+		},
+		"update narrowing warns": {
+			op: admissionv1.Update, obj: &narrowed, old: &valid, allowed: true, code: http.StatusOK,
+			warnings: []string{"takes 10.0.0.100-10.0.0.254 out of the pool"},
+		},
+		"update widening is silent": {
+			op: admissionv1.Update, obj: &valid, old: &narrowed, allowed: true, code: http.StatusOK,
+		},
+		"metadata update of an invalid stored pool": {
+			op: admissionv1.Update, obj: &relabelled, old: &overlapping, allowed: true, code: http.StatusOK,
+		},
+		"spec update of an invalid stored pool": {
+			op: admissionv1.Update, obj: &retuned, old: &overlapping, code: http.StatusUnprocessableEntity,
+			msg:        []string{`IPPool "b"`},
+			causeField: "spec.ranges[0].cidr",
+		},
+		"delete": {
+			op: admissionv1.Delete, old: &existing, allowed: true, code: http.StatusOK,
+		},
+		"undecodable object": {
+			op: admissionv1.Create, raw: []byte(`{"apiVersion":"vmipam.io/v1alpha1","kind":"IPPool","spec":{"ranges":"nope"}}`),
+			code: http.StatusBadRequest, msg: []string{"decode IPPool"},
+		},
+		"list fails": {
+			op: admissionv1.Create, obj: &valid, listErr: errors.New("cache not synced"),
+			code: http.StatusInternalServerError, msg: []string{"list IPPools: cache not synced"},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			builder := fake.NewClientBuilder().WithScheme(ippoolTestScheme(t)).WithObjects(existing.DeepCopy())
+			if tc.listErr != nil {
+				builder = builder.WithInterceptorFuncs(interceptor.Funcs{
+					List: func(context.Context, client.WithWatch, client.ObjectList, ...client.ListOption) error {
+						return tc.listErr
+					},
+				})
+			}
+			v := NewIPPoolValidator(builder.Build(), ippoolTestScheme(t))
+			req := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+				Operation: tc.op, Object: ippoolRaw(t, tc.obj), OldObject: ippoolRaw(t, tc.old),
+			}}
+			if tc.raw != nil {
+				req.Object = runtime.RawExtension{Raw: tc.raw}
+			}
+			if tc.obj != nil {
+				req.Name = tc.obj.Name
+			}
+
+			resp := v.Handle(t.Context(), req)
+
+			if resp.Allowed != tc.allowed {
+				t.Fatalf("allowed = %v, want %v (%+v)", resp.Allowed, tc.allowed, resp.Result)
+			}
+			if resp.Result == nil || resp.Result.Code != tc.code {
+				t.Fatalf("result %+v, want code %d", resp.Result, tc.code)
+			}
+			for _, m := range tc.msg {
+				if !strings.Contains(resp.Result.Message, m) {
+					t.Errorf("message %q does not contain %q", resp.Result.Message, m)
+				}
+			}
+			if tc.causeField != "" {
+				if resp.Result.Reason != metav1.StatusReasonInvalid {
+					t.Errorf("reason %q, want %q", resp.Result.Reason, metav1.StatusReasonInvalid)
+				}
+				if d := resp.Result.Details; d == nil || d.Kind != "IPPool" || d.Group != "vmipam.io" || len(d.Causes) == 0 || d.Causes[0].Field != tc.causeField {
+					t.Errorf("details %+v, want the first cause at %s", d, tc.causeField)
+				}
+			}
+			if len(resp.Warnings) != len(tc.warnings) {
+				t.Fatalf("warnings %q, want %d", resp.Warnings, len(tc.warnings))
+			}
+			for i, w := range tc.warnings {
+				if !strings.Contains(resp.Warnings[i], w) {
+					t.Errorf("warning %q does not contain %q", resp.Warnings[i], w)
+				}
+			}
+		})
+	}
+}
