@@ -76,7 +76,23 @@ $(GOLANGCI_LINT):
 	mv $(BIN)/golangci-lint $@
 
 .PHONY: run
-run: ## Run vmipam on a local control plane (arrives with the webhook; see README).
-	@echo "make run needs the admission webhook and the local control plane, which are not built yet." >&2
-	@echo "Today vmipam is the allocator core in ipam/: try 'make test' and 'make bench'." >&2
-	@exit 1
+run: ## Run vmipam on a local control plane with sample VMs; Ctrl-C stops it all.
+	@hack/local.sh run
+
+.PHONY: local-up
+local-up: ## Start a local control plane and vmipam in the background (kubeconfig: .local/kubeconfig).
+	@hack/local.sh up
+
+.PHONY: local-down
+local-down: ## Stop what local-up started.
+	@hack/local.sh down
+
+IMG ?= ghcr.io/vmipam/vmipam:latest
+
+.PHONY: docker-build
+docker-build: ## Build the container image IMG (needs a Docker engine).
+	docker build -t $(IMG) .
+
+.PHONY: vmipam
+vmipam: ## Build the vmipam binary into bin/.
+	$(GO) build -o $(BIN)/vmipam ./cmd/vmipam

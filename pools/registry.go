@@ -6,6 +6,7 @@ package pools
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -59,6 +60,10 @@ type Options struct {
 	StatusInterval time.Duration
 	// Recorder records events on pools; optional.
 	Recorder events.EventRecorder
+	// ObserveAllocation, if set, receives every allocation's latency.
+	ObserveAllocation func(pool string, d time.Duration, err error)
+	// NoteDuplicate, if set, hears of every duplicate found.
+	NoteDuplicate func(pool string)
 }
 
 // Pool is one IPPool's allocator.
@@ -74,6 +79,8 @@ type Pool struct {
 	selector   labels.Selector
 	cancel     context.CancelFunc
 	done       chan struct{}
+
+	noteDuplicate func(pool string)
 
 	mu         sync.Mutex
 	duplicates []string // the conflicts found by the last resync, for the status
@@ -120,9 +127,16 @@ func (r *Registry) Start(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
+			// A graceful shutdown persists what is dirty; a crash would
+			// not, and recovery is built for that too.
+			flushCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
 			r.mu.Lock()
 			for name, p := range r.pools {
 				p.stop()
+				if err := p.Manager.Flush(flushCtx); err != nil {
+					logf.FromContext(ctx).Error(err, "Flushing pool at shutdown", "pool", name)
+				}
 				delete(r.pools, name)
 			}
 			r.mu.Unlock()
@@ -146,6 +160,9 @@ func (r *Registry) Start(ctx context.Context) error {
 // NeedLeaderElection returns false: every replica serves the webhook, so
 // every replica keeps its allocators.
 func (r *Registry) NeedLeaderElection() bool { return false }
+
+// Pools returns the pools, sorted by name.
+func (r *Registry) Pools() []*Pool { return r.list() }
 
 func (r *Registry) list() []*Pool {
 	r.mu.RLock()
@@ -261,6 +278,10 @@ func (r *Registry) build(pool *vmipamv1.IPPool) (*Pool, error) {
 		Cooldown: pool.Spec.Cooldown.Duration, PendingTTL: pool.Spec.PendingTTL.Duration,
 		Store: kubestore.New(r.opts.Client, r.opts.APIReader, pool), Clock: r.opts.Clock,
 	}
+	if obs := r.opts.ObserveAllocation; obs != nil {
+		name := pool.Name
+		cfg.ObserveAllocation = func(d time.Duration, err error) { obs(name, d, err) }
+	}
 	if w := pool.Spec.Watermarks; w != nil {
 		cfg.LowWatermark, cfg.TargetFree, cfg.HighWatermark = int(w.Low), int(w.Target), int(w.High)
 	}
@@ -268,7 +289,7 @@ func (r *Registry) build(pool *vmipamv1.IPPool) (*Pool, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Pool{Name: pool.Name, Manager: m, uid: pool.UID, generation: pool.Generation, spec: *pool.Spec.DeepCopy()}
+	p := &Pool{Name: pool.Name, Manager: m, uid: pool.UID, generation: pool.Generation, spec: *pool.Spec.DeepCopy(), noteDuplicate: r.opts.NoteDuplicate}
 	if pool.Spec.NamespaceSelector != nil {
 		if p.selector, err = metav1.LabelSelectorAsSelector(pool.Spec.NamespaceSelector); err != nil {
 			return nil, fmt.Errorf("pool %s: spec.namespaceSelector: %w", pool.Name, err)
@@ -340,12 +361,20 @@ func (r *Registry) Resync(ctx context.Context, p *Pool) error {
 
 // NoteConflict records a duplicate the controller found, for the status.
 func (p *Pool) NoteConflict(err error) {
+	if p.noteDuplicate != nil {
+		p.noteDuplicate(p.Name)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.duplicates = append(p.duplicates, err.Error())
 }
 
 func (p *Pool) noteConflicts(errs []error) {
+	if p.noteDuplicate != nil {
+		for range errs {
+			p.noteDuplicate(p.Name)
+		}
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.duplicates = p.duplicates[:0]
@@ -487,9 +516,13 @@ func (r *Registry) writeStatus(ctx context.Context, p *Pool) error {
 	if pool.UID != p.uid {
 		return nil
 	}
-	base := pool.DeepCopy()
-	pool.Status = st
-	if err := r.opts.Client.Status().Patch(ctx, pool, client.MergeFrom(base)); err != nil {
+	// The whole status as a merge patch, zero counts included, so the
+	// printer columns never show an empty cell for 0.
+	raw, err := json.Marshal(map[string]any{"status": st})
+	if err != nil {
+		return fmt.Errorf("encode status of IPPool %s: %w", p.Name, err)
+	}
+	if err := r.opts.Client.Status().Patch(ctx, pool, client.RawPatch(types.MergePatchType, raw)); err != nil {
 		return fmt.Errorf("patch status of IPPool %s: %w", p.Name, err)
 	}
 	p.mu.Lock()

@@ -18,6 +18,7 @@ import (
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/controller"
 	"github.com/vmipam/vmipam/ipam"
+	"github.com/vmipam/vmipam/metrics"
 	"github.com/vmipam/vmipam/pools"
 	"github.com/vmipam/vmipam/target"
 	"github.com/vmipam/vmipam/webhook"
@@ -58,8 +59,10 @@ func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
 	reg := pools.NewRegistry(pools.Options{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Target: t, Holder: opts.Holder, Clock: opts.Clock,
 		RunInterval: opts.RunInterval, ResyncInterval: opts.ResyncInterval, StatusInterval: opts.StatusInterval,
-		Recorder: mgr.GetEventRecorder("vmipam"),
+		Recorder:          mgr.GetEventRecorder("vmipam"),
+		ObserveAllocation: metrics.ObserveAllocation, NoteDuplicate: metrics.NoteDuplicate,
 	})
+	metrics.Register(reg)
 	if err := mgr.Add(reg); err != nil {
 		return nil, fmt.Errorf("add pool registry: %w", err)
 	}
@@ -73,9 +76,16 @@ func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
 		return nil, fmt.Errorf("set up address controller: %w", err)
 	}
 	srv := mgr.GetWebhookServer()
-	srv.Register(webhook.DefaulterPath, &admission.Webhook{Handler: &webhook.VMDefaulter{Registry: reg, Target: t}})
-	srv.Register(webhook.ValidatorPath, &admission.Webhook{Handler: &webhook.VMValidator{Registry: reg, Target: t}})
-	srv.Register(webhook.IPPoolValidatorPath, &admission.Webhook{Handler: webhook.NewIPPoolValidator(mgr.GetAPIReader(), mgr.GetScheme())})
+	for path, h := range map[string]struct {
+		name    string
+		handler admission.Handler
+	}{
+		webhook.DefaulterPath:       {"virtualmachine-mutating", &webhook.VMDefaulter{Registry: reg, Target: t}},
+		webhook.ValidatorPath:       {"virtualmachine-validating", &webhook.VMValidator{Registry: reg, Target: t}},
+		webhook.IPPoolValidatorPath: {"ippool-validating", webhook.NewIPPoolValidator(mgr.GetAPIReader(), mgr.GetScheme())},
+	} {
+		srv.Register(path, &admission.Webhook{Handler: metrics.InstrumentAdmission(h.name, h.handler)})
+	}
 	if err := mgr.AddHealthzCheck("ping", func(*http.Request) error { return nil }); err != nil {
 		return nil, fmt.Errorf("add healthz check: %w", err)
 	}

@@ -135,8 +135,8 @@ func startVMIPAM(t *testing.T, clk *clocktesting.FakeClock) *vmipam {
 	return v
 }
 
-// stop stops the manager and waits for it, as a crash would leave things:
-// nothing is flushed beyond what already was.
+// stop stops the manager and waits for it, as SIGTERM would: the webhook
+// goes away mid-admission, in-memory reservations are lost.
 func (v *vmipam) stop() {
 	if v.cancel == nil {
 		return

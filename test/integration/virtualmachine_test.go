@@ -95,6 +95,13 @@ func TestConcurrentCreates(t *testing.T) {
 		}
 		return nil
 	})
+	// The metrics say the same.
+	if got := gauge(t, "vmipam_pool_addresses", map[string]string{"pool": "concurrent", "state": "allocated"}); got != clients*perClient {
+		t.Errorf("vmipam_pool_addresses{state=allocated} = %v, want %d", got, clients*perClient)
+	}
+	if n := histogramCount(t, "vmipam_admission_duration_seconds", map[string]string{"webhook": "virtualmachine-mutating", "outcome": "allowed"}); n < clients*perClient {
+		t.Errorf("admission latency observed %d times, want at least %d", n, clients*perClient)
+	}
 }
 
 func TestDeleteCooldown(t *testing.T) {

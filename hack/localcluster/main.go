@@ -1,0 +1,168 @@
+// Command localcluster runs a throwaway Kubernetes control plane for trying
+// vmipam on one machine: etcd and kube-apiserver (the binaries
+// hack/envtest-assets.sh builds) on loopback ports, with vmipam's CRDs and
+// webhook configurations installed, the webhooks pointing at a vmipam
+// running on this machine. It writes an admin kubeconfig and runs until
+// interrupted, then stops the control plane and deletes its data.
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	admissionregv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+)
+
+func main() {
+	dir := flag.String("dir", ".local", "Folder for the kubeconfig and the ready marker.")
+	root := flag.String("repo", ".", "The vmipam repository (for deploy/).")
+	webhookURL := flag.String("webhook-url", "https://127.0.0.1:9443", "Where the API server reaches vmipam's webhook server.")
+	namespace := flag.String("namespace", "vmipam-system", "vmipam's namespace, excluded from its webhooks.")
+	flag.Parse()
+	if err := run(*dir, *root, *webhookURL, *namespace); err != nil {
+		fmt.Fprintln(os.Stderr, "localcluster:", err)
+		os.Exit(1)
+	}
+}
+
+func run(dir, root, webhookURL, namespace string) error {
+	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
+		return errors.New("KUBEBUILDER_ASSETS is not set: run through 'make run' or 'make local-up', which build the control plane with hack/envtest-assets.sh")
+	}
+	env := &envtest.Environment{
+		CRDDirectoryPaths:     []string{filepath.Join(root, "deploy", "crd")},
+		ErrorIfCRDPathMissing: true,
+	}
+	cfg, err := env.Start()
+	if err != nil {
+		return fmt.Errorf("start control plane: %w", err)
+	}
+	defer func() {
+		if err := env.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "localcluster: stop control plane:", err)
+		}
+	}()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return err
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return fmt.Errorf("client: %w", err)
+	}
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}); err != nil {
+		return fmt.Errorf("create namespace %s: %w", namespace, err)
+	}
+	if err := installWebhooks(ctx, c, filepath.Join(root, "deploy", "webhook", "manifests.yaml"), webhookURL, namespace); err != nil {
+		return err
+	}
+	user, err := env.AddUser(envtest.User{Name: "local-admin", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		return fmt.Errorf("add admin user: %w", err)
+	}
+	kubeconfig, err := user.KubeConfig()
+	if err != nil {
+		return fmt.Errorf("kubeconfig: %w", err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	path := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(path, kubeconfig, 0o600); err != nil {
+		return fmt.Errorf("write kubeconfig: %w", err)
+	}
+	ready := filepath.Join(dir, "control-plane.ready")
+	if err := os.WriteFile(ready, []byte(cfg.Host+"\n"), 0o644); err != nil {
+		return err
+	}
+	defer func() { _ = os.Remove(ready) }()
+	fmt.Fprintf(os.Stderr, "localcluster: API server at %s, kubeconfig %s\n", cfg.Host, path)
+	<-ctx.Done()
+	fmt.Fprintln(os.Stderr, "localcluster: stopping")
+	return nil
+}
+
+// installWebhooks installs the generated webhook configurations under the
+// names vmipam's deployment uses, pointing at a vmipam on this machine and
+// excluding vmipam's namespace. vmipam injects its own CA into them.
+func installWebhooks(ctx context.Context, c client.Client, file, url, namespace string) error {
+	raw, err := os.ReadFile(file)
+	if err != nil {
+		return fmt.Errorf("read webhook manifests: %w", err)
+	}
+	exclude := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+		Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpNotIn, Values: []string{namespace},
+	}}}
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(raw), 4096)
+	for {
+		var probe metav1.TypeMeta
+		var doc runtime.RawExtension
+		if err := dec.Decode(&doc); errors.Is(err, io.EOF) {
+			return nil
+		} else if err != nil {
+			return fmt.Errorf("parse webhook manifests: %w", err)
+		}
+		if len(bytes.TrimSpace(doc.Raw)) == 0 {
+			continue
+		}
+		if err := utilyaml.Unmarshal(doc.Raw, &probe); err != nil {
+			return err
+		}
+		switch probe.Kind {
+		case "MutatingWebhookConfiguration":
+			var m admissionregv1.MutatingWebhookConfiguration
+			if err := utilyaml.Unmarshal(doc.Raw, &m); err != nil {
+				return err
+			}
+			m.Name = "vmipam-mutating"
+			for i := range m.Webhooks {
+				m.Webhooks[i].ClientConfig = urlConfig(url, m.Webhooks[i].ClientConfig)
+				m.Webhooks[i].NamespaceSelector = exclude
+			}
+			if err := c.Create(ctx, &m); err != nil {
+				return fmt.Errorf("create %s: %w", m.Name, err)
+			}
+		case "ValidatingWebhookConfiguration":
+			var v admissionregv1.ValidatingWebhookConfiguration
+			if err := utilyaml.Unmarshal(doc.Raw, &v); err != nil {
+				return err
+			}
+			v.Name = "vmipam-validating"
+			for i := range v.Webhooks {
+				v.Webhooks[i].ClientConfig = urlConfig(url, v.Webhooks[i].ClientConfig)
+				v.Webhooks[i].NamespaceSelector = exclude
+			}
+			if err := c.Create(ctx, &v); err != nil {
+				return fmt.Errorf("create %s: %w", v.Name, err)
+			}
+		}
+	}
+}
+
+func urlConfig(base string, in admissionregv1.WebhookClientConfig) admissionregv1.WebhookClientConfig {
+	path := ""
+	if in.Service != nil && in.Service.Path != nil {
+		path = *in.Service.Path
+	}
+	u := strings.TrimSuffix(base, "/") + path
+	return admissionregv1.WebhookClientConfig{URL: &u}
+}

@@ -1,0 +1,157 @@
+// Package metrics exports vmipam's Prometheus metrics on controller-runtime's
+// registry: per pool and state gauges read from each allocator's consistent
+// snapshot at scrape time, the allocators' counters, allocation and
+// admission latency histograms, and the serving certificate's expiry.
+package metrics
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/vmipam/vmipam/ipam"
+	"github.com/vmipam/vmipam/pools"
+)
+
+var (
+	// AllocationDuration is the latency of every allocation, by pool.
+	AllocationDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "vmipam_allocation_duration_seconds",
+		Help:    "Time to hand out an address from a pool's allocator, including a synchronous claim when the free list was empty.",
+		Buckets: []float64{1e-6, 5e-6, 1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5, 1},
+	}, []string{"pool"})
+	// AdmissionDuration is the server-side latency of every admission
+	// request, by webhook and outcome (allowed, denied, error).
+	AdmissionDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "vmipam_admission_duration_seconds",
+		Help:    "Time vmipam's webhooks take to answer an admission request, by webhook and outcome.",
+		Buckets: []float64{5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5},
+	}, []string{"webhook", "outcome"})
+	// DuplicatesFound counts detections of two live objects on one address.
+	DuplicatesFound = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "vmipam_duplicates_found_total",
+		Help: "Times two live objects were found carrying one address (each detection counts).",
+	}, []string{"pool"})
+
+	current   atomic.Pointer[pools.Registry]
+	certNotAf atomic.Pointer[func() time.Time]
+	once      sync.Once
+)
+
+// Register exports reg's pools. It may be called again with a new
+// registry (tests restart vmipam in one process); the metrics are
+// registered with controller-runtime's registry only once.
+func Register(reg *pools.Registry) {
+	current.Store(reg)
+	once.Do(func() {
+		ctrlmetrics.Registry.MustRegister(AllocationDuration, AdmissionDuration, DuplicatesFound, poolCollector{},
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name: "vmipam_certificate_expiry_timestamp_seconds",
+				Help: "When the webhook's serving certificate expires, as a Unix time; 0 when unknown.",
+			}, func() float64 {
+				if f := certNotAf.Load(); f != nil {
+					if t := (*f)(); !t.IsZero() {
+						return float64(t.Unix())
+					}
+				}
+				return 0
+			}))
+	})
+}
+
+// SetCertificateExpiry tells the expiry gauge where to read the served
+// certificate's NotAfter.
+func SetCertificateExpiry(f func() time.Time) { certNotAf.Store(&f) }
+
+// ObserveAllocation records one allocation's latency; pass it to the pool
+// registry.
+func ObserveAllocation(pool string, d time.Duration, _ error) {
+	AllocationDuration.WithLabelValues(pool).Observe(d.Seconds())
+}
+
+// NoteDuplicate counts a duplicate found in pool.
+func NoteDuplicate(pool string) { DuplicatesFound.WithLabelValues(pool).Inc() }
+
+var (
+	addressesDesc = prometheus.NewDesc("vmipam_pool_addresses",
+		"Addresses of a pool by state: allocated, pending, free, cooldown, claimed (by this replica) and usable (in the ranges).",
+		[]string{"pool", "state"}, nil)
+	counterDescs = []struct {
+		desc *prometheus.Desc
+		get  func(ipam.Stats) uint64
+	}{
+		{prometheus.NewDesc("vmipam_allocations_total", "Addresses handed out.", []string{"pool"}, nil), func(s ipam.Stats) uint64 { return s.Allocations }},
+		{prometheus.NewDesc("vmipam_releases_total", "Addresses released into cooldown.", []string{"pool"}, nil), func(s ipam.Stats) uint64 { return s.Releases }},
+		{prometheus.NewDesc("vmipam_exhausted_total", "Allocations refused because the pool was exhausted.", []string{"pool"}, nil), func(s ipam.Stats) uint64 { return s.Exhausted }},
+		{prometheus.NewDesc("vmipam_conflicts_total", "Operations refused because another owner held the address.", []string{"pool"}, nil), func(s ipam.Stats) uint64 { return s.Conflicts }},
+		{prometheus.NewDesc("vmipam_expired_pendings_total", "Reservations whose object never appeared, expired into cooldown.", []string{"pool"}, nil), func(s ipam.Stats) uint64 { return s.ExpiredPendings }},
+		{prometheus.NewDesc("vmipam_store_conflicts_total", "Block writes that lost a compare-and-swap and were retried.", []string{"pool"}, nil), func(s ipam.Stats) uint64 { return s.StoreConflicts }},
+		{prometheus.NewDesc("vmipam_store_writes_total", "Block writes to the API server.", []string{"pool"}, nil), func(s ipam.Stats) uint64 { return s.StoreWrites }},
+		{prometheus.NewDesc("vmipam_rebalances_total", "Free-list rebalances (claims or returns).", []string{"pool"}, nil), func(s ipam.Stats) uint64 { return s.Rebalances }},
+		{prometheus.NewDesc("vmipam_rebalance_failures_total", "Rebalances that failed.", []string{"pool"}, nil), func(s ipam.Stats) uint64 { return s.RebalanceFailures }},
+	}
+)
+
+// poolCollector reads every pool's snapshot and counters at scrape time,
+// so the gauges are as consistent as the allocator's own lock makes them.
+type poolCollector struct{}
+
+func (poolCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- addressesDesc
+	for _, c := range counterDescs {
+		ch <- c.desc
+	}
+}
+
+func (poolCollector) Collect(ch chan<- prometheus.Metric) {
+	reg := current.Load()
+	if reg == nil {
+		return
+	}
+	for _, p := range reg.Pools() {
+		if !p.Manager.Ready() {
+			continue
+		}
+		c := p.Manager.Snapshot()
+		for _, s := range []struct {
+			state string
+			v     float64
+		}{
+			{"allocated", float64(c.Allocated)}, {"pending", float64(c.Pending)}, {"free", float64(c.Free)},
+			{"cooldown", float64(c.Cooldown)}, {"claimed", float64(c.Claimed)}, {"usable", float64(c.Usable)},
+		} {
+			ch <- prometheus.MustNewConstMetric(addressesDesc, prometheus.GaugeValue, s.v, p.Name, s.state)
+		}
+		st := p.Manager.Stats()
+		for _, d := range counterDescs {
+			ch <- prometheus.MustNewConstMetric(d.desc, prometheus.CounterValue, float64(d.get(st)), p.Name)
+		}
+	}
+}
+
+// InstrumentAdmission wraps an admission handler to record its latency and
+// outcome under name.
+func InstrumentAdmission(name string, h admission.Handler) admission.Handler {
+	return admission.HandlerFunc(func(ctx context.Context, req admission.Request) admission.Response {
+		start := time.Now()
+		resp := h.Handle(ctx, req)
+		AdmissionDuration.WithLabelValues(name, outcome(resp)).Observe(time.Since(start).Seconds())
+		return resp
+	})
+}
+
+func outcome(resp admission.Response) string {
+	switch {
+	case resp.Allowed:
+		return "allowed"
+	case resp.Result != nil && resp.Result.Code >= http.StatusInternalServerError:
+		return "error"
+	}
+	return "denied"
+}

@@ -1,0 +1,700 @@
+package deploy
+
+import (
+	"fmt"
+	"maps"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+func TestOverlays(t *testing.T) {
+	tests := map[string]struct {
+		dir   string
+		certs func(t *testing.T, r *rendered)
+	}{
+		"default":      {dir: "deploy/overlays/default", certs: checkSelfManagedCerts},
+		"cert-manager": {dir: "deploy/overlays/cert-manager", certs: checkCertManagerCerts},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			r := mustRender(t, tc.dir)
+			t.Run("objects", func(t *testing.T) { checkObjects(t, r) })
+			t.Run("webhook configurations", func(t *testing.T) { checkWebhooks(t, r) })
+			t.Run("deployment", func(t *testing.T) { checkDeployment(t, r) })
+			t.Run("services", func(t *testing.T) { checkServices(t, r) })
+			t.Run("rbac", func(t *testing.T) { checkRBAC(t, r) })
+			t.Run("disruption budget", func(t *testing.T) { checkPDB(t, r) })
+			t.Run("network policy", func(t *testing.T) { checkNetworkPolicy(t, r) })
+			t.Run("certificates", func(t *testing.T) { tc.certs(t, r) })
+			t.Run("server-side dry-run", r.dryRun)
+		})
+	}
+}
+
+// checkObjects: the objects vmipam needs are there, every generated
+// manifest is included, and nothing lands outside vmipam's namespace.
+func checkObjects(t *testing.T, r *rendered) {
+	want := []struct{ kind, ns, name string }{
+		{"Namespace", "", namespace},
+		{"ServiceAccount", namespace, serviceAccount},
+		{"Deployment", namespace, "vmipam"},
+		{"Service", namespace, webhookService},
+		{"Service", namespace, metricsService},
+		{"PodDisruptionBudget", namespace, "vmipam"},
+		{"NetworkPolicy", namespace, "vmipam"},
+		{"ClusterRoleBinding", "", "vmipam"},
+		{"Role", namespace, "vmipam-leader-election"},
+		{"RoleBinding", namespace, "vmipam-leader-election"},
+		{"RoleBinding", namespace, "vmipam-secrets"},
+		{"ClusterRole", "", "vmipam-metrics-reader"},
+		{"ClusterRole", "", "vmipam-metrics-auth"},
+		{"ClusterRoleBinding", "", "vmipam-metrics-auth"},
+		{"MutatingWebhookConfiguration", "", mutatingName},
+		{"ValidatingWebhookConfiguration", "", validatingName},
+	}
+	for _, w := range want {
+		if r.find(w.kind, w.ns, w.name) == nil {
+			t.Errorf("no %s %s", w.kind, key(w.ns, w.name))
+		}
+	}
+
+	// The generated manifests are included as generated: a new CRD file or
+	// a new object in the RBAC file must reach the install.
+	crdFiles, err := filepath.Glob(filepath.Join(root, "deploy", "crd", "*.yaml"))
+	if err != nil || len(crdFiles) == 0 {
+		t.Fatalf("no generated CRDs in deploy/crd (%v)", err)
+	}
+	var generated []*unstructured.Unstructured
+	for _, f := range crdFiles {
+		if filepath.Base(f) == "kustomization.yaml" {
+			continue
+		}
+		rel, _ := filepath.Rel(root, f)
+		generated = append(generated, readObjects(t, rel)...)
+	}
+	generated = append(generated, readObjects(t, "deploy/rbac/role.yaml")...)
+	for _, g := range generated {
+		ns := g.GetNamespace()
+		if ns != "" {
+			ns = namespace // controller-gen's namespace is rewritten by the base
+		}
+		if r.find(g.GetKind(), ns, g.GetName()) == nil {
+			t.Errorf("generated %s %s is not in the render: list its file in the kustomization.yaml beside it", g.GetKind(), key(ns, g.GetName()))
+		}
+	}
+
+	for _, o := range r.objs {
+		if ns := o.GetNamespace(); ns != "" && ns != namespace {
+			t.Errorf("%s %s is outside %s", o.GetKind(), key(ns, o.GetName()), namespace)
+		}
+	}
+	// controller-gen's generic names must not survive next to vmipam's.
+	for _, kind := range []string{"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"} {
+		for _, o := range r.ofKind(kind) {
+			if o.GetName() != mutatingName && o.GetName() != validatingName {
+				t.Errorf("unexpected %s %s", kind, o.GetName())
+			}
+		}
+	}
+}
+
+// hook is what the test looks at in a mutating or validating webhook.
+type hook struct {
+	ClientConfig      admissionregistrationv1.WebhookClientConfig
+	Rules             []admissionregistrationv1.RuleWithOperations
+	FailurePolicy     *admissionregistrationv1.FailurePolicyType
+	SideEffects       *admissionregistrationv1.SideEffectClass
+	TimeoutSeconds    *int32
+	NamespaceSelector *metav1.LabelSelector
+	AdmissionReviews  []string
+}
+
+// hooks returns the webhooks of a configuration by name.
+func hooks(t *testing.T, o *unstructured.Unstructured) map[string]hook {
+	t.Helper()
+	out := map[string]hook{}
+	switch o.GetKind() {
+	case "MutatingWebhookConfiguration":
+		var c admissionregistrationv1.MutatingWebhookConfiguration
+		convert(t, o, &c)
+		for _, w := range c.Webhooks {
+			out[w.Name] = hook{w.ClientConfig, w.Rules, w.FailurePolicy, w.SideEffects, w.TimeoutSeconds, w.NamespaceSelector, w.AdmissionReviewVersions}
+		}
+	case "ValidatingWebhookConfiguration":
+		var c admissionregistrationv1.ValidatingWebhookConfiguration
+		convert(t, o, &c)
+		for _, w := range c.Webhooks {
+			out[w.Name] = hook{w.ClientConfig, w.Rules, w.FailurePolicy, w.SideEffects, w.TimeoutSeconds, w.NamespaceSelector, w.AdmissionReviewVersions}
+		}
+	default:
+		t.Fatalf("%s is no webhook configuration", o.GetKind())
+	}
+	return out
+}
+
+func convert(t *testing.T, o *unstructured.Unstructured, out any) {
+	t.Helper()
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, out); err != nil {
+		t.Fatalf("%s %s: %v", o.GetKind(), key(o.GetNamespace(), o.GetName()), err)
+	}
+}
+
+// checkWebhooks compares every generated webhook with its rendered form:
+// renamed configuration, vmipam's Service, vmipam's namespace excluded, and
+// everything else (failurePolicy, timeoutSeconds, rules, path) as generated.
+func checkWebhooks(t *testing.T, r *rendered) {
+	var svc corev1.Service
+	r.get(t, "Service", namespace, webhookService, &svc)
+
+	renamed := map[string]string{"MutatingWebhookConfiguration": mutatingName, "ValidatingWebhookConfiguration": validatingName}
+	for _, g := range readObjects(t, "deploy/webhook/manifests.yaml") {
+		name, ok := renamed[g.GetKind()]
+		if !ok {
+			t.Errorf("deploy/webhook/manifests.yaml holds a %s; the test knows no rendered name for it", g.GetKind())
+			continue
+		}
+		o := r.find(g.GetKind(), "", name)
+		if o == nil {
+			t.Errorf("no %s %s", g.GetKind(), name)
+			continue
+		}
+		want, got := hooks(t, g), hooks(t, o)
+		if !reflect.DeepEqual(slices.Sorted(maps.Keys(want)), slices.Sorted(maps.Keys(got))) {
+			t.Errorf("%s: webhooks %v, generated %v", name, slices.Sorted(maps.Keys(got)), slices.Sorted(maps.Keys(want)))
+		}
+		for hn, w := range want {
+			h, ok := got[hn]
+			if !ok {
+				continue
+			}
+			where := name + "/" + hn
+			if h.FailurePolicy == nil || *h.FailurePolicy != admissionregistrationv1.Fail || !reflect.DeepEqual(h.FailurePolicy, w.FailurePolicy) {
+				t.Errorf("%s: failurePolicy %v, want Fail as generated", where, deref(h.FailurePolicy))
+			}
+			if !reflect.DeepEqual(h.TimeoutSeconds, w.TimeoutSeconds) {
+				t.Errorf("%s: timeoutSeconds %v, generated %v", where, deref(h.TimeoutSeconds), deref(w.TimeoutSeconds))
+			}
+			if !reflect.DeepEqual(h.Rules, w.Rules) || !reflect.DeepEqual(h.SideEffects, w.SideEffects) || !reflect.DeepEqual(h.AdmissionReviews, w.AdmissionReviews) {
+				t.Errorf("%s: rules, sideEffects or admissionReviewVersions differ from the generated ones", where)
+			}
+			s := h.ClientConfig.Service
+			if s == nil || h.ClientConfig.URL != nil {
+				t.Errorf("%s: clientConfig must name a Service", where)
+				continue
+			}
+			if s.Name != svc.Name || s.Namespace != svc.Namespace {
+				t.Errorf("%s: service %s, want %s", where, key(s.Namespace, s.Name), key(svc.Namespace, svc.Name))
+			}
+			if w.ClientConfig.Service == nil || !reflect.DeepEqual(s.Path, w.ClientConfig.Service.Path) {
+				t.Errorf("%s: path %v differs from the generated one", where, deref(s.Path))
+			}
+			port := int32(443)
+			if s.Port != nil {
+				port = *s.Port
+			}
+			if !slices.ContainsFunc(svc.Spec.Ports, func(p corev1.ServicePort) bool { return p.Port == port }) {
+				t.Errorf("%s: service port %d is not a port of Service %s", where, port, svc.Name)
+			}
+			if len(h.ClientConfig.CABundle) != 0 {
+				t.Errorf("%s: a caBundle in the manifests would fight the one vmipam or cert-manager injects", where)
+			}
+			checkNamespaceSelector(t, where, h.NamespaceSelector)
+		}
+	}
+}
+
+// checkNamespaceSelector: the webhook skips vmipam's namespace (so vmipam
+// can always start) and nothing else.
+func checkNamespaceSelector(t *testing.T, where string, ls *metav1.LabelSelector) {
+	t.Helper()
+	if ls == nil {
+		t.Errorf("%s: no namespaceSelector", where)
+		return
+	}
+	found := slices.ContainsFunc(ls.MatchExpressions, func(e metav1.LabelSelectorRequirement) bool {
+		return e.Key == corev1.LabelMetadataName && e.Operator == metav1.LabelSelectorOpNotIn && slices.Contains(e.Values, namespace)
+	})
+	if !found {
+		t.Errorf("%s: namespaceSelector lacks %s NotIn [%s]", where, corev1.LabelMetadataName, namespace)
+	}
+	sel, err := metav1.LabelSelectorAsSelector(ls)
+	if err != nil {
+		t.Errorf("%s: namespaceSelector: %v", where, err)
+		return
+	}
+	if sel.Matches(labels.Set{corev1.LabelMetadataName: namespace}) {
+		t.Errorf("%s: namespaceSelector matches %s", where, namespace)
+	}
+	if !sel.Matches(labels.Set{corev1.LabelMetadataName: "default"}) {
+		t.Errorf("%s: namespaceSelector skips an ordinary namespace", where)
+	}
+}
+
+// manager returns the Deployment and its manager container.
+func manager(t *testing.T, r *rendered) (*appsv1.Deployment, *corev1.Container) {
+	t.Helper()
+	var d appsv1.Deployment
+	r.get(t, "Deployment", namespace, "vmipam", &d)
+	for i := range d.Spec.Template.Spec.Containers {
+		if c := &d.Spec.Template.Spec.Containers[i]; c.Name == "manager" {
+			return &d, c
+		}
+	}
+	t.Fatalf("Deployment vmipam has no container named manager")
+	return nil, nil
+}
+
+// flags returns the values of the container's --name=value arguments by
+// name; a bare --name has the value "true".
+func flags(c *corev1.Container) map[string][]string {
+	out := map[string][]string{}
+	for _, a := range c.Args {
+		name, value, ok := strings.Cut(strings.TrimPrefix(a, "--"), "=")
+		if !ok {
+			value = "true"
+		}
+		out[name] = append(out[name], value)
+	}
+	return out
+}
+
+// flagValue returns the single value of a flag, or "" if it is absent.
+func flagValue(t *testing.T, c *corev1.Container, name string) string {
+	t.Helper()
+	v := flags(c)[name]
+	if len(v) > 1 {
+		t.Errorf("--%s is given %d times: %v", name, len(v), v)
+	}
+	if len(v) == 0 {
+		return ""
+	}
+	return v[len(v)-1]
+}
+
+// bindPort returns the numeric port of a bind address such as ":8443".
+func bindPort(t *testing.T, addr string) int32 {
+	t.Helper()
+	_, p, ok := strings.Cut(addr, ":")
+	n, err := strconv.ParseInt(p, 10, 32)
+	if !ok || err != nil {
+		t.Errorf("bind address %q has no port", addr)
+	}
+	return int32(n)
+}
+
+// containerPort resolves a Service targetPort or probe port on c.
+func containerPort(c *corev1.Container, p intstr.IntOrString) (int32, bool) {
+	if p.Type == intstr.Int {
+		return p.IntVal, slices.ContainsFunc(c.Ports, func(cp corev1.ContainerPort) bool { return cp.ContainerPort == p.IntVal })
+	}
+	for _, cp := range c.Ports {
+		if cp.Name == p.StrVal {
+			return cp.ContainerPort, true
+		}
+	}
+	return 0, false
+}
+
+func checkDeployment(t *testing.T, r *rendered) {
+	d, c := manager(t, r)
+	pod := &d.Spec.Template.Spec
+
+	if d.Spec.Replicas == nil || *d.Spec.Replicas != 1 {
+		t.Errorf("replicas %v: vmipam must run exactly one replica", deref(d.Spec.Replicas))
+	}
+	if d.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType {
+		t.Errorf("strategy %q: a rolling update would run two allocators side by side; use Recreate", d.Spec.Strategy.Type)
+	}
+	if pod.ServiceAccountName != serviceAccount {
+		t.Errorf("serviceAccountName %q, want %q", pod.ServiceAccountName, serviceAccount)
+	}
+	if strings.HasPrefix(pod.PriorityClassName, "system-") {
+		t.Errorf("priorityClassName %q is refused outside kube-system in many clusters", pod.PriorityClassName)
+	}
+	if pod.TerminationGracePeriodSeconds == nil || *pod.TerminationGracePeriodSeconds <= 30 {
+		t.Errorf("terminationGracePeriodSeconds %v: must exceed the manager's 30s graceful shutdown", deref(pod.TerminationGracePeriodSeconds))
+	}
+	if pod.HostNetwork || pod.HostPID || pod.HostIPC {
+		t.Errorf("the pod shares a host namespace")
+	}
+
+	// Restricted Pod Security, checked here field by field and by the API
+	// server in the dry-run.
+	psc := pod.SecurityContext
+	if psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot {
+		t.Errorf("pod securityContext.runAsNonRoot is not true")
+	}
+	if psc == nil || psc.SeccompProfile == nil || psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("pod seccompProfile is not RuntimeDefault")
+	}
+	if psc != nil && psc.RunAsUser != nil && *psc.RunAsUser == 0 {
+		t.Errorf("pod runs as root")
+	}
+	if len(pod.InitContainers) != 0 || len(pod.Containers) != 1 {
+		t.Errorf("want exactly one container, the manager")
+	}
+	sc := c.SecurityContext
+	if sc == nil {
+		t.Errorf("manager has no securityContext")
+		sc = &corev1.SecurityContext{}
+	}
+	if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+		t.Errorf("allowPrivilegeEscalation is not false")
+	}
+	if sc.Privileged != nil && *sc.Privileged {
+		t.Errorf("manager is privileged")
+	}
+	if sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+		t.Errorf("readOnlyRootFilesystem is not true")
+	}
+	if sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") || len(sc.Capabilities.Add) != 0 {
+		t.Errorf("capabilities must drop ALL and add none")
+	}
+	if sc.RunAsUser != nil && *sc.RunAsUser == 0 {
+		t.Errorf("manager runs as root")
+	}
+
+	if repo, _, _ := strings.Cut(c.Image, ":"); repo != image {
+		t.Errorf("image %q, want %s (tag overridable with kustomize images:)", c.Image, image)
+	}
+	if !reflect.DeepEqual(c.Command, []string{"/vmipam"}) {
+		t.Errorf("command %v, want [/vmipam]", c.Command)
+	}
+	if flagValue(t, c, "leader-elect") != "true" {
+		t.Errorf("--leader-elect is not set")
+	}
+	if got := flagValue(t, c, "holder"); got != "vmipam" {
+		t.Errorf("--holder=%q, want vmipam: the name must stay stable across restarts", got)
+	}
+	env := func(name string) *corev1.EnvVar {
+		for i := range c.Env {
+			if c.Env[i].Name == name {
+				return &c.Env[i]
+			}
+		}
+		return nil
+	}
+	if e := env("POD_NAMESPACE"); e == nil || e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != "metadata.namespace" {
+		t.Errorf("POD_NAMESPACE is not taken from metadata.namespace")
+	}
+
+	// The ports the flags bind are the ports the pod declares.
+	ports := map[string]int32{}
+	for _, p := range c.Ports {
+		ports[p.Name] = p.ContainerPort
+	}
+	if got, want := ports["webhook"], mustAtoi(t, flagValue(t, c, "webhook-port")); got != want || want != 9443 {
+		t.Errorf("container port webhook %d, --webhook-port %d, want both 9443", got, want)
+	}
+	if got, want := ports["https"], bindPort(t, flagValue(t, c, "metrics-bind-address")); got != want || want != 8443 {
+		t.Errorf("container port https %d, --metrics-bind-address port %d, want both 8443", got, want)
+	}
+	health := bindPort(t, flagValue(t, c, "health-probe-bind-address"))
+	if health != 8081 {
+		t.Errorf("--health-probe-bind-address port %d, want 8081", health)
+	}
+	for name, tc := range map[string]struct {
+		probe *corev1.Probe
+		path  string
+	}{"liveness": {c.LivenessProbe, "/healthz"}, "readiness": {c.ReadinessProbe, "/readyz"}} {
+		if tc.probe == nil || tc.probe.HTTPGet == nil {
+			t.Errorf("no HTTP %s probe", name)
+			continue
+		}
+		p, ok := containerPort(c, tc.probe.HTTPGet.Port)
+		if tc.probe.HTTPGet.Path != tc.path || !ok || p != health {
+			t.Errorf("%s probe %s on port %d, want %s on %d", name, tc.probe.HTTPGet.Path, p, tc.path, health)
+		}
+	}
+
+	res := c.Resources
+	if res.Requests.Cpu().IsZero() || res.Requests.Memory().IsZero() {
+		t.Errorf("cpu and memory requests must be set")
+	}
+	if res.Limits.Memory().IsZero() || res.Limits.Memory().Cmp(*res.Requests.Memory()) < 0 {
+		t.Errorf("memory limit must be set, at least the request")
+	}
+	if _, ok := res.Limits[corev1.ResourceCPU]; ok {
+		t.Errorf("no CPU limit: throttling adds latency to every admission")
+	}
+
+	// Every mount has its volume.
+	for _, m := range c.VolumeMounts {
+		if !slices.ContainsFunc(pod.Volumes, func(v corev1.Volume) bool { return v.Name == m.Name }) {
+			t.Errorf("volumeMount %s has no volume", m.Name)
+		}
+	}
+
+	podLabels := labels.Set(d.Spec.Template.Labels)
+	sel, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
+	if err != nil || !sel.Matches(podLabels) {
+		t.Errorf("the Deployment's selector does not match its pods (%v)", err)
+	}
+	var spread bool
+	if a := pod.Affinity; a != nil && a.PodAntiAffinity != nil {
+		for _, w := range a.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution {
+			s, err := metav1.LabelSelectorAsSelector(w.PodAffinityTerm.LabelSelector)
+			spread = spread || (err == nil && w.PodAffinityTerm.TopologyKey == corev1.LabelHostname && s.Matches(podLabels))
+		}
+		if len(a.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution) != 0 {
+			t.Errorf("required anti-affinity could leave the pod unschedulable")
+		}
+	}
+	if !spread {
+		t.Errorf("no preferred pod anti-affinity on %s for vmipam's pods", corev1.LabelHostname)
+	}
+}
+
+func checkServices(t *testing.T, r *rendered) {
+	d, c := manager(t, r)
+	for _, tc := range []struct {
+		name, portName   string
+		port, targetPort int32
+	}{
+		{webhookService, "webhook", 443, 9443},
+		{metricsService, "https", 8443, 8443},
+	} {
+		var svc corev1.Service
+		r.get(t, "Service", namespace, tc.name, &svc)
+		if !labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(d.Spec.Template.Labels)) || len(svc.Spec.Selector) == 0 {
+			t.Errorf("Service %s does not select vmipam's pods", tc.name)
+		}
+		if len(svc.Spec.Ports) != 1 {
+			t.Errorf("Service %s: %d ports, want 1", tc.name, len(svc.Spec.Ports))
+			continue
+		}
+		p := svc.Spec.Ports[0]
+		target, ok := containerPort(c, p.TargetPort)
+		if p.Name != tc.portName || p.Port != tc.port || !ok || target != tc.targetPort {
+			t.Errorf("Service %s: port %s %d -> %d, want %s %d -> %d", tc.name, p.Name, p.Port, target, tc.portName, tc.port, tc.targetPort)
+		}
+	}
+}
+
+// checkRBAC: every binding points at vmipam's ServiceAccount and at a role
+// in the render; what the roles allow is checked against the API server's
+// authorizer in TestPermissions.
+func checkRBAC(t *testing.T, r *rendered) {
+	roles := map[string]bool{}
+	for _, kind := range []string{"ClusterRole", "Role"} {
+		for _, o := range r.ofKind(kind) {
+			roles[kind+"/"+key(o.GetNamespace(), o.GetName())] = true
+		}
+	}
+	sa := rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Name: serviceAccount, Namespace: namespace}
+	for _, kind := range []string{"ClusterRoleBinding", "RoleBinding"} {
+		for _, o := range r.ofKind(kind) {
+			var b rbacv1.RoleBinding // the fields read are common to both kinds
+			convert(t, o, &b)
+			ref := b.RoleRef.Kind + "/" + b.RoleRef.Name
+			if b.RoleRef.Kind == "Role" {
+				ref = b.RoleRef.Kind + "/" + key(b.Namespace, b.RoleRef.Name)
+			}
+			// vmipam-secrets waits for the Role that controller-gen emits
+			// once a marker asks for namespaced permissions.
+			if !roles[ref] && b.Name != "vmipam-secrets" {
+				t.Errorf("%s %s refers to %s, which is not in the render", kind, key(b.Namespace, b.Name), ref)
+			}
+			if !slices.Contains(b.Subjects, sa) {
+				t.Errorf("%s %s does not bind ServiceAccount %s/%s", kind, key(b.Namespace, b.Name), namespace, serviceAccount)
+			}
+		}
+	}
+	var reader rbacv1.ClusterRole
+	r.get(t, "ClusterRole", "", "vmipam-metrics-reader", &reader)
+	want := []rbacv1.PolicyRule{{NonResourceURLs: []string{"/metrics"}, Verbs: []string{"get"}}}
+	if !reflect.DeepEqual(reader.Rules, want) {
+		t.Errorf("vmipam-metrics-reader rules %+v, want %+v", reader.Rules, want)
+	}
+}
+
+func checkPDB(t *testing.T, r *rendered) {
+	d, _ := manager(t, r)
+	var pdb policyv1.PodDisruptionBudget
+	r.get(t, "PodDisruptionBudget", namespace, "vmipam", &pdb)
+	// With one replica, minAvailable: 1 would block every node drain.
+	if pdb.Spec.MinAvailable != nil || pdb.Spec.MaxUnavailable == nil || *pdb.Spec.MaxUnavailable != intstr.FromInt32(1) {
+		t.Errorf("want maxUnavailable: 1 and no minAvailable while vmipam runs one replica")
+	}
+	sel, err := metav1.LabelSelectorAsSelector(pdb.Spec.Selector)
+	if err != nil || !sel.Matches(labels.Set(d.Spec.Template.Labels)) {
+		t.Errorf("the budget does not select vmipam's pods (%v)", err)
+	}
+}
+
+func checkNetworkPolicy(t *testing.T, r *rendered) {
+	d, _ := manager(t, r)
+	var np networkingv1.NetworkPolicy
+	r.get(t, "NetworkPolicy", namespace, "vmipam", &np)
+	sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
+	if err != nil || !sel.Matches(labels.Set(d.Spec.Template.Labels)) {
+		t.Errorf("the policy does not select vmipam's pods (%v)", err)
+	}
+	if !slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeIngress) || !slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeEgress) {
+		t.Errorf("policyTypes %v, want Ingress and Egress", np.Spec.PolicyTypes)
+	}
+	hasPort := func(ports []networkingv1.NetworkPolicyPort, n int32) bool {
+		return slices.ContainsFunc(ports, func(p networkingv1.NetworkPolicyPort) bool { return p.Port != nil && p.Port.IntVal == n })
+	}
+	var webhookOpen, metricsFromMonitoring bool
+	for _, in := range np.Spec.Ingress {
+		if hasPort(in.Ports, 9443) && len(in.From) == 0 {
+			webhookOpen = true
+		}
+		if hasPort(in.Ports, 8443) {
+			if len(in.From) == 0 {
+				t.Errorf("metrics port 8443 is open to every source")
+			}
+			for _, peer := range in.From {
+				if peer.NamespaceSelector == nil || peer.IPBlock != nil {
+					t.Errorf("metrics port 8443 is open to a peer that is not a namespace selector")
+					continue
+				}
+				s, err := metav1.LabelSelectorAsSelector(peer.NamespaceSelector)
+				if err == nil && s.Matches(labels.Set{corev1.LabelMetadataName: "monitoring"}) {
+					metricsFromMonitoring = true
+				}
+			}
+		}
+	}
+	if !webhookOpen {
+		t.Errorf("the webhook port 9443 must accept any source: the API server's addresses are unknown")
+	}
+	if !metricsFromMonitoring {
+		t.Errorf("the metrics port 8443 does not accept the monitoring namespace")
+	}
+	apiServer := map[int32]bool{}
+	for _, out := range np.Spec.Egress {
+		anywhere := slices.ContainsFunc(out.To, func(p networkingv1.NetworkPolicyPeer) bool {
+			return p.IPBlock != nil && p.IPBlock.CIDR == "0.0.0.0/0" && len(p.IPBlock.Except) == 0
+		})
+		for _, n := range []int32{443, 6443} {
+			if anywhere && hasPort(out.Ports, n) {
+				apiServer[n] = true
+			}
+		}
+	}
+	if !apiServer[443] || !apiServer[6443] {
+		t.Errorf("egress to the API server on 443 and 6443 is not allowed")
+	}
+}
+
+func checkSelfManagedCerts(t *testing.T, r *rendered) {
+	_, c := manager(t, r)
+	if mode := flagValue(t, c, "cert-mode"); mode != "" && mode != "self" {
+		t.Errorf("--cert-mode=%s, want self (the default)", mode)
+	}
+	for _, kind := range []string{"Issuer", "Certificate"} {
+		if len(r.ofKind(kind)) != 0 {
+			t.Errorf("a %s in the self-managed install", kind)
+		}
+	}
+	for _, name := range []string{mutatingName, validatingName} {
+		for _, o := range r.objs {
+			if o.GetName() == name && o.GetAnnotations()["cert-manager.io/inject-ca-from"] != "" {
+				t.Errorf("%s asks cert-manager for its CA, but vmipam injects it", name)
+			}
+		}
+	}
+	var ca rbacv1.ClusterRole
+	r.get(t, "ClusterRole", "", "vmipam-webhook-ca-injector", &ca)
+}
+
+func checkCertManagerCerts(t *testing.T, r *rendered) {
+	d, c := manager(t, r)
+	if mode := flagValue(t, c, "cert-mode"); mode != "cert-manager" {
+		t.Errorf("--cert-mode=%s, want cert-manager", mode)
+	}
+	if dir := flagValue(t, c, "cert-dir"); dir != "" && dir != certDir {
+		t.Errorf("--cert-dir=%s, want %s", dir, certDir)
+	}
+	if r.find("ClusterRole", "", "vmipam-webhook-ca-injector") != nil {
+		t.Errorf("vmipam may not write webhook configurations when cert-manager injects the CA")
+	}
+
+	certs := r.ofKind("Certificate")
+	if len(certs) != 1 {
+		t.Fatalf("%d Certificates, want 1", len(certs))
+	}
+	cert := certs[0]
+	str := func(o *unstructured.Unstructured, path ...string) string {
+		s, _, _ := unstructured.NestedString(o.Object, path...)
+		return s
+	}
+	dnsNames, _, _ := unstructured.NestedStringSlice(cert.Object, "spec", "dnsNames")
+	for _, want := range []string{
+		fmt.Sprintf("%s.%s.svc", webhookService, namespace),
+		fmt.Sprintf("%s.%s.svc.cluster.local", webhookService, namespace),
+	} {
+		if !slices.Contains(dnsNames, want) {
+			t.Errorf("Certificate %s lacks dnsName %s", cert.GetName(), want)
+		}
+	}
+	issuerKind, issuerName := str(cert, "spec", "issuerRef", "kind"), str(cert, "spec", "issuerRef", "name")
+	if issuerKind == "" {
+		issuerKind = "Issuer"
+	}
+	issuer := r.find(issuerKind, cert.GetNamespace(), issuerName)
+	if issuerKind != "Issuer" || issuer == nil {
+		t.Errorf("Certificate %s refers to %s %s, not an Issuer of the render", cert.GetName(), issuerKind, issuerName)
+	} else if _, ok, _ := unstructured.NestedMap(issuer.Object, "spec", "selfSigned"); !ok {
+		t.Errorf("Issuer %s is not selfSigned", issuerName)
+	}
+
+	secret := str(cert, "spec", "secretName")
+	if secret != "vmipam-webhook-cert" {
+		t.Errorf("Certificate secretName %q, want vmipam-webhook-cert", secret)
+	}
+	var mounted bool
+	for _, m := range c.VolumeMounts {
+		for _, v := range d.Spec.Template.Spec.Volumes {
+			if m.Name == v.Name && m.MountPath == certDir && v.Secret != nil && v.Secret.SecretName == secret {
+				mounted = m.ReadOnly && m.SubPath == "" // a subPath mount never sees a renewal
+			}
+		}
+	}
+	if !mounted {
+		t.Errorf("Secret %s is not mounted read-only at %s", secret, certDir)
+	}
+
+	want := cert.GetNamespace() + "/" + cert.GetName()
+	for _, kind := range []string{"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"} {
+		for _, o := range r.ofKind(kind) {
+			if got := o.GetAnnotations()["cert-manager.io/inject-ca-from"]; got != want {
+				t.Errorf("%s %s: cert-manager.io/inject-ca-from %q, want %q", kind, o.GetName(), got, want)
+			}
+		}
+	}
+}
+
+func mustAtoi(t *testing.T, s string) int32 {
+	t.Helper()
+	n, err := strconv.ParseInt(s, 10, 32)
+	if err != nil {
+		t.Errorf("%q is not a port number", s)
+	}
+	return int32(n)
+}
+
+func deref[T any](p *T) any {
+	if p == nil {
+		return nil
+	}
+	return *p
+}

@@ -1,0 +1,49 @@
+package integration
+
+import (
+	"testing"
+
+	dto "github.com/prometheus/client_model/go"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+)
+
+// find returns the metric of family name whose labels include want.
+func find(t *testing.T, name string, want map[string]string) *dto.Metric {
+	t.Helper()
+	families, err := ctrlmetrics.Registry.Gather()
+	if err != nil {
+		t.Fatalf("gather metrics: %v", err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+	metric:
+		for _, m := range f.GetMetric() {
+			for k, v := range want {
+				found := false
+				for _, l := range m.GetLabel() {
+					if l.GetName() == k && l.GetValue() == v {
+						found = true
+					}
+				}
+				if !found {
+					continue metric
+				}
+			}
+			return m
+		}
+	}
+	t.Fatalf("no metric %s%v", name, want)
+	return nil
+}
+
+func gauge(t *testing.T, name string, labels map[string]string) int {
+	t.Helper()
+	return int(find(t, name, labels).GetGauge().GetValue())
+}
+
+func histogramCount(t *testing.T, name string, labels map[string]string) int {
+	t.Helper()
+	return int(find(t, name, labels).GetHistogram().GetSampleCount())
+}
