@@ -7,23 +7,20 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strings"
 	"syscall"
 
-	admissionregv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+
+	"github.com/vmipam/vmipam/internal/localcluster"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -72,7 +69,7 @@ func run(dir, root, webhookURL, namespace string) error {
 	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}); err != nil {
 		return fmt.Errorf("create namespace %s: %w", namespace, err)
 	}
-	if err := installWebhooks(ctx, c, filepath.Join(root, "deploy", "webhook", "manifests.yaml"), webhookURL, namespace); err != nil {
+	if err := localcluster.InstallWebhooks(ctx, c, filepath.Join(root, "deploy", "webhook", "manifests.yaml"), webhookURL, namespace); err != nil {
 		return err
 	}
 	user, err := env.AddUser(envtest.User{Name: "local-admin", Groups: []string{"system:masters"}}, nil)
@@ -99,70 +96,4 @@ func run(dir, root, webhookURL, namespace string) error {
 	<-ctx.Done()
 	fmt.Fprintln(os.Stderr, "localcluster: stopping")
 	return nil
-}
-
-// installWebhooks installs the generated webhook configurations under the
-// names vmipam's deployment uses, pointing at a vmipam on this machine and
-// excluding vmipam's namespace. vmipam injects its own CA into them.
-func installWebhooks(ctx context.Context, c client.Client, file, url, namespace string) error {
-	raw, err := os.ReadFile(file)
-	if err != nil {
-		return fmt.Errorf("read webhook manifests: %w", err)
-	}
-	exclude := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
-		Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpNotIn, Values: []string{namespace},
-	}}}
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(raw), 4096)
-	for {
-		var probe metav1.TypeMeta
-		var doc runtime.RawExtension
-		if err := dec.Decode(&doc); errors.Is(err, io.EOF) {
-			return nil
-		} else if err != nil {
-			return fmt.Errorf("parse webhook manifests: %w", err)
-		}
-		if len(bytes.TrimSpace(doc.Raw)) == 0 {
-			continue
-		}
-		if err := utilyaml.Unmarshal(doc.Raw, &probe); err != nil {
-			return err
-		}
-		switch probe.Kind {
-		case "MutatingWebhookConfiguration":
-			var m admissionregv1.MutatingWebhookConfiguration
-			if err := utilyaml.Unmarshal(doc.Raw, &m); err != nil {
-				return err
-			}
-			m.Name = "vmipam-mutating"
-			for i := range m.Webhooks {
-				m.Webhooks[i].ClientConfig = urlConfig(url, m.Webhooks[i].ClientConfig)
-				m.Webhooks[i].NamespaceSelector = exclude
-			}
-			if err := c.Create(ctx, &m); err != nil {
-				return fmt.Errorf("create %s: %w", m.Name, err)
-			}
-		case "ValidatingWebhookConfiguration":
-			var v admissionregv1.ValidatingWebhookConfiguration
-			if err := utilyaml.Unmarshal(doc.Raw, &v); err != nil {
-				return err
-			}
-			v.Name = "vmipam-validating"
-			for i := range v.Webhooks {
-				v.Webhooks[i].ClientConfig = urlConfig(url, v.Webhooks[i].ClientConfig)
-				v.Webhooks[i].NamespaceSelector = exclude
-			}
-			if err := c.Create(ctx, &v); err != nil {
-				return fmt.Errorf("create %s: %w", v.Name, err)
-			}
-		}
-	}
-}
-
-func urlConfig(base string, in admissionregv1.WebhookClientConfig) admissionregv1.WebhookClientConfig {
-	path := ""
-	if in.Service != nil && in.Service.Path != nil {
-		path = *in.Service.Path
-	}
-	u := strings.TrimSuffix(base, "/") + path
-	return admissionregv1.WebhookClientConfig{URL: &u}
 }
