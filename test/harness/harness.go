@@ -162,8 +162,9 @@ func (c *Cluster) StartVMIPAM(ctx context.Context, logs io.Writer, extra ...stri
 // an OOM kill would end it.
 func (p *Process) Kill() {
 	_ = p.cmd.Process.Signal(syscall.SIGKILL)
-	<-p.exited
-	p.exited <- errors.New("killed")
+	err := <-p.exited
+	// Leave the exit status for a later Kill or Stop.
+	p.exited <- err
 }
 
 // Stop sends SIGTERM and waits up to timeout for a clean exit.
