@@ -16,7 +16,7 @@ ENVTEST_ASSETS = $$(hack/envtest-assets.sh)
 
 # Fuzz targets whose seed corpus runs in `make test`; `make fuzz` explores.
 FUZZTIME ?= 30s
-FUZZ_TARGETS := ipam:FuzzParseRanges ipam:FuzzDecodeBlock ipam:FuzzOperations
+FUZZ_TARGETS := ipam:FuzzParseRanges ipam:FuzzDecodeBlock ipam:FuzzOperations webhook:FuzzAdmission
 
 .PHONY: help
 help: ## List the targets.

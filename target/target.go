@@ -45,6 +45,15 @@ func (t Target) AddressPath() string {
 	return "metadata.annotations[" + t.AddressAnnotation + "]"
 }
 
+// AddressesPath is how the whole address field is written in messages,
+// such as "spec.addresses".
+func (t Target) AddressesPath() string {
+	if len(t.AddressesField) > 0 {
+		return strings.Join(t.AddressesField, ".")
+	}
+	return "metadata.annotations[" + t.AddressAnnotation + "]"
+}
+
 // PoolPath is how the pool field is written in messages.
 func (t Target) PoolPath() string { return strings.Join(t.PoolField, ".") }
 

@@ -508,7 +508,7 @@ func TestIPPoolSubtractAtAddressSpaceEdges(t *testing.T) {
 	}
 }
 
-func ippoolTestScheme(t *testing.T) *runtime.Scheme {
+func ippoolTestScheme(t testing.TB) *runtime.Scheme {
 	t.Helper()
 	s := runtime.NewScheme()
 	if err := vmipamv1.AddToScheme(s); err != nil {

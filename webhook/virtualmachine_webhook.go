@@ -62,10 +62,11 @@ func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admissi
 
 	addrs, err := d.Target.Addresses(obj)
 	if err != nil {
-		return invalid(field.Invalid(addrPath, nil, err.Error()))
+		return invalid(field.Invalid(field.NewPath(d.Target.AddressesPath()), nil,
+			`must be a list holding one IP address, for example ["10.0.0.5"], or be left out to be given one`))
 	}
 	if len(addrs) > 1 {
-		return invalid(field.TooMany(addrPath, len(addrs), 1))
+		return invalid(field.TooMany(field.NewPath(d.Target.AddressesPath()), len(addrs), 1))
 	}
 	pool, err := d.Registry.Select(ctx, obj)
 	if errors.Is(err, pools.ErrNotReady) {
@@ -166,7 +167,8 @@ func (v *VMValidator) Handle(ctx context.Context, req admission.Request) admissi
 	addrPath := field.NewPath(v.Target.AddressPath())
 	addrs, err := v.Target.Addresses(obj)
 	if err != nil {
-		return deny(invalidErr(v.Target.GVK, obj, field.ErrorList{field.Invalid(addrPath, nil, err.Error())}))
+		return deny(invalidErr(v.Target.GVK, obj, field.ErrorList{field.Invalid(field.NewPath(v.Target.AddressesPath()), nil,
+			`must be a list holding one IP address, for example ["10.0.0.5"]`)}))
 	}
 	ann := obj.GetAnnotations()
 	var errs field.ErrorList

@@ -1,0 +1,134 @@
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/pools"
+	"github.com/vmipam/vmipam/target"
+)
+
+// fuzzServers builds vmipam's three admission webhooks over one recovered
+// pool. The registry's store is a fake client: this test is about the
+// handlers' parsing, not persistence.
+func fuzzServers(f *testing.F) map[string]http.Handler {
+	f.Helper()
+	scheme := ippoolTestScheme(f)
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		f.Fatal(err)
+	}
+	pool := &vmipamv1.IPPool{
+		ObjectMeta: metav1.ObjectMeta{Name: "fuzz", UID: "uid-fuzz", Generation: 1},
+		Spec:       vmipamv1.IPPoolSpec{Default: true, Ranges: []vmipamv1.IPRange{{CIDR: "10.0.0.0/24"}}},
+	}
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(pool.DeepCopy()).Build()
+	reg := pools.NewRegistry(pools.Options{Client: c, APIReader: c, Target: target.VirtualMachine, Holder: "fuzz", RunInterval: time.Hour})
+	ctx, cancel := context.WithCancel(context.Background())
+	f.Cleanup(cancel)
+	go func() { _ = reg.Start(ctx) }()
+	if err := reg.Ensure(ctx, pool); err != nil {
+		f.Fatalf("recover the pool: %v", err)
+	}
+	wrap := func(h admission.Handler) http.Handler { return &admission.Webhook{Handler: h} }
+	return map[string]http.Handler{
+		"mutate":   wrap(&VMDefaulter{Registry: reg, Target: target.VirtualMachine}),
+		"validate": wrap(&VMValidator{Registry: reg, Target: target.VirtualMachine}),
+		"ippool":   wrap(NewIPPoolValidator(c, scheme)),
+	}
+}
+
+func review(t testing.TB, op admissionv1.Operation, kind string, obj, old any, dryRun bool) []byte {
+	t.Helper()
+	raw := func(v any) runtime.RawExtension {
+		if v == nil {
+			return runtime.RawExtension{}
+		}
+		b, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return runtime.RawExtension{Raw: b}
+	}
+	r := admissionv1.AdmissionReview{
+		TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
+		Request: &admissionv1.AdmissionRequest{
+			UID: "1", Operation: op, DryRun: &dryRun, Namespace: "default",
+			Kind:     metav1.GroupVersionKind{Group: "vmipam.io", Version: "v1alpha1", Kind: kind},
+			Resource: metav1.GroupVersionResource{Group: "vmipam.io", Version: "v1alpha1", Resource: resourceOf(kind)},
+			Object:   raw(obj), OldObject: raw(old),
+		},
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// FuzzAdmission feeds arbitrary AdmissionReview bodies to every webhook:
+// never a panic, always a well-formed AdmissionReview answer with the
+// request's UID.
+func FuzzAdmission(f *testing.F) {
+	servers := fuzzServers(f)
+	vm := map[string]any{"apiVersion": "vmipam.io/v1alpha1", "kind": "VirtualMachine",
+		"metadata": map[string]any{"name": "a", "namespace": "default"}, "spec": map[string]any{"ipPool": "fuzz"}}
+	static := map[string]any{"apiVersion": "vmipam.io/v1alpha1", "kind": "VirtualMachine",
+		"metadata": map[string]any{"name": "b", "namespace": "default", "annotations": map[string]any{vmipamv1.TokenAnnotation: "t"}},
+		"spec":     map[string]any{"addresses": []any{"10.0.0.7"}}}
+	wrongTypes := map[string]any{"apiVersion": "vmipam.io/v1alpha1", "kind": "VirtualMachine",
+		"metadata": map[string]any{"name": 7, "annotations": "x"}, "spec": map[string]any{"addresses": "10.0.0.1", "ipPool": []any{1}}}
+	pool := map[string]any{"apiVersion": "vmipam.io/v1alpha1", "kind": "IPPool",
+		"metadata": map[string]any{"name": "p"}, "spec": map[string]any{"ranges": []any{map[string]any{"cidr": "10.1.0.0/24", "first": "10.1.0.9", "last": "10.1.0.2"}}}}
+	for _, seed := range [][]byte{
+		review(f, admissionv1.Create, "VirtualMachine", vm, nil, false),
+		review(f, admissionv1.Create, "VirtualMachine", vm, nil, true),
+		review(f, admissionv1.Create, "VirtualMachine", static, nil, false),
+		review(f, admissionv1.Update, "VirtualMachine", static, vm, false),
+		review(f, admissionv1.Create, "VirtualMachine", wrongTypes, nil, false),
+		review(f, admissionv1.Create, "IPPool", pool, nil, false),
+		review(f, admissionv1.Update, "IPPool", pool, pool, false),
+		[]byte(`{"request":{"uid":"x","operation":"CREATE","object":{"spec":{"addresses":[1,2]}}}}`),
+		[]byte(`{}`), []byte(`null`), []byte(`{"request":{"object":"\u0000"}}`),
+	} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var in admissionv1.AdmissionReview
+		uidIn := ""
+		if json.Unmarshal(body, &in) == nil && in.Request != nil {
+			uidIn = string(in.Request.UID)
+		}
+		for name, srv := range servers {
+			req := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			rec := httptest.NewRecorder()
+			srv.ServeHTTP(rec, req)
+			var out admissionv1.AdmissionReview
+			if err := json.Unmarshal(rec.Body.Bytes(), &out); err != nil {
+				t.Fatalf("%s: answer is not an AdmissionReview (%v): %q", name, err, rec.Body.String())
+			}
+			if out.Response == nil {
+				t.Fatalf("%s: no response in %q", name, rec.Body.String())
+			}
+			if uidIn != "" && string(out.Response.UID) != uidIn {
+				t.Fatalf("%s: response UID %q for request UID %q", name, out.Response.UID, uidIn)
+			}
+			if !out.Response.Allowed && (out.Response.Result == nil || out.Response.Result.Message == "" && out.Response.Result.Reason == "") {
+				t.Fatalf("%s: a denial without a reason: %q", name, rec.Body.String())
+			}
+		}
+	})
+}
