@@ -94,7 +94,7 @@ func (t Target) SetAddresses(obj *unstructured.Unstructured, addrs []string) err
 		}
 		return nil
 	}
-	setAnnotation(obj, t.AddressAnnotation, strings.Join(addrs, ","))
+	SetAnnotation(obj, t.AddressAnnotation, strings.Join(addrs, ","))
 	return nil
 }
 
@@ -116,8 +116,8 @@ func (t Target) Stamp(obj *unstructured.Unstructured, addr, pool, token string) 
 	if err := t.SetAddresses(obj, []string{addr}); err != nil {
 		return err
 	}
-	setAnnotation(obj, vmipamv1.PoolAnnotation, pool)
-	setAnnotation(obj, vmipamv1.TokenAnnotation, token)
+	SetAnnotation(obj, vmipamv1.PoolAnnotation, pool)
+	SetAnnotation(obj, vmipamv1.TokenAnnotation, token)
 	AddFinalizer(obj)
 	return nil
 }
@@ -154,7 +154,8 @@ func RemoveFinalizer(obj *unstructured.Unstructured) {
 	obj.SetFinalizers(keep)
 }
 
-func setAnnotation(obj *unstructured.Unstructured, k, v string) {
+// SetAnnotation sets one annotation on obj.
+func SetAnnotation(obj *unstructured.Unstructured, k, v string) {
 	a := obj.GetAnnotations()
 	if a == nil {
 		a = map[string]string{}

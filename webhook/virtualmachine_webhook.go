@@ -110,7 +110,7 @@ func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admissi
 				return invalid(field.Invalid(addrPath, addrs[0], (&ipam.AddressError{Addr: static, Reason: reason, State: st, Owner: o, Until: until}).Error()))
 			}
 		}
-		setAnnotation(obj, vmipamv1.PoolAnnotation, pool.Name)
+		target.SetAnnotation(obj, vmipamv1.PoolAnnotation, pool.Name)
 		delete(obj.GetAnnotations(), vmipamv1.TokenAnnotation)
 		target.AddFinalizer(obj)
 		return patch(req.Object.Raw, obj, true)
@@ -289,15 +289,6 @@ func patch(raw []byte, obj *unstructured.Unstructured, changed bool) admission.R
 		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("encode object: %w", err))
 	}
 	return admission.PatchResponseFromRaw(raw, cur)
-}
-
-func setAnnotation(obj *unstructured.Unstructured, k, v string) {
-	a := obj.GetAnnotations()
-	if a == nil {
-		a = map[string]string{}
-	}
-	a[k] = v
-	obj.SetAnnotations(a)
 }
 
 func poolValue(t target.Target, obj *unstructured.Unstructured) string {

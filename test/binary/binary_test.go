@@ -22,19 +22,6 @@ import (
 	"github.com/vmipam/vmipam/test/harness"
 )
 
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = cond(); err == nil {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("timed out after %s waiting for %s: %v", timeout, what, err)
-}
-
 func TestBinary(t *testing.T) {
 	ctx := t.Context()
 	cl, err := harness.Start(ctx, filepath.Join("..", ".."), t.TempDir())
@@ -73,7 +60,7 @@ func TestBinary(t *testing.T) {
 		t.Fatalf("create IPPool (through the validating webhook): %v", err)
 	}
 	vm := &vmipamv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "default", GenerateName: "vm-"}}
-	waitFor(t, 30*time.Second, "a VirtualMachine with an address", func() error {
+	harness.Eventually(t, 30*time.Second, "a VirtualMachine with an address", func() error {
 		vm.Name = ""
 		if err := c.Create(ctx, vm); err != nil {
 			return err // 503 while the new pool recovers
@@ -83,7 +70,7 @@ func TestBinary(t *testing.T) {
 		}
 		return nil
 	})
-	waitFor(t, 30*time.Second, "the metrics to show the allocation", func() error {
+	harness.Eventually(t, 30*time.Second, "the metrics to show the allocation", func() error {
 		body, err := cl.Metrics()
 		if err != nil {
 			return err

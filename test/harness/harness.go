@@ -197,6 +197,27 @@ func (c *Cluster) Metrics() (string, error) {
 	return body, err
 }
 
+// TB is the part of testing.TB that Eventually needs.
+type TB interface {
+	Helper()
+	Fatalf(format string, args ...any)
+}
+
+// Eventually polls cond until it returns nil, failing tb with cond's last
+// error when timeout passes first.
+func Eventually(tb TB, timeout time.Duration, what string, cond func() error) {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = cond(); err == nil {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	tb.Fatalf("timed out after %s waiting for %s: %v", timeout, what, err)
+}
+
 func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/test/harness"
 )
 
 // TestBadInput: malformed objects are refused at create time, by the
@@ -80,7 +81,7 @@ func TestBadInput(t *testing.T) {
 		t.Fatalf("refused creates allocated addresses: %+v -> %+v", before, after)
 	}
 	clk.Step(time.Minute)
-	waitFor(t, 10*time.Second, "the reservations of refused creates to lapse", func() error {
+	harness.Eventually(t, 10*time.Second, "the reservations of refused creates to lapse", func() error {
 		if c := m.Snapshot(); c.Pending != 0 {
 			return fmt.Errorf("%d still pending", c.Pending)
 		}

@@ -16,6 +16,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/vmipam/vmipam/test/harness"
 )
 
 // installDenyWebhook registers, for the test's namespace only, a second
@@ -58,7 +60,7 @@ func installDenyWebhook(t *testing.T, ns, pool string) {
 	t.Cleanup(func() { _ = k8sClient.Delete(context.Background(), cfg) })
 	// The API server loads webhook configurations asynchronously: wait
 	// until a dry run (no side effect in vmipam) meets the denial.
-	waitFor(t, 30*time.Second, "the denying webhook to be active", func() error {
+	harness.Eventually(t, 30*time.Second, "the denying webhook to be active", func() error {
 		err := k8sClient.Create(context.Background(), vm(ns, "probe", pool), client.DryRunAll)
 		if err != nil && strings.Contains(err.Error(), errDenied.Error()) {
 			return nil

@@ -17,6 +17,7 @@ import (
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/ipam"
+	"github.com/vmipam/vmipam/test/harness"
 )
 
 // bypassMutation removes vmipam's mutating webhook until the test ends, as
@@ -43,7 +44,7 @@ func bypassMutation(t *testing.T) {
 			}
 		}
 		// Wait until the API server calls it again.
-		waitFor(t, 30*time.Second, "the mutating webhook to be back", func() error {
+		harness.Eventually(t, 30*time.Second, "the mutating webhook to be back", func() error {
 			probe := vm("default", "probe", "nope")
 			err := k8sClient.Create(ctx, probe, client.DryRunAll)
 			if err != nil && strings.Contains(err.Error(), "mvirtualmachine.vmipam.io") {
@@ -53,7 +54,7 @@ func bypassMutation(t *testing.T) {
 		})
 	})
 	// The API server drops the configuration asynchronously.
-	waitFor(t, 30*time.Second, "the mutating webhook to be gone", func() error {
+	harness.Eventually(t, 30*time.Second, "the mutating webhook to be gone", func() error {
 		err := k8sClient.Create(ctx, vm("default", "probe", "nope"), client.DryRunAll)
 		if err == nil {
 			return nil
@@ -76,7 +77,7 @@ func TestRepairs(t *testing.T) {
 			t.Fatal(err)
 		}
 		a := netip.MustParseAddr(obj.Spec.Addresses[0])
-		waitFor(t, 10*time.Second, "bound", func() error { return wantState(m, a, ipam.StateAllocated) })
+		harness.Eventually(t, 10*time.Second, "bound", func() error { return wantState(m, a, ipam.StateAllocated) })
 		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
 			t.Fatal(err)
 		}
@@ -87,7 +88,7 @@ func TestRepairs(t *testing.T) {
 		if err := k8sClient.Delete(ctx, obj); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 15*time.Second, "the resync to release it", func() error { return wantState(m, a, ipam.StateCooldown) })
+		harness.Eventually(t, 15*time.Second, "the resync to release it", func() error { return wantState(m, a, ipam.StateCooldown) })
 	})
 
 	bypassMutation(t)
@@ -99,7 +100,7 @@ func TestRepairs(t *testing.T) {
 		if len(obj.Spec.Addresses) != 0 {
 			t.Fatalf("the webhook was not bypassed: %v", obj.Spec.Addresses)
 		}
-		waitFor(t, 15*time.Second, "the controller to assign an address", func() error {
+		harness.Eventually(t, 15*time.Second, "the controller to assign an address", func() error {
 			if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
 				return err
 			}
@@ -114,7 +115,7 @@ func TestRepairs(t *testing.T) {
 		if err := k8sClient.Create(ctx, first); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 10*time.Second, "dup-1 adopted", func() error {
+		harness.Eventually(t, 10*time.Second, "dup-1 adopted", func() error {
 			st, o, _ := m.Lookup(netip.MustParseAddr("10.80.0.200"))
 			if st != ipam.StateAllocated || o.UID != string(first.UID) {
 				return fmt.Errorf("%s %+v", st, o)
@@ -124,14 +125,14 @@ func TestRepairs(t *testing.T) {
 		if err := k8sClient.Create(ctx, second); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 15*time.Second, "the DuplicateAddress condition", func() error {
+		harness.Eventually(t, 15*time.Second, "the DuplicateAddress condition", func() error {
 			c := poolCondition(t, "repair", vmipamv1.ConditionDuplicateAddress)
 			if c == nil || c.Status != metav1.ConditionTrue || !strings.Contains(c.Message, "10.80.0.200") {
 				return fmt.Errorf("condition %+v", c)
 			}
 			return nil
 		})
-		waitFor(t, 10*time.Second, "a DuplicateAddress event on dup-2", func() error {
+		harness.Eventually(t, 10*time.Second, "a DuplicateAddress event on dup-2", func() error {
 			return wantEvent(ctx, ns, "dup-2", "DuplicateAddress")
 		})
 		// The first keeps it.

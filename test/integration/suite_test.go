@@ -39,6 +39,7 @@ import (
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/internal/app"
 	"github.com/vmipam/vmipam/pools"
+	"github.com/vmipam/vmipam/test/harness"
 )
 
 var (
@@ -123,7 +124,7 @@ func startVMIPAM(t *testing.T, clk *clocktesting.FakeClock) *vmipam {
 	go func() { v.done <- mgr.Start(ctx) }()
 	t.Cleanup(v.stop)
 	addr := net.JoinHostPort(wo.LocalServingHost, strconv.Itoa(wo.LocalServingPort))
-	waitFor(t, 30*time.Second, "the webhook to serve", func() error {
+	harness.Eventually(t, 30*time.Second, "the webhook to serve", func() error {
 		conn, err := tls.DialWithDialer(&net.Dialer{Timeout: time.Second}, "tcp", addr, &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // a readiness probe
 		if err != nil {
 			return err
@@ -131,7 +132,7 @@ func startVMIPAM(t *testing.T, clk *clocktesting.FakeClock) *vmipam {
 		return conn.Close()
 	})
 	// As readyz would: every existing pool recovered.
-	waitFor(t, 60*time.Second, "every pool to be recovered", func() error { return reg.Ready(context.Background()) })
+	harness.Eventually(t, 60*time.Second, "every pool to be recovered", func() error { return reg.Ready(context.Background()) })
 	return v
 }
 
@@ -146,20 +147,6 @@ func (v *vmipam) stop() {
 		fmt.Fprintf(os.Stderr, "vmipam manager stopped with: %v\n", err)
 	}
 	v.cancel = nil
-}
-
-// waitFor polls cond until it returns nil or the timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = cond(); err == nil {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("timed out after %s waiting for %s: %v", timeout, what, err)
 }
 
 // newPool creates an IPPool and waits until vmipam serves it.
@@ -178,7 +165,7 @@ func newPool(t *testing.T, v *vmipam, name string, ranges []vmipamv1.IPRange, mu
 	if err := k8sClient.Create(context.Background(), pool); err != nil {
 		t.Fatalf("create IPPool %s: %v", name, err)
 	}
-	waitFor(t, 30*time.Second, "pool "+name+" to be served", func() error {
+	harness.Eventually(t, 30*time.Second, "pool "+name+" to be served", func() error {
 		if p := v.reg.Get(name); p == nil || !p.Manager.Ready() {
 			return errors.New("not ready")
 		}

@@ -17,6 +17,7 @@ import (
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/ipam"
+	"github.com/vmipam/vmipam/test/harness"
 )
 
 var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -85,7 +86,7 @@ func TestConcurrentCreates(t *testing.T) {
 		}
 	}
 	// The controller binds every reservation, and the status shows it.
-	waitFor(t, 30*time.Second, "every reservation bound", func() error {
+	harness.Eventually(t, 30*time.Second, "every reservation bound", func() error {
 		p := &vmipamv1.IPPool{}
 		if err := k8sClient.Get(t.Context(), client.ObjectKey{Name: "concurrent"}, p); err != nil {
 			return err
@@ -126,7 +127,7 @@ func TestDeleteCooldown(t *testing.T) {
 	if err := k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vm-0"}, victim); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "vm-0 bound", func() error {
+	harness.Eventually(t, 10*time.Second, "vm-0 bound", func() error {
 		if st, _, _ := v.reg.Get("cooldown").Manager.Lookup(netip.MustParseAddr(first)); st != ipam.StateAllocated {
 			return fmt.Errorf("state %s", st)
 		}
@@ -135,7 +136,7 @@ func TestDeleteCooldown(t *testing.T) {
 	if err := k8sClient.Delete(ctx, victim); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "vm-0 gone", func() error {
+	harness.Eventually(t, 10*time.Second, "vm-0 gone", func() error {
 		err := k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vm-0"}, &vmipamv1.VirtualMachine{})
 		if apierrors.IsNotFound(err) {
 			return nil
@@ -214,7 +215,7 @@ func TestStaticRequests(t *testing.T) {
 	if a.Spec.Addresses[0] != "10.40.0.9" || a.Annotations[vmipamv1.TokenAnnotation] == "" {
 		t.Fatalf("static request stamped %v %v", a.Spec.Addresses, a.Annotations)
 	}
-	waitFor(t, 10*time.Second, "a bound", func() error {
+	harness.Eventually(t, 10*time.Second, "a bound", func() error {
 		if st, _, _ := v.reg.Get("static").Manager.Lookup(netip.MustParseAddr("10.40.0.9")); st != ipam.StateAllocated {
 			return fmt.Errorf("state %s", st)
 		}
@@ -288,7 +289,7 @@ func TestExhaustion(t *testing.T) {
 	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), `pool "tiny" is exhausted`) {
 		t.Fatalf("third create in a /30: %v", err)
 	}
-	waitFor(t, 10*time.Second, "the Exhausted condition", func() error {
+	harness.Eventually(t, 10*time.Second, "the Exhausted condition", func() error {
 		if c := poolCondition(t, "tiny", vmipamv1.ConditionExhausted); c == nil || c.Status != metav1.ConditionTrue {
 			return fmt.Errorf("condition %+v", c)
 		}
@@ -319,14 +320,14 @@ func TestRejectedAfterMutation(t *testing.T) {
 		t.Fatalf("%s is %s after the rejected create, want pending", a, st)
 	}
 	clk.Step(time.Minute)
-	waitFor(t, 10*time.Second, "the reservation to expire", func() error {
+	harness.Eventually(t, 10*time.Second, "the reservation to expire", func() error {
 		if st, _, _ := m.Lookup(a); st != ipam.StateCooldown {
 			return fmt.Errorf("state %s", st)
 		}
 		return nil
 	})
 	clk.Step(2 * time.Minute)
-	waitFor(t, 10*time.Second, "the address to be free again", func() error {
+	harness.Eventually(t, 10*time.Second, "the address to be free again", func() error {
 		if st, _, _ := m.Lookup(a); st != ipam.StateFree {
 			return fmt.Errorf("state %s", st)
 		}
@@ -395,7 +396,7 @@ func TestRestart(t *testing.T) {
 		t.Fatalf("only %d creates went through; the test proves little", len(everHanded))
 	}
 	// Deleted objects go once their address is released.
-	waitFor(t, 30*time.Second, "deletions to finish", func() error {
+	harness.Eventually(t, 30*time.Second, "deletions to finish", func() error {
 		for _, vm := range listVMs(t, ns) {
 			if vm.DeletionTimestamp != nil {
 				return fmt.Errorf("%s still deleting", vm.Name)
@@ -405,7 +406,7 @@ func TestRestart(t *testing.T) {
 	})
 	vms := listVMs(t, ns)
 	checkDistinct(t, vms, netip.MustParsePrefix("10.70.0.0/22"))
-	waitFor(t, 30*time.Second, "the allocator to match the cluster", func() error {
+	harness.Eventually(t, 30*time.Second, "the allocator to match the cluster", func() error {
 		c := v.reg.Get("restart").Manager.Snapshot()
 		if c.Allocated != len(vms) {
 			return fmt.Errorf("allocated %d, %d live VMs", c.Allocated, len(vms))
