@@ -105,7 +105,10 @@ type entry struct {
 	state State
 	owner Owner
 	// at is when a pending reservation was made, or when a cooldown ends.
-	at         time.Time
+	at time.Time
+	// changed is the Manager's sequence number at the entry's last change
+	// of owner or state, so Resync can tell changes newer than its list.
+	changed    uint64
 	prev, next *entry
 }
 
@@ -164,6 +167,9 @@ type Manager struct {
 	cursor netip.Addr
 	// noClaimableUntil caches a full scan that found nothing to claim.
 	noClaimableUntil time.Time
+
+	// seq numbers changes of owner or state (see entry.changed).
+	seq uint64
 
 	// io serialises Store writes (claims, returns, flushes), so one
 	// Manager never races itself on a block's version.
@@ -375,6 +381,7 @@ func (m *Manager) Reserve(ctx context.Context, token string, addr netip.Addr) er
 }
 
 func (m *Manager) setPending(e *entry, token string, now time.Time) {
+	m.touch(e)
 	e.state = StatePending
 	e.owner = Owner{Token: token}
 	e.at = now
@@ -395,6 +402,7 @@ func (m *Manager) Bind(token, uid string) (netip.Addr, error) {
 	switch {
 	case e.state == StatePending:
 		m.pending.remove(e)
+		m.touch(e)
 		e.state = StateAllocated
 		e.owner.UID = uid
 		e.at = time.Time{}
@@ -475,6 +483,7 @@ func (m *Manager) adoptLocked(addr netip.Addr, owner Owner) error {
 		m.cooldown.remove(e)
 		m.markDirty(addr)
 	}
+	m.touch(e)
 	e.state = StateAllocated
 	e.owner = owner
 	e.at = time.Time{}
@@ -533,6 +542,7 @@ func (m *Manager) advance(now time.Time) int {
 }
 
 func (m *Manager) toCooldown(e *entry, now time.Time) {
+	m.touch(e)
 	if e.state == StatePending {
 		m.pending.remove(e)
 	}
@@ -544,6 +554,20 @@ func (m *Manager) toCooldown(e *entry, now time.Time) {
 	e.at = now.Add(m.cfg.Cooldown)
 	m.cooldown.insertByAt(e)
 	m.markDirty(e.addr)
+}
+
+// touch records a change of e's owner or state.
+func (m *Manager) touch(e *entry) {
+	m.seq++
+	e.changed = m.seq
+}
+
+// Mark returns a point in the Manager's history: pass it to Resync with a
+// list of live objects taken after it.
+func (m *Manager) Mark() uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.seq
 }
 
 // markDirty records that addr's block must be written again.
@@ -646,6 +670,7 @@ func (m *Manager) exhaustedLocked() error {
 func (m *Manager) Run(ctx context.Context, interval time.Duration, onError func(error)) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	var backoff time.Duration
 	for {
 		select {
 		case <-ctx.Done():
@@ -658,8 +683,19 @@ func (m *Manager) Run(ctx context.Context, interval time.Duration, onError func(
 		}
 		m.Expire()
 		err := errors.Join(m.Rebalance(ctx), m.Flush(ctx))
-		if err != nil && onError != nil && ctx.Err() == nil {
+		if err == nil {
+			backoff = 0
+			continue
+		}
+		if onError != nil && ctx.Err() == nil {
 			onError(err)
+		}
+		// A failing store must not turn kicks into a hot loop.
+		backoff = min(max(2*backoff, 50*time.Millisecond), interval)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
 		}
 	}
 }

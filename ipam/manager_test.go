@@ -618,19 +618,26 @@ func TestResync(t *testing.T) {
 		}
 	}
 	// uid-b's finalizer was removed by force; uid-c was created while the
-	// webhook was bypassed; uid-d claims a's address too.
+	// webhook was bypassed; uid-d claims a's address too. The list is taken
+	// after the mark; e is bound after it, so the list cannot show it yet
+	// and it must keep its address.
+	asOf := m.Mark()
+	late := mustAllocate(t, m, "e")
+	if _, err := m.Bind("e", "uid-e"); err != nil {
+		t.Fatal(err)
+	}
 	rep := m.Resync([]Holding{
 		{Addr: a, Owner: Owner{UID: "uid-a", Token: "a"}},
 		{Addr: addr("10.0.0.9"), Owner: Owner{UID: "uid-c"}},
 		{Addr: a, Owner: Owner{UID: "uid-d"}},
-	})
+	}, asOf)
 	if rep.Released != 1 || rep.Adopted != 1 || len(rep.Conflicts) != 1 {
 		t.Fatalf("report = %+v", rep)
 	}
 	for _, tc := range []struct {
 		a     netip.Addr
 		state State
-	}{{a, StateAllocated}, {b, StateCooldown}, {p, StatePending}, {addr("10.0.0.9"), StateAllocated}} {
+	}{{a, StateAllocated}, {b, StateCooldown}, {p, StatePending}, {addr("10.0.0.9"), StateAllocated}, {late, StateAllocated}} {
 		if st, _, _ := m.Lookup(tc.a); st != tc.state {
 			t.Errorf("%s: %s, want %s", tc.a, st, tc.state)
 		}

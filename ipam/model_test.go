@@ -312,11 +312,12 @@ func (h *harness) step(op byte, arg uint32) error {
 		}
 		// A full resync against the true set of live machines must
 		// find nothing to fix.
+		asOf := h.m.Mark()
 		var live []Holding
 		for uid, a := range h.live {
 			live = append(live, Holding{Addr: a, Owner: Owner{UID: uid, Token: h.holder[a]}})
 		}
-		if rep := h.m.Resync(live); rep.Released != 0 || rep.Adopted != 0 || len(rep.Conflicts) != 0 {
+		if rep := h.m.Resync(live, asOf); rep.Released != 0 || rep.Adopted != 0 || len(rep.Conflicts) != 0 {
 			return fmt.Errorf("resync of a consistent state changed it: %+v", rep)
 		}
 	}

@@ -137,13 +137,14 @@ type ResyncReport struct {
 	Conflicts []error
 }
 
-// Resync reconciles the Manager with a full list of the live machines: an
-// address allocated to a UID missing from live goes into cooldown, and a live
-// address not allocated to its machine is adopted. Pending reservations are
-// left alone: their machines may not be stored yet. live must come from a
-// view of the cluster at least as new as every Bind and Adopt before it (an
-// informer cache that fed them is), or a machine just bound could look gone.
-func (m *Manager) Resync(live []Holding) ResyncReport {
+// Resync reconciles the Manager with a full list of the live machines, taken
+// after Mark returned asOf: an address allocated to a UID missing from live
+// goes into cooldown, and a live address not allocated to its machine is
+// adopted. Entries that changed after asOf are left alone, since the list
+// may not show that change yet (a machine bound, or released, while it was
+// being taken); so are pending reservations, whose machines may not be
+// stored yet.
+func (m *Manager) Resync(live []Holding, asOf uint64) ResyncReport {
 	var rep ResyncReport
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -155,7 +156,8 @@ func (m *Manager) Resync(live []Holding) ResyncReport {
 		if !m.cfg.Ranges.Contains(h.Addr) {
 			continue
 		}
-		if e := m.entries[h.Addr]; e != nil && e.state == StateAllocated && e.owner.UID == h.Owner.UID {
+		e := m.entries[h.Addr]
+		if e != nil && (e.changed > asOf || e.state == StateAllocated && e.owner.UID == h.Owner.UID) {
 			continue
 		}
 		if err := m.adoptLocked(h.Addr, h.Owner); err != nil {
@@ -165,7 +167,7 @@ func (m *Manager) Resync(live []Holding) ResyncReport {
 		rep.Adopted++
 	}
 	for _, e := range m.entries {
-		if e.state == StateAllocated && !uids[e.owner.UID] {
+		if e.state == StateAllocated && e.changed <= asOf && !uids[e.owner.UID] {
 			m.toCooldown(e, now)
 			rep.Released++
 		}

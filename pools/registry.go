@@ -217,7 +217,7 @@ func (r *Registry) Ensure(ctx context.Context, pool *vmipamv1.IPPool) error {
 	if old != nil {
 		old.stop()
 	}
-	live, err := r.liveHoldings(ctx, p.Name, p.Manager.Ranges())
+	live, err := r.liveHoldings(ctx, p.Name, p.Manager.Ranges(), true)
 	if err != nil {
 		return fmt.Errorf("recover pool %s: %w", pool.Name, err)
 	}
@@ -302,7 +302,12 @@ func (r *Registry) build(pool *vmipamv1.IPPool) (*Pool, error) {
 // the informer cache: those stamped with the pool, and unstamped ones
 // inside its ranges. Objects being deleted still hold their address until
 // the controller releases it.
-func (r *Registry) liveHoldings(ctx context.Context, pool string, ranges *ipam.Ranges) ([]ipam.Holding, error) {
+//
+// withDeleting includes objects being deleted, as recovery must (they hold
+// their address until released); a resync leaves them to the controller,
+// which is releasing them, so a list older than the release cannot put
+// their address back.
+func (r *Registry) liveHoldings(ctx context.Context, pool string, ranges *ipam.Ranges, withDeleting bool) ([]ipam.Holding, error) {
 	list := r.opts.Target.NewList()
 	if err := r.opts.Client.List(ctx, list); err != nil {
 		return nil, fmt.Errorf("list %s: %w", r.opts.Target.GVK.Kind, err)
@@ -310,7 +315,7 @@ func (r *Registry) liveHoldings(ctx context.Context, pool string, ranges *ipam.R
 	var out []ipam.Holding
 	for i := range list.Items {
 		obj := &list.Items[i]
-		if !target.HasFinalizer(obj) && obj.GetDeletionTimestamp() != nil {
+		if obj.GetDeletionTimestamp() != nil && (!withDeleting || !target.HasFinalizer(obj)) {
 			continue
 		}
 		h, stamped, ok := r.holding(obj)
@@ -344,11 +349,14 @@ func (r *Registry) Resync(ctx context.Context, p *Pool) error {
 	if !p.Manager.Ready() {
 		return nil
 	}
-	live, err := r.liveHoldings(ctx, p.Name, p.Manager.Ranges())
+	// Mark before listing: what changes while the list is taken is left
+	// for the next resync.
+	asOf := p.Manager.Mark()
+	live, err := r.liveHoldings(ctx, p.Name, p.Manager.Ranges(), false)
 	if err != nil {
 		return err
 	}
-	rep := p.Manager.Resync(live)
+	rep := p.Manager.Resync(live, asOf)
 	p.noteConflicts(rep.Conflicts)
 	if rep.Released > 0 || rep.Adopted > 0 || len(rep.Conflicts) > 0 {
 		logf.FromContext(ctx).Info("Resynced pool", "pool", p.Name, "released", rep.Released, "adopted", rep.Adopted, "conflicts", len(rep.Conflicts))
