@@ -217,7 +217,7 @@ func (r *Registry) Ensure(ctx context.Context, pool *vmipamv1.IPPool) error {
 	if old != nil {
 		old.stop()
 	}
-	live, err := r.liveHoldings(ctx, p.Name, p.Manager.Ranges(), true)
+	live, err := r.liveHoldings(ctx, p.Name, p.Manager.Ranges())
 	if err != nil {
 		return fmt.Errorf("recover pool %s: %w", pool.Name, err)
 	}
@@ -302,12 +302,7 @@ func (r *Registry) build(pool *vmipamv1.IPPool) (*Pool, error) {
 // the informer cache: those stamped with the pool, and unstamped ones
 // inside its ranges. Objects being deleted still hold their address until
 // the controller releases it.
-//
-// withDeleting includes objects being deleted, as recovery must (they hold
-// their address until released); a resync leaves them to the controller,
-// which is releasing them, so a list older than the release cannot put
-// their address back.
-func (r *Registry) liveHoldings(ctx context.Context, pool string, ranges *ipam.Ranges, withDeleting bool) ([]ipam.Holding, error) {
+func (r *Registry) liveHoldings(ctx context.Context, pool string, ranges *ipam.Ranges) ([]ipam.Holding, error) {
 	list := r.opts.Target.NewList()
 	if err := r.opts.Client.List(ctx, list); err != nil {
 		return nil, fmt.Errorf("list %s: %w", r.opts.Target.GVK.Kind, err)
@@ -315,7 +310,7 @@ func (r *Registry) liveHoldings(ctx context.Context, pool string, ranges *ipam.R
 	var out []ipam.Holding
 	for i := range list.Items {
 		obj := &list.Items[i]
-		if obj.GetDeletionTimestamp() != nil && (!withDeleting || !target.HasFinalizer(obj)) {
+		if obj.GetDeletionTimestamp() != nil && !target.HasFinalizer(obj) {
 			continue
 		}
 		h, stamped, ok := r.holding(obj)
@@ -352,7 +347,7 @@ func (r *Registry) Resync(ctx context.Context, p *Pool) error {
 	// Mark before listing: what changes while the list is taken is left
 	// for the next resync.
 	asOf := p.Manager.Mark()
-	live, err := r.liveHoldings(ctx, p.Name, p.Manager.Ranges(), false)
+	live, err := r.liveHoldings(ctx, p.Name, p.Manager.Ranges())
 	if err != nil {
 		return err
 	}
