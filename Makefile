@@ -31,6 +31,10 @@ test: ## Unit, property, fuzz-seed and envtest integration tests under -race.
 	$(GO) vet ./...
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" $(GO) test -race -count=1 -timeout 15m ./...
 
+.PHONY: chaos
+chaos: ## The long reliability run: 3m of load, 12 SIGKILLs of vmipam, an API server restart.
+	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" VMIPAM_CHAOS=1 CHAOS_DURATION=3m CHAOS_KILLS=12 $(GO) test -count=1 -timeout 30m -v -run '^TestChaos$$' ./test/chaos/
+
 .PHONY: envtest-assets
 envtest-assets: ## Build (once) the control-plane binaries the tests use.
 	@hack/envtest-assets.sh
@@ -49,9 +53,14 @@ manifests: $(CONTROLLER_GEN) ## Generate CRDs, RBAC and webhook manifests from m
 verify: generate manifests ## Fail if generated files are stale.
 	@git diff --exit-code -- api deploy || { echo "generated files are stale: run 'make generate manifests' and commit" >&2; exit 1; }
 
+# Flags for the end-to-end load generator, e.g. E2E_BENCH_FLAGS='-n 1000 -c 16'
+# (go run ./hack/e2ebench -h lists them).
+E2E_BENCH_FLAGS ?=
+
 .PHONY: bench
-bench: ## Print the allocator benchmarks.
+bench: ## Allocator micro-benchmarks, then the end-to-end load generator (results/e2e-bench.md, .png).
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./ipam/
+	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" $(GO) run ./hack/e2ebench $(E2E_BENCH_FLAGS)
 
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for FUZZTIME.

@@ -1,0 +1,511 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/test/harness"
+)
+
+// mode is one way of creating VirtualMachines.
+type mode int
+
+const (
+	modeWith mode = iota
+	modeWithout
+	modeBaseline
+	numModes
+)
+
+func (m mode) String() string {
+	return [...]string{"with vmipam", "without vmipam", "baseline (read-modify-write)"}[m]
+}
+
+func (m mode) namespace() string { return [...]string{nsWith, nsWithout, nsBaseline}[m] }
+
+func (m mode) prefix() string { return [...]string{"with", "without", "baseline"}[m] }
+
+// settle is the pause between rounds, so that the controller's work after
+// a round with vmipam (binding, events) does not land in the next round.
+const settle = time.Second
+
+type bench struct {
+	opts          options
+	root, results string
+	cl            *harness.Cluster
+	clients       []client.Client
+	base          baseline
+}
+
+// opsResult is what one batch of operations gave.
+type opsResult struct {
+	ok       []bool
+	lat      []time.Duration // of the successful operations
+	errors   int
+	firstErr error
+	elapsed  time.Duration
+}
+
+// runOps runs n operations on the bench's clients, each worker taking the
+// next index, all starting together; it times each operation and the
+// batch.
+func (b *bench) runOps(ctx context.Context, n int, op func(ctx context.Context, c client.Client, i int) error) opsResult {
+	var next atomic.Int64
+	lat := make([]time.Duration, n)
+	errs := make([]error, n)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, c := range b.clients {
+		wg.Go(func() {
+			<-start
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n || ctx.Err() != nil {
+					return
+				}
+				t0 := time.Now()
+				errs[i] = op(ctx, c, i)
+				lat[i] = time.Since(t0)
+			}
+		})
+	}
+	t0 := time.Now()
+	close(start)
+	wg.Wait()
+	r := opsResult{elapsed: time.Since(t0), ok: make([]bool, n)}
+	for i, err := range errs {
+		if err != nil || ctx.Err() != nil {
+			r.errors++
+			if r.firstErr == nil {
+				r.firstErr = err
+			}
+			continue
+		}
+		r.ok[i] = true
+		r.lat = append(r.lat, lat[i])
+	}
+	if r.firstErr == nil && ctx.Err() != nil {
+		r.firstErr = ctx.Err()
+	}
+	return r
+}
+
+func newVM(m mode, name string) *vmipamv1.VirtualMachine {
+	return &vmipamv1.VirtualMachine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: m.namespace(), Name: name, Labels: map[string]string{"app.kubernetes.io/name": "e2ebench"}},
+		Spec:       vmipamv1.VirtualMachineSpec{Image: "registry.example/bench:1", CPUs: 1, Memory: "1Gi"},
+	}
+}
+
+// createOp returns the create of the i-th VirtualMachine named
+// prefix-(offset+i) in mode m.
+func (b *bench) createOp(m mode, prefix string, offset int) func(ctx context.Context, c client.Client, i int) error {
+	return func(ctx context.Context, c client.Client, i int) error {
+		vm := newVM(m, fmt.Sprintf("%s-%05d", prefix, offset+i))
+		switch m {
+		case modeWith:
+			vm.Spec.IPPool = poolName
+		case modeWithout:
+			vm.Spec.Addresses = []string{nthAddr(withoutRange, offset+i).String()}
+		case modeBaseline:
+			a, err := b.base.allocate(ctx, c, vm.Namespace+"/"+vm.Name)
+			if err != nil {
+				return err
+			}
+			vm.Spec.Addresses = []string{a.String()}
+		}
+		return c.Create(ctx, vm)
+	}
+}
+
+func (b *bench) run(ctx context.Context) (*report, error) {
+	o := b.opts
+	rep := &report{opts: o, started: time.Now(), loadStart: loadavg(), goVersion: runtime.Version(), cpus: runtime.NumCPU()}
+	b.base.prefix = baselineRange
+	dir, err := os.MkdirTemp("", "e2ebench-")
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = os.RemoveAll(dir) }()
+
+	logf("building vmipam and starting the control plane (load average %s)", rep.loadStart)
+	cl, err := harness.Start(ctx, b.root, dir)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err := cl.Stop(); err != nil {
+			logf("stop the control plane: %v", err)
+		}
+	}()
+	b.cl = cl
+	// Before vmipam starts, so nothing races on the configurations; vmipam
+	// then only injects its CA.
+	if err := excludeFromWebhooks(ctx, cl.Client, nsWithout, nsBaseline); err != nil {
+		return nil, err
+	}
+	logPath := filepath.Join(b.results, "e2e-bench-vmipam.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = logFile.Close() }()
+	p, err := cl.StartVMIPAM(ctx, logFile, strings.Fields(o.vmipamArgs)...)
+	if err != nil {
+		return nil, fmt.Errorf("%w (logs in %s)", err, logPath)
+	}
+	defer func() {
+		if err := p.Stop(30 * time.Second); err != nil {
+			logf("stop vmipam: %v", err)
+		}
+	}()
+	if err := b.setupObjects(ctx); err != nil {
+		return nil, err
+	}
+	if err := b.waitWebhooks(ctx); err != nil {
+		return nil, err
+	}
+	if b.clients, err = b.newClients(); err != nil {
+		return nil, err
+	}
+	logf("control plane, vmipam and pool %s (%s) ready; warming up with %d VirtualMachines per mode", poolName, o.poolCIDR, o.warmup)
+	if err := b.warmUp(ctx); err != nil {
+		return nil, fmt.Errorf("warm up: %w", err)
+	}
+	if err := b.measureCreates(ctx, rep); err != nil {
+		return nil, err
+	}
+	if err := b.measureDeletes(ctx, rep); err != nil {
+		return nil, err
+	}
+	rep.loadEnd = loadavg()
+	rep.finished = time.Now()
+	return rep, nil
+}
+
+// warmUp creates and deletes a few VirtualMachines in every mode, so that
+// connections, the API server's caches and vmipam's free list are warm.
+func (b *bench) warmUp(ctx context.Context) error {
+	if b.opts.warmup == 0 {
+		return nil
+	}
+	for m := range numModes {
+		r := b.runOps(ctx, b.opts.warmup, b.createOp(m, "warm-"+m.prefix(), 0))
+		if r.errors > 0 {
+			return fmt.Errorf("%d of %d creates %s failed: %w", r.errors, b.opts.warmup, m, r.firstErr)
+		}
+		if _, err := b.deleteAll(ctx, m, "warm-"+m.prefix(), 0, r.ok); err != nil {
+			return err
+		}
+	}
+	return b.base.reset(ctx, b.cl.Client)
+}
+
+// split divides n into k near-equal parts.
+func split(n, k int) []int {
+	out := make([]int, k)
+	for i := range out {
+		out[i] = n / k
+		if i < n%k {
+			out[i]++
+		}
+	}
+	return out
+}
+
+// measureCreates runs the alternating rounds and reads vmipam's and the
+// API server's histograms around them: only the rounds with vmipam call
+// its webhooks.
+func (b *bench) measureCreates(ctx context.Context, rep *report) error {
+	o := b.opts
+	perRound := [numModes][]int{split(o.n, o.rounds), split(o.n, o.rounds), split(o.baselineN, o.rounds)}
+	vBefore, err := b.vmipamMetrics()
+	if err != nil {
+		return err
+	}
+	aBefore, err := b.apiserverMetrics(ctx)
+	if err != nil {
+		return err
+	}
+	var offsets [numModes]int
+	for r := range o.rounds {
+		for m := range numModes {
+			k := perRound[m][r]
+			if k == 0 {
+				continue
+			}
+			st := &rep.modes[m]
+			a0, err := b.apiserverMetrics(ctx)
+			if err != nil {
+				return err
+			}
+			logf("round %d/%d %s: creating %d", r+1, o.rounds, m, k)
+			c0 := sampleCPU()
+			res := b.runOps(ctx, k, b.createOp(m, m.prefix(), offsets[m]))
+			c1 := sampleCPU()
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			a1, err := b.apiserverMetrics(ctx)
+			if err != nil {
+				return err
+			}
+			st.cpu.add(c1.sub(c0))
+			if st.requests == nil {
+				st.requests = map[string]float64{}
+			}
+			before := requestCounts(a0)
+			for k, v := range requestCounts(a1) {
+				st.requests[k] += v - before[k]
+			}
+			st.elapsed += res.elapsed
+			st.lat = append(st.lat, res.lat...)
+			st.errors += res.errors
+			if st.firstErr == nil {
+				st.firstErr = res.firstErr
+			}
+			for i, ok := range res.ok {
+				if ok {
+					st.created = append(st.created, offsets[m]+i)
+				}
+			}
+			rate := float64(len(res.lat)) / res.elapsed.Seconds()
+			st.roundRates = append(st.roundRates, rate)
+			offsets[m] += k
+			logf("round %d/%d %s: %d created, %d failed in %s: %.0f/s", r+1, o.rounds, m, len(res.lat), res.errors,
+				res.elapsed.Round(time.Millisecond), rate)
+			if res.firstErr != nil {
+				logf("  first error: %v", res.firstErr)
+			}
+			if m == modeBaseline {
+				st.attempts += b.base.attempts.Swap(0)
+				st.conflicts += b.base.conflicts.Swap(0)
+			}
+			if err := b.settle(ctx, m, st); err != nil {
+				return err
+			}
+		}
+	}
+	vAfter, err := b.vmipamMetrics()
+	if err != nil {
+		return err
+	}
+	aText, err := b.apiserverMetricsText(ctx)
+	if err != nil {
+		return err
+	}
+	aAfter := parseMetrics(aText)
+	if text, err := b.cl.Metrics(); err == nil {
+		b.keep("e2e-bench-vmipam.metrics", text)
+	}
+	b.keep("e2e-bench-apiserver.metrics", aText)
+	rep.webhook = webhookStats(vBefore, vAfter, aBefore, aAfter)
+	for m := range numModes {
+		sort.Slice(rep.modes[m].lat, func(i, j int) bool { return rep.modes[m].lat[i] < rep.modes[m].lat[j] })
+	}
+	return nil
+}
+
+// resyncLines returns what vmipam logged of its periodic resyncs: each
+// one that changed the allocator.
+func (b *bench) resyncLines() []string {
+	raw, err := os.ReadFile(filepath.Join(b.results, "e2e-bench-vmipam.log"))
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for line := range strings.SplitSeq(string(raw), "\n") {
+		if strings.Contains(line, `"msg":"Resynced pool"`) {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+// keep writes a file into the results folder for later inspection.
+func (b *bench) keep(name, content string) {
+	if err := os.WriteFile(filepath.Join(b.results, name), []byte(content), 0o644); err != nil {
+		logf("warning: %v", err)
+	}
+}
+
+// requestCounts sums the API server's requests by verb and resource.
+func requestCounts(m metricSet) map[string]float64 {
+	out := map[string]float64{}
+	for _, s := range m {
+		if s.name != "apiserver_request_total" || s.labels["resource"] == "" {
+			continue
+		}
+		k := s.labels["verb"] + " " + s.labels["resource"]
+		if sub := s.labels["subresource"]; sub != "" {
+			k += "/" + sub
+		}
+		out[k] += s.value
+	}
+	return out
+}
+
+// settle waits after a round until vmipam's address controller has caught
+// up: its work queue empty and, after a round with vmipam, every
+// reservation bound. It records how long that took, then pauses, so that
+// no round pays for the previous one.
+func (b *bench) settle(ctx context.Context, m mode, st *modeStats) error {
+	t0 := time.Now()
+	drained := func() error {
+		v, err := b.vmipamMetrics()
+		if err != nil {
+			return err
+		}
+		gc := map[string]string{"name": "address-gc"}
+		if d := v.sum("workqueue_depth", gc); d != 0 {
+			return fmt.Errorf("%v queued", d)
+		}
+		if u := v.sum("workqueue_unfinished_work_seconds", gc); u != 0 {
+			return errors.New("reconciles in flight")
+		}
+		if p := v.sum("vmipam_pool_addresses", map[string]string{"pool": poolName, "state": "pending"}); p != 0 {
+			return fmt.Errorf("%v pending", p)
+		}
+		return nil
+	}
+	for {
+		if err := poll(ctx, pollMetrics, 2*time.Minute, "vmipam's controller to catch up", drained); err != nil {
+			return err
+		}
+		caughtUp := time.Since(t0)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(settle):
+		}
+		// Late watch events may have refilled the queue meanwhile.
+		if drained() == nil {
+			st.caughtUp = append(st.caughtUp, caughtUp)
+			return nil
+		}
+	}
+}
+
+// deleteAll deletes the VirtualMachines prefix-(offset+i) of mode m for
+// every ok[i], and waits until the namespace holds none.
+func (b *bench) deleteAll(ctx context.Context, m mode, prefix string, offset int, ok []bool) (deletion, error) {
+	var names []string
+	for i, o := range ok {
+		if o {
+			names = append(names, fmt.Sprintf("%s-%05d", prefix, offset+i))
+		}
+	}
+	return b.deleteNames(ctx, m, names)
+}
+
+func (b *bench) deleteNames(ctx context.Context, m mode, names []string) (deletion, error) {
+	t0 := time.Now()
+	res := b.runOps(ctx, len(names), func(ctx context.Context, c client.Client, i int) error {
+		return ignoreNotFound(c.Delete(ctx, newVM(m, names[i])))
+	})
+	if res.errors > 0 {
+		return deletion{}, fmt.Errorf("%d of %d deletes %s failed: %w", res.errors, len(names), m, res.firstErr)
+	}
+	gone, err := b.waitGone(ctx, m.namespace(), 5*time.Minute)
+	if err != nil {
+		return deletion{}, err
+	}
+	return deletion{count: len(names), calls: res.elapsed, gone: gone.Sub(t0), goneAt: gone, lat: res.lat}, nil
+}
+
+// measureDeletes deletes the VirtualMachines without vmipam, then those
+// with it (each through the finalizer and the controller's release), and
+// times until every address of the pool is free again after its cooldown.
+func (b *bench) measureDeletes(ctx context.Context, rep *report) error {
+	for _, m := range []mode{modeWithout, modeWith} {
+		st := &rep.modes[m]
+		names := make([]string, len(st.created))
+		for i, idx := range st.created {
+			names[i] = fmt.Sprintf("%s-%05d", m.prefix(), idx)
+		}
+		v0, err := b.vmipamMetrics()
+		if err != nil {
+			return err
+		}
+		c0 := sampleCPU()
+		d, err := b.deleteNames(ctx, m, names)
+		if err != nil {
+			return err
+		}
+		d.cpu = sampleCPU().sub(c0)
+		v1, err := b.vmipamMetrics()
+		if err != nil {
+			return err
+		}
+		d.storeWrites = v1.sum("vmipam_store_writes_total", map[string]string{"pool": poolName}) -
+			v0.sum("vmipam_store_writes_total", map[string]string{"pool": poolName})
+		st.deletion = d
+		logf("deleted %d VirtualMachines %s: calls done in %s, all gone after %s: %.0f/s",
+			d.count, m, d.calls.Round(time.Millisecond), d.gone.Round(time.Millisecond), d.rate())
+	}
+	// Every address is free again once none is allocated, pending or
+	// cooling down, and every claimed one is on the free list.
+	goneAt := rep.modes[modeWith].deletion.goneAt
+	var last map[string]float64
+	err := poll(ctx, pollMetrics, b.opts.cooldown+b.opts.freeTimeout, "every address of the pool to be free", func() error {
+		c, err := b.poolCounts()
+		if err != nil {
+			return err
+		}
+		last = c
+		if c["allocated"] != 0 || c["pending"] != 0 || c["cooldown"] != 0 || c["claimed"] != c["free"] {
+			return fmt.Errorf("pool counts %v", c)
+		}
+		return nil
+	})
+	rep.finalCounts = last
+	switch {
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case err != nil:
+		// Report it rather than lose the run: it is a finding.
+		rep.notFree = true
+		logf("warning: %v", err)
+	default:
+		rep.freeAfter = time.Since(goneAt)
+		logf("every address free %s after the last VirtualMachine was gone (cooldown %s): %v",
+			rep.freeAfter.Round(time.Millisecond), b.opts.cooldown, last)
+	}
+	rep.resyncs = b.resyncLines()
+	// The baseline's VirtualMachines are plain objects; vmipam ignores them.
+	if err := b.cl.Client.DeleteAllOf(ctx, &vmipamv1.VirtualMachine{}, client.InNamespace(nsBaseline)); err != nil {
+		return fmt.Errorf("delete the baseline's VirtualMachines: %w", err)
+	}
+	if _, err := b.waitGone(ctx, nsBaseline, time.Minute); err != nil {
+		return err
+	}
+	// The pool's status catches up every few seconds.
+	var pool vmipamv1.IPPool
+	err = poll(ctx, pollAPI, 30*time.Second, "the IPPool status to show no address in use", func() error {
+		if err := b.cl.Client.Get(ctx, client.ObjectKey{Name: poolName}, &pool); err != nil {
+			return err
+		}
+		if s := pool.Status; s.Allocated != 0 || s.Pending != 0 || s.Cooldown != 0 {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	rep.poolStatus = pool.Status
+	if err != nil {
+		logf("warning: %v", err)
+	}
+	return nil
+}

@@ -1,0 +1,326 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+
+	admissionregv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/internal/app"
+)
+
+// Namespaces of the three modes and the pool the runs with vmipam name.
+const (
+	nsWith     = "bench-with"
+	nsWithout  = "bench-without"
+	nsBaseline = "bench-baseline"
+	poolName   = "bench"
+
+	namespaceNameLabel = "kubernetes.io/metadata.name"
+)
+
+// excludeFromWebhooks adds namespaces to the NotIn namespaceSelector of
+// every webhook in vmipam's two configurations, so that the API server
+// does not call vmipam for objects in them. vmipam itself only keeps the
+// caBundle of these configurations, so the change stays.
+func excludeFromWebhooks(ctx context.Context, c client.Client, namespaces ...string) error {
+	exclude := func(sel *metav1.LabelSelector) *metav1.LabelSelector {
+		if sel == nil {
+			sel = &metav1.LabelSelector{}
+		}
+		for i, e := range sel.MatchExpressions {
+			if e.Key == namespaceNameLabel && e.Operator == metav1.LabelSelectorOpNotIn {
+				for _, ns := range namespaces {
+					if !slices.Contains(e.Values, ns) {
+						sel.MatchExpressions[i].Values = append(sel.MatchExpressions[i].Values, ns)
+					}
+				}
+				return sel
+			}
+		}
+		sel.MatchExpressions = append(sel.MatchExpressions, metav1.LabelSelectorRequirement{
+			Key: namespaceNameLabel, Operator: metav1.LabelSelectorOpNotIn, Values: namespaces,
+		})
+		return sel
+	}
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var m admissionregv1.MutatingWebhookConfiguration
+		if err := c.Get(ctx, client.ObjectKey{Name: "vmipam-mutating"}, &m); err != nil {
+			return err
+		}
+		for i := range m.Webhooks {
+			m.Webhooks[i].NamespaceSelector = exclude(m.Webhooks[i].NamespaceSelector)
+		}
+		return c.Update(ctx, &m)
+	})
+	if err != nil {
+		return fmt.Errorf("exclude %v from vmipam-mutating: %w", namespaces, err)
+	}
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var v admissionregv1.ValidatingWebhookConfiguration
+		if err := c.Get(ctx, client.ObjectKey{Name: "vmipam-validating"}, &v); err != nil {
+			return err
+		}
+		for i := range v.Webhooks {
+			v.Webhooks[i].NamespaceSelector = exclude(v.Webhooks[i].NamespaceSelector)
+		}
+		return c.Update(ctx, &v)
+	})
+	if err != nil {
+		return fmt.Errorf("exclude %v from vmipam-validating: %w", namespaces, err)
+	}
+	return nil
+}
+
+// setupObjects creates the namespaces, the IPPool and the baseline's pool
+// object.
+func (b *bench) setupObjects(ctx context.Context) error {
+	c := b.cl.Client
+	for _, ns := range []string{nsWith, nsWithout, nsBaseline} {
+		if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+			return fmt.Errorf("create namespace %s: %w", ns, err)
+		}
+	}
+	pool := &vmipamv1.IPPool{
+		ObjectMeta: metav1.ObjectMeta{Name: poolName},
+		Spec: vmipamv1.IPPoolSpec{
+			Ranges:   []vmipamv1.IPRange{{CIDR: b.opts.poolCIDR}},
+			Cooldown: metav1.Duration{Duration: b.opts.cooldown},
+		},
+	}
+	if err := c.Create(ctx, pool); err != nil {
+		return fmt.Errorf("create IPPool %s: %w", poolName, err)
+	}
+	return b.base.reset(ctx, c)
+}
+
+// newClients returns the clients of the workers: each with its own
+// transport (so its own HTTP/2 connection), or one shared by all.
+func (b *bench) newClients() ([]client.Client, error) {
+	mapper := b.cl.Client.RESTMapper()
+	newClient := func() (client.Client, error) {
+		cfg := rest.CopyConfig(b.cl.Config)
+		// client-go caches transports by configuration; a Proxy function
+		// makes the configuration uncacheable, hence a new connection.
+		cfg.Proxy = func(*http.Request) (*url.URL, error) { return nil, nil }
+		hc, err := rest.HTTPClientFor(cfg)
+		if err != nil {
+			return nil, err
+		}
+		return client.New(cfg, client.Options{Scheme: app.Scheme, Mapper: mapper, HTTPClient: hc})
+	}
+	clients := make([]client.Client, b.opts.c)
+	for i := range clients {
+		if b.opts.clients == "shared" && i > 0 {
+			clients[i] = clients[0]
+			continue
+		}
+		c, err := newClient()
+		if err != nil {
+			return nil, fmt.Errorf("client: %w", err)
+		}
+		clients[i] = c
+	}
+	return clients, nil
+}
+
+// stamped dry-runs the create of a VirtualMachine without an address in ns
+// and reports whether vmipam's mutating webhook stamped it.
+func (b *bench) stamped(ctx context.Context, ns string) (bool, error) {
+	vm := &vmipamv1.VirtualMachine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, GenerateName: "probe-"},
+		Spec:       vmipamv1.VirtualMachineSpec{IPPool: poolName},
+	}
+	if err := b.cl.Client.Create(ctx, vm, client.DryRunAll); err != nil {
+		return false, err
+	}
+	return vm.Annotations[vmipamv1.PoolAnnotation] != "" || slices.Contains(vm.Finalizers, vmipamv1.Finalizer), nil
+}
+
+// waitWebhooks waits until the API server calls vmipam for nsWith (and the
+// pool serves) and has stopped calling it for the excluded namespaces: no
+// stamp, and vmipam's admission counters do not move.
+func (b *bench) waitWebhooks(ctx context.Context) error {
+	if err := poll(ctx, pollAPI, 60*time.Second, "vmipam to stamp a dry-run VirtualMachine in "+nsWith, func() error {
+		ok, err := b.stamped(ctx, nsWith)
+		if err == nil && !ok {
+			err = errors.New("not stamped")
+		}
+		return err
+	}); err != nil {
+		return err
+	}
+	for _, ns := range []string{nsWithout, nsBaseline} {
+		if err := poll(ctx, pollAPI, 60*time.Second, "the API server to stop calling vmipam for "+ns, func() error {
+			before, err := b.admissions()
+			if err != nil {
+				return err
+			}
+			for range 3 {
+				ok, err := b.stamped(ctx, ns)
+				if err != nil {
+					return err
+				}
+				if ok {
+					return errors.New("still stamped")
+				}
+			}
+			after, err := b.admissions()
+			if err != nil {
+				return err
+			}
+			if after != before {
+				return fmt.Errorf("vmipam still admitted %v requests", after-before)
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// admissions counts the VirtualMachine admission requests vmipam served.
+func (b *bench) admissions() (float64, error) {
+	m, err := b.vmipamMetrics()
+	if err != nil {
+		return 0, err
+	}
+	n := m.sum("vmipam_admission_duration_seconds_count", map[string]string{"webhook": "virtualmachine-mutating"})
+	n += m.sum("vmipam_admission_duration_seconds_count", map[string]string{"webhook": "virtualmachine-validating"})
+	return n, nil
+}
+
+func (b *bench) vmipamMetrics() (metricSet, error) {
+	text, err := b.cl.Metrics()
+	if err != nil {
+		return nil, fmt.Errorf("read vmipam's metrics: %w", err)
+	}
+	return parseMetrics(text), nil
+}
+
+// apiserverMetrics reads the API server's /metrics.
+func (b *bench) apiserverMetrics(ctx context.Context) (metricSet, error) {
+	text, err := b.apiserverMetricsText(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return parseMetrics(text), nil
+}
+
+func (b *bench) apiserverMetricsText(ctx context.Context) (string, error) {
+	hc, err := rest.HTTPClientFor(b.cl.Config)
+	if err != nil {
+		return "", err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(b.cl.Config.Host, "/")+"/metrics", nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("read the API server's metrics: %w", err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	buf, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("read the API server's metrics: %s: %.200s", resp.Status, buf)
+	}
+	return string(buf), nil
+}
+
+// anyVM lists at most one VirtualMachine in ns, by metadata only.
+func (b *bench) anyVM(ctx context.Context, ns string) (bool, error) {
+	var l metav1.PartialObjectMetadataList
+	l.SetGroupVersionKind(vmipamv1.GroupVersion.WithKind("VirtualMachineList"))
+	if err := b.cl.Client.List(ctx, &l, client.InNamespace(ns), client.Limit(1)); err != nil {
+		return false, err
+	}
+	return len(l.Items) > 0, nil
+}
+
+// waitGone polls until ns holds no VirtualMachine and returns when that
+// was first seen.
+func (b *bench) waitGone(ctx context.Context, ns string, timeout time.Duration) (time.Time, error) {
+	var gone time.Time
+	err := poll(ctx, pollAPI, timeout, "every VirtualMachine in "+ns+" to be gone", func() error {
+		any, err := b.anyVM(ctx, ns)
+		if err != nil {
+			return err
+		}
+		if any {
+			return errors.New("some remain")
+		}
+		gone = time.Now()
+		return nil
+	})
+	return gone, err
+}
+
+// poolCounts reads the bench pool's address gauges from vmipam's metrics.
+func (b *bench) poolCounts() (map[string]float64, error) {
+	m, err := b.vmipamMetrics()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]float64{}
+	for _, s := range m {
+		if s.name == "vmipam_pool_addresses" && s.labels["pool"] == poolName {
+			out[s.labels["state"]] = s.value
+		}
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no vmipam_pool_addresses for the bench pool")
+	}
+	return out, nil
+}
+
+// Poll intervals: of the API server, and of vmipam's metrics (rendering
+// them costs vmipam CPU, so less often).
+const (
+	pollAPI     = 20 * time.Millisecond
+	pollMetrics = 100 * time.Millisecond
+)
+
+// poll calls f every interval until it returns nil or timeout passes.
+func poll(ctx context.Context, interval, timeout time.Duration, what string, f func() error) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		err := f()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("timed out after %s waiting for %s: %w", timeout, what, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(interval):
+		}
+	}
+}
+
+func ignoreNotFound(err error) error {
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}

@@ -1,0 +1,139 @@
+// Command e2ebench is vmipam's end-to-end load generator. On a local control
+// plane (envtest's kube-apiserver and etcd, the vmipam binary serving its
+// webhooks over TLS, see test/harness) it creates N VirtualMachines from C
+// concurrent clients three ways, in alternating rounds so that machine noise
+// hits them alike:
+//
+//   - with vmipam: the mutating and validating webhooks in the path, the
+//     address allocated from an IPPool;
+//   - without: in a namespace the webhooks exclude, with a static address
+//     outside every pool, so vmipam neither admits nor manages them;
+//   - baseline: whereabouts-style IPAM, a read-modify-write of one ConfigMap
+//     holding every allocation (retrying on conflict), then the create.
+//
+// It reports throughput, client-side create latency, the webhook's own
+// server-side latency from vmipam's metrics, the CPU each process spent,
+// then deletes every VirtualMachine and times deletion and the return of
+// every address to the free state after cooldown. Results go to stdout and,
+// as a markdown table and a PNG chart, to the results folder.
+//
+// Run it through `make bench`, which sets KUBEBUILDER_ASSETS.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+type options struct {
+	n, c, rounds int
+	baselineN    int
+	warmup       int
+	poolCIDR     string
+	cooldown     time.Duration
+	results      string
+	repo         string
+	clients      string
+	vmipamArgs   string
+	freeTimeout  time.Duration
+}
+
+func main() {
+	var o options
+	flag.IntVar(&o.n, "n", 3000, "VirtualMachines to create with vmipam, and again without it (split across the rounds).")
+	flag.IntVar(&o.c, "c", 32, "Concurrent clients.")
+	flag.IntVar(&o.rounds, "rounds", 3, "Alternating rounds per mode (with, without, baseline).")
+	flag.IntVar(&o.baselineN, "baseline-n", 300, "VirtualMachines to create through the read-modify-write baseline (it is slow; throughput is per second, so a smaller N compares fairly).")
+	flag.IntVar(&o.warmup, "warmup", 64, "VirtualMachines per mode created and deleted before measuring (connections, caches, the allocator's free list).")
+	flag.StringVar(&o.poolCIDR, "pool-cidr", "10.64.0.0/18", "The IPPool's range; its size bounds N. The baseline and the static addresses of the runs without vmipam use ranges of the same size in 198.18.0.0/15.")
+	flag.DurationVar(&o.cooldown, "cooldown", 10*time.Second, "The IPPool's cooldown: how long a released address rests before it is free again.")
+	flag.StringVar(&o.results, "results", "results", "Folder for e2e-bench.md, e2e-bench.png and vmipam's log, relative to -repo unless absolute.")
+	flag.StringVar(&o.repo, "repo", ".", "The vmipam repository (built and run as the binary under test).")
+	flag.StringVar(&o.clients, "clients", "per-worker", "per-worker: each client has its own HTTP/2 connection to the API server; shared: all clients multiplex one connection.")
+	flag.DurationVar(&o.freeTimeout, "free-timeout", 2*time.Minute, "How long, beyond the cooldown, to wait for every address to be free after the deletes.")
+	flag.StringVar(&o.vmipamArgs, "vmipam-args", "", "Extra flags for the vmipam binary, space-separated (e.g. --enable-http2).")
+	flag.Parse()
+	if err := run(o); err != nil {
+		fmt.Fprintln(os.Stderr, "e2ebench:", err)
+		os.Exit(1)
+	}
+}
+
+func (o *options) validate() error {
+	switch {
+	case o.n < 1, o.c < 1, o.rounds < 1, o.baselineN < 0, o.warmup < 0:
+		return errors.New("-n, -c and -rounds must be positive, -baseline-n and -warmup not negative")
+	case o.n < o.rounds || (o.baselineN > 0 && o.baselineN < o.rounds):
+		return fmt.Errorf("-n (%d) and -baseline-n (%d) must be at least -rounds (%d)", o.n, o.baselineN, o.rounds)
+	case o.clients != "per-worker" && o.clients != "shared":
+		return fmt.Errorf("-clients=%q: use per-worker or shared", o.clients)
+	case o.cooldown <= 0:
+		return errors.New("-cooldown must be positive")
+	}
+	p, err := netip.ParsePrefix(o.poolCIDR)
+	if err != nil || !p.Addr().Is4() || p != p.Masked() {
+		return fmt.Errorf("-pool-cidr=%q: want an IPv4 network such as 10.64.0.0/18", o.poolCIDR)
+	}
+	// Network and broadcast addresses are not handed out.
+	usable := 1<<(32-p.Bits()) - 2
+	if need := o.n + 2*o.warmup; usable < need {
+		return fmt.Errorf("-pool-cidr %s has %d usable addresses; -n plus the warm-up need %d", p, usable, need)
+	}
+	if o.n+o.warmup > staticRange || o.baselineN+o.warmup > staticRange {
+		return fmt.Errorf("at most %d VirtualMachines per mode (the static ranges are /16s)", staticRange-o.warmup)
+	}
+	return nil
+}
+
+func run(o options) error {
+	if err := o.validate(); err != nil {
+		return err
+	}
+	root, err := filepath.Abs(o.repo)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
+		return fmt.Errorf("-repo %s is not the vmipam repository: %w", root, err)
+	}
+	results := o.results
+	if !filepath.IsAbs(results) {
+		results = filepath.Join(root, results)
+	}
+	if err := os.MkdirAll(results, 0o755); err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	b := &bench{opts: o, root: root, results: results}
+	rep, err := b.run(ctx)
+	if err != nil {
+		return err
+	}
+	md := rep.markdown()
+	fmt.Println(md)
+	mdPath := filepath.Join(results, "e2e-bench.md")
+	if err := os.WriteFile(mdPath, []byte(md), 0o644); err != nil {
+		return err
+	}
+	pngPath := filepath.Join(results, "e2e-bench.png")
+	if err := writeChart(pngPath, rep); err != nil {
+		return fmt.Errorf("write chart: %w", err)
+	}
+	logf("wrote %s and %s", mdPath, pngPath)
+	return nil
+}
+
+// logf reports progress on stderr; stdout carries only the results.
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s e2ebench: %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
+}

@@ -1,0 +1,238 @@
+package main
+
+import (
+	"math"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// sample is one line of the Prometheus text format.
+type sample struct {
+	name   string
+	labels map[string]string
+	value  float64
+}
+
+type metricSet []sample
+
+// parseMetrics reads the Prometheus text exposition format, skipping
+// comments and lines it cannot read.
+func parseMetrics(text string) metricSet {
+	var out metricSet
+	for line := range strings.SplitSeq(text, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		if s, ok := parseSample(line); ok {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func parseSample(line string) (sample, bool) {
+	s := sample{labels: map[string]string{}}
+	i := strings.IndexAny(line, "{ ")
+	if i < 0 {
+		return s, false
+	}
+	s.name = line[:i]
+	rest := line[i:]
+	if rest[0] == '{' {
+		rest = rest[1:]
+		for {
+			rest = strings.TrimLeft(rest, ", ")
+			if rest == "" {
+				return s, false
+			}
+			if rest[0] == '}' {
+				rest = rest[1:]
+				break
+			}
+			eq := strings.IndexByte(rest, '=')
+			if eq < 0 || eq+1 >= len(rest) || rest[eq+1] != '"' {
+				return s, false
+			}
+			key := strings.TrimSpace(rest[:eq])
+			rest = rest[eq+2:]
+			var val strings.Builder
+			j := 0
+			for ; j < len(rest) && rest[j] != '"'; j++ {
+				if rest[j] == '\\' && j+1 < len(rest) {
+					j++
+					switch rest[j] {
+					case 'n':
+						val.WriteByte('\n')
+					default:
+						val.WriteByte(rest[j])
+					}
+					continue
+				}
+				val.WriteByte(rest[j])
+			}
+			if j >= len(rest) {
+				return s, false
+			}
+			s.labels[key] = val.String()
+			rest = rest[j+1:]
+		}
+	}
+	f := strings.Fields(rest)
+	if len(f) == 0 {
+		return s, false
+	}
+	v, err := strconv.ParseFloat(f[0], 64)
+	if err != nil {
+		return s, false
+	}
+	s.value = v
+	return s, true
+}
+
+func matches(labels, want map[string]string) bool {
+	for k, v := range want {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// sum adds the values of the series of name whose labels include want.
+func (m metricSet) sum(name string, want map[string]string) float64 {
+	var t float64
+	for _, s := range m {
+		if s.name == name && matches(s.labels, want) {
+			t += s.value
+		}
+	}
+	return t
+}
+
+// histogram is a cumulative Prometheus histogram: counts[i] observations
+// were at most les[i]; the last bound is +Inf.
+type histogram struct {
+	les    []float64
+	counts []float64
+}
+
+// histogram sums the buckets of the series of a histogram whose labels
+// include want.
+func (m metricSet) histogram(name string, want map[string]string) histogram {
+	byLE := map[float64]float64{}
+	for _, s := range m {
+		if s.name != name+"_bucket" || !matches(s.labels, want) {
+			continue
+		}
+		le, err := strconv.ParseFloat(s.labels["le"], 64)
+		if err != nil {
+			continue
+		}
+		byLE[le] += s.value
+	}
+	var h histogram
+	for le := range byLE {
+		h.les = append(h.les, le)
+	}
+	sort.Float64s(h.les)
+	for _, le := range h.les {
+		h.counts = append(h.counts, byLE[le])
+	}
+	return h
+}
+
+// sub returns the observations made between o and h.
+func (h histogram) sub(o histogram) histogram {
+	prev := map[float64]float64{}
+	for i, le := range o.les {
+		prev[le] = o.counts[i]
+	}
+	d := histogram{les: h.les, counts: make([]float64, len(h.counts))}
+	for i, le := range h.les {
+		d.counts[i] = h.counts[i] - prev[le]
+	}
+	return d
+}
+
+func (h histogram) total() float64 {
+	if len(h.counts) == 0 {
+		return 0
+	}
+	return h.counts[len(h.counts)-1]
+}
+
+// quantile estimates the q-quantile as Prometheus's histogram_quantile
+// does: linear interpolation inside the bucket that holds the rank, the
+// lowest bucket starting at 0, and the highest finite bound when the rank
+// falls in the +Inf bucket. NaN without observations.
+func (h histogram) quantile(q float64) float64 {
+	n := len(h.les)
+	if n < 2 || !math.IsInf(h.les[n-1], 1) || h.total() == 0 {
+		return math.NaN()
+	}
+	rank := q * h.total()
+	i := sort.Search(n, func(i int) bool { return h.counts[i] >= rank })
+	if i == n-1 {
+		return h.les[n-2]
+	}
+	lower, below := 0.0, 0.0
+	if i > 0 {
+		lower, below = h.les[i-1], h.counts[i-1]
+	}
+	if h.counts[i] == below {
+		return h.les[i]
+	}
+	return lower + (h.les[i]-lower)*(rank-below)/(h.counts[i]-below)
+}
+
+// atMost is the share of observations at most le (a bucket bound), exact
+// where quantile only estimates; NaN if le is no bound.
+func (h histogram) atMost(le float64) float64 {
+	for i, b := range h.les {
+		if b == le && h.total() > 0 {
+			return h.counts[i] / h.total()
+		}
+	}
+	return math.NaN()
+}
+
+// webhookResult holds the admission latencies measured around the rounds.
+type webhookResult struct {
+	// mutating and validating: vmipam's handlers, as its own metric sees
+	// them (the Handle call: decoding, selection, allocation, the patch).
+	mutating, validating histogram
+	// serve: controller-runtime's histogram of the whole mutating HTTP
+	// handler (reading the request, decoding the review, the handler,
+	// encoding the response).
+	serve histogram
+	// apiMutating and apiValidating: the calls as the API server sees
+	// them, TLS and loopback included (coarse buckets).
+	apiMutating, apiValidating histogram
+	// alloc: vmipam's allocator, per allocation.
+	alloc histogram
+	// storeWrites during the rounds.
+	storeWrites float64
+}
+
+func webhookStats(vBefore, vAfter, aBefore, aAfter metricSet) webhookResult {
+	delta := func(before, after metricSet, name string, want map[string]string) histogram {
+		return after.histogram(name, want).sub(before.histogram(name, want))
+	}
+	const adm = "vmipam_admission_duration_seconds"
+	const api = "apiserver_admission_webhook_admission_duration_seconds"
+	pool := map[string]string{"pool": poolName}
+	return webhookResult{
+		mutating:   delta(vBefore, vAfter, adm, map[string]string{"webhook": "virtualmachine-mutating", "outcome": "allowed"}),
+		validating: delta(vBefore, vAfter, adm, map[string]string{"webhook": "virtualmachine-validating", "outcome": "allowed"}),
+		serve: delta(vBefore, vAfter, "controller_runtime_webhook_latency_seconds",
+			map[string]string{"webhook": "/mutate-vmipam-io-v1alpha1-virtualmachine"}),
+		apiMutating: delta(aBefore, aAfter, api,
+			map[string]string{"name": "mvirtualmachine.vmipam.io", "operation": "CREATE", "rejected": "false"}),
+		apiValidating: delta(aBefore, aAfter, api,
+			map[string]string{"name": "vvirtualmachine.vmipam.io", "operation": "CREATE", "rejected": "false"}),
+		alloc:       delta(vBefore, vAfter, "vmipam_allocation_duration_seconds", pool),
+		storeWrites: vAfter.sum("vmipam_store_writes_total", pool) - vBefore.sum("vmipam_store_writes_total", pool),
+	}
+}

@@ -1,0 +1,507 @@
+package chaos
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"net/netip"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/ipam"
+)
+
+// logBuffer keeps every vmipam process's output, for the report and for
+// the dump on failure. The process writes from exec's copying goroutine
+// while the test reads, hence the lock.
+type logBuffer struct {
+	mu      sync.Mutex
+	b       bytes.Buffer
+	dropped int
+}
+
+// maxLogBytes bounds the memory a flood of log lines can take.
+const maxLogBytes = 256 << 20
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.b.Len()+len(p) > maxLogBytes {
+		l.dropped += len(p)
+		return len(p), nil
+	}
+	return l.b.Write(p)
+}
+
+// mark writes a line of the test's own into the log, so a reader sees where
+// each process begins and ends; it returns the offset of the line.
+func (l *logBuffer) mark(format string, args ...any) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	off := l.b.Len()
+	fmt.Fprintf(&l.b, "=== chaos %s: "+format+"\n", append([]any{time.Now().Format("15:04:05.000")}, args...)...)
+	return off
+}
+
+// since returns the log from offset off on.
+func (l *logBuffer) since(off int) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if off > l.b.Len() {
+		return ""
+	}
+	return string(l.b.Bytes()[off:])
+}
+
+// tail returns the last n lines, repeated lines collapsed.
+func (l *logBuffer) tail(n int) string {
+	lines := strings.Split(strings.TrimRight(collapse(l.since(0)), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// grep returns up to max lines containing any of words.
+func grep(text string, limit int, words ...string) []string {
+	var out []string
+	for line := range strings.SplitSeq(text, "\n") {
+		for _, w := range words {
+			if strings.Contains(line, w) {
+				out = append(out, line)
+				break
+			}
+		}
+	}
+	if len(out) > limit {
+		out = out[len(out)-limit:]
+	}
+	return out
+}
+
+// goneTime is when a VirtualMachine was seen to disappear. exact is true
+// when a live watch delivered its DELETED event; false when the watch was
+// broken at that moment (the API server restart) and the disappearance was
+// only noticed by the relist that followed, so the time is an upper bound.
+type goneTime struct {
+	at    time.Time
+	exact bool
+}
+
+// tracker watches the test namespace and notes when each VirtualMachine
+// disappears, i.e. when its deletion completed: vmipam removed the
+// finalizer after persisting the cooldown.
+type tracker struct {
+	c  client.WithWatch
+	ns string
+
+	mu       sync.Mutex
+	present  map[string]bool
+	gone     map[string]goneTime
+	relists  int
+	restarts int
+}
+
+func newTracker(c client.WithWatch, ns string) *tracker {
+	return &tracker{c: c, ns: ns, present: map[string]bool{}, gone: map[string]goneTime{}}
+}
+
+// run lists and watches until ctx ends, listing again whenever the watch
+// breaks.
+func (t *tracker) run(ctx context.Context) {
+	for ctx.Err() == nil {
+		rv, err := t.relist(ctx)
+		if err != nil {
+			sleep(ctx, 200*time.Millisecond)
+			continue
+		}
+		t.watch(ctx, rv)
+		t.mu.Lock()
+		t.restarts++
+		t.mu.Unlock()
+	}
+}
+
+func (t *tracker) relist(ctx context.Context) (string, error) {
+	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var l vmipamv1.VirtualMachineList
+	if err := t.c.List(lctx, &l, client.InNamespace(t.ns)); err != nil {
+		return "", err
+	}
+	now := time.Now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.relists++
+	seen := make(map[string]bool, len(l.Items))
+	for _, vm := range l.Items {
+		seen[vm.Name] = true
+	}
+	for name := range t.present {
+		if !seen[name] {
+			t.gone[name] = goneTime{at: now}
+			delete(t.present, name)
+		}
+	}
+	for name := range seen {
+		t.present[name] = true
+	}
+	return l.ResourceVersion, nil
+}
+
+func (t *tracker) watch(ctx context.Context, rv string) {
+	w, err := t.c.Watch(ctx, &vmipamv1.VirtualMachineList{}, client.InNamespace(t.ns),
+		&client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: rv, AllowWatchBookmarks: true}})
+	if err != nil {
+		sleep(ctx, 200*time.Millisecond)
+		return
+	}
+	defer w.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				return
+			}
+			vm, isVM := ev.Object.(*vmipamv1.VirtualMachine)
+			switch {
+			case ev.Type == watch.Error || !isVM:
+				return
+			case ev.Type == watch.Deleted:
+				t.mu.Lock()
+				t.gone[vm.Name] = goneTime{at: time.Now(), exact: true}
+				delete(t.present, vm.Name)
+				t.mu.Unlock()
+			case ev.Type == watch.Added || ev.Type == watch.Modified:
+				t.mu.Lock()
+				t.present[vm.Name] = true
+				t.mu.Unlock()
+			}
+		}
+	}
+}
+
+// goneAt returns when name was seen to disappear.
+func (t *tracker) goneAt(name string) (goneTime, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	g, ok := t.gone[name]
+	return g, ok
+}
+
+// scanner lists the pool's IPBlocks and then the namespace from the API
+// server every interval during the run and checks each snapshot:
+//   - no two VirtualMachines that are not being deleted share an address,
+//     and each has one (a VM being deleted that shares its address with a
+//     live one is counted apart: vmipam releases before it removes the
+//     finalizer, so a user may legitimately see both for a moment);
+//   - no live VM holds an address whose persisted cooldown outlasts the VM
+//     list by more than a second. The blocks are read first: a VM deleted
+//     and released in between is seen deleting, and a deadline still ahead
+//     after the VM list means no one may hold the address yet (the persisted
+//     deadline is rounded up to the second). VMs created around a vmipam
+//     restart are spared: an admission in flight at the crash leaves its
+//     address resting until vmipam adopts it, by design.
+type scanner struct {
+	c        client.Client
+	ns, pool string
+	prefix   netip.Prefix
+	// restarts returns the periods around vmipam restarts.
+	restarts func() []period
+
+	mu          sync.Mutex
+	snapshots   int
+	dups        map[string]string // key: address and both UIDs -> evidence
+	terminating map[string]string // same, one of the two being deleted
+	noAddr      map[string]string // VM name -> evidence
+	liveCooling map[string]string // address and UID -> evidence
+}
+
+// period is a span of time.
+type period struct{ from, to time.Time }
+
+func newScanner(c client.Client, ns, pool string, prefix netip.Prefix, restarts func() []period) *scanner {
+	return &scanner{c: c, ns: ns, pool: pool, prefix: prefix, restarts: restarts, dups: map[string]string{}, terminating: map[string]string{},
+		noAddr: map[string]string{}, liveCooling: map[string]string{}}
+}
+
+func (s *scanner) run(ctx context.Context, every time.Duration) {
+	for sleep(ctx, every) {
+		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		var blocks vmipamv1.IPBlockList
+		var l vmipamv1.VirtualMachineList
+		err := s.c.List(lctx, &blocks, client.MatchingLabels{vmipamv1.PoolLabel: s.pool})
+		if err == nil {
+			err = s.c.List(lctx, &l, client.InNamespace(s.ns))
+		}
+		cancel()
+		if err != nil {
+			continue
+		}
+		s.check(l.Items, cooldowns(blocks.Items), time.Now())
+	}
+}
+
+// cooldowns decodes the persisted cooldown deadlines of blocks.
+func cooldowns(blocks []vmipamv1.IPBlock) map[netip.Addr]time.Time {
+	out := map[netip.Addr]time.Time{}
+	for _, b := range blocks {
+		dec, err := ipam.EncodedBlock{Prefix: b.Spec.Prefix, Claims: b.Spec.Claims, Cooldowns: b.Spec.Cooldowns}.Decode(b.ResourceVersion)
+		if err != nil {
+			continue
+		}
+		maps.Copy(out, dec.Cooldowns)
+	}
+	return out
+}
+
+func (s *scanner) check(vms []vmipamv1.VirtualMachine, cooling map[netip.Addr]time.Time, at time.Time) {
+	restarts := s.restarts()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.snapshots++
+	holders := map[string][]*vmipamv1.VirtualMachine{}
+	for i := range vms {
+		vm := &vms[i]
+		if len(vm.Spec.Addresses) != 1 {
+			if vm.DeletionTimestamp == nil {
+				s.noAddr[vm.Name] = fmt.Sprintf("snapshot at %s: VirtualMachine %s (uid %s, created %s) has addresses %v",
+					at.Format(time.RFC3339Nano), vm.Name, vm.UID, vm.CreationTimestamp.Format(time.RFC3339), vm.Spec.Addresses)
+			}
+			continue
+		}
+		holders[vm.Spec.Addresses[0]] = append(holders[vm.Spec.Addresses[0]], vm)
+		a, err := netip.ParseAddr(vm.Spec.Addresses[0])
+		if until, ok := cooling[a]; err == nil && ok && vm.DeletionTimestamp == nil && until.After(at.Add(time.Second)) && !nearRestart(vm.CreationTimestamp.Time, restarts) {
+			key := a.String() + "/" + string(vm.UID)
+			if _, known := s.liveCooling[key]; !known {
+				s.liveCooling[key] = fmt.Sprintf("snapshot at %s: %s cools down until %s in the IPBlock while the live VM %s (uid %s, created %s) holds it",
+					at.Format(stamp), a, until.Format(stamp), vm.Name, vm.UID, vm.CreationTimestamp.Format(time.RFC3339))
+			}
+		}
+	}
+	for addr, hs := range holders {
+		for i := range hs {
+			for j := i + 1; j < len(hs); j++ {
+				a, b := hs[i], hs[j]
+				key := addr + "/" + string(a.UID) + "/" + string(b.UID)
+				ev := fmt.Sprintf("snapshot at %s: %s on %s (uid %s, created %s%s) and %s (uid %s, created %s%s)",
+					at.Format(time.RFC3339Nano), addr, a.Name, a.UID, a.CreationTimestamp.Format(time.RFC3339), deleting(a),
+					b.Name, b.UID, b.CreationTimestamp.Format(time.RFC3339), deleting(b))
+				if a.DeletionTimestamp == nil && b.DeletionTimestamp == nil {
+					s.dups[key] = ev
+				} else if _, known := s.terminating[key]; !known {
+					s.terminating[key] = ev
+				}
+			}
+		}
+	}
+}
+
+// nearRestart reports whether a VM created at created (truncated to the
+// second) may have been admitted by a vmipam that then died: from 10s
+// before a process ended (the webhook timeout and the request around it)
+// to 10s after its successor was ready.
+func nearRestart(created time.Time, restarts []period) bool {
+	for _, p := range restarts {
+		if !created.Before(p.from.Add(-10*time.Second)) && !created.After(p.to.Add(10*time.Second)) {
+			return true
+		}
+	}
+	return false
+}
+
+func deleting(vm *vmipamv1.VirtualMachine) string {
+	if vm.DeletionTimestamp == nil {
+		return ""
+	}
+	return fmt.Sprintf(", deleting since %s, finalizers %v", vm.DeletionTimestamp.Format(time.RFC3339), vm.Finalizers)
+}
+
+func (s *scanner) results() (snapshots int, dups, terminating, noAddr, liveCooling []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.snapshots, sortedValues(s.dups), sortedValues(s.terminating), sortedValues(s.noAddr), sortedValues(s.liveCooling)
+}
+
+func sortedValues(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for _, v := range m {
+		out = append(out, v)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// sleep waits for d or until ctx ends, and reports whether ctx is still
+// alive.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// logFacts is what vmipam's own logs say, for the report and for the checks
+// that only the logs can support.
+type logFacts struct {
+	// persistErrs counts "Persisting pool state" errors, the Manager's
+	// background store writes failing; maxPersistPerSec is the most in one
+	// second, and maxPersistAt that second. Run retries "on the next
+	// round", at most every RunInterval (1s) unless kicked.
+	persistErrs, maxPersistPerSec int
+	maxPersistAt                  string
+	// errorLines counts every error-level line.
+	errorLines int
+	// Resync and recovery reports summed over the run.
+	resyncReleased, resyncAdopted, resyncConflicts, recoveryConflicts int
+	resyncs                                                           []resyncReport
+	leaderLost                                                        int
+}
+
+// resyncReport is one "Resynced pool" line.
+type resyncReport struct {
+	at                           time.Time
+	released, adopted, conflicts int
+}
+
+func (r resyncReport) String() string {
+	return fmt.Sprintf("%s released %d adopted %d conflicts %d", r.at.Format(time.RFC3339), r.released, r.adopted, r.conflicts)
+}
+
+func analyzeLogs(text string) logFacts {
+	var f logFacts
+	perSec := map[string]int{}
+	for line := range strings.SplitSeq(text, "\n") {
+		if !strings.HasPrefix(line, "{") {
+			continue
+		}
+		var l struct {
+			Level, TS, Msg               string
+			Released, Adopted, Conflicts int
+		}
+		if err := json.Unmarshal([]byte(line), &l); err != nil {
+			continue
+		}
+		if l.Level == "error" {
+			f.errorLines++
+		}
+		switch {
+		case l.Msg == "Persisting pool state":
+			f.persistErrs++
+			perSec[l.TS]++
+			if perSec[l.TS] > f.maxPersistPerSec {
+				f.maxPersistPerSec, f.maxPersistAt = perSec[l.TS], l.TS
+			}
+		case l.Msg == "Resynced pool":
+			f.resyncReleased += l.Released
+			f.resyncAdopted += l.Adopted
+			f.resyncConflicts += l.Conflicts
+			at, _ := time.Parse(time.RFC3339, l.TS)
+			f.resyncs = append(f.resyncs, resyncReport{at: at, released: l.Released, adopted: l.Adopted, conflicts: l.Conflicts})
+		case l.Msg == "Recovered pool":
+			f.recoveryConflicts += l.Conflicts
+		case strings.Contains(line, "leader election lost"):
+			f.leaderLost++
+		}
+	}
+	return f
+}
+
+// collapse shortens runs of lines that differ only in their timestamp, so
+// that a log flooded by one message stays readable.
+func collapse(text string) string {
+	var out []string
+	prev, n := "", 0
+	flush := func() {
+		if n > 1 {
+			out = append(out, fmt.Sprintf("    ... the line above %d times in all", n))
+		}
+	}
+	for line := range strings.SplitSeq(text, "\n") {
+		key := line
+		if i := strings.Index(line, `"ts":"`); i >= 0 && len(line) > i+26 {
+			key = line[:i] + line[i+26:]
+		}
+		if key == prev {
+			n++
+			continue
+		}
+		flush()
+		out = append(out, line)
+		prev, n = key, 1
+	}
+	flush()
+	return strings.Join(out, "\n")
+}
+
+// coolingWatch lists the pool's IPBlocks every interval and notes every
+// address with a cooldown deadline still ahead. It runs while the pool is
+// filled: nothing is deleted then and no recovery is recent, so no address
+// may start a cooldown; one that does was released from a live VM.
+type coolingWatch struct {
+	c    client.Client
+	pool string
+
+	mu   sync.Mutex
+	seen map[netip.Addr]cooling
+}
+
+type cooling struct {
+	first time.Time
+	until time.Time
+}
+
+func newCoolingWatch(c client.Client, pool string) *coolingWatch {
+	return &coolingWatch{c: c, pool: pool, seen: map[netip.Addr]cooling{}}
+}
+
+func (w *coolingWatch) run(ctx context.Context, every time.Duration) {
+	for sleep(ctx, every) {
+		var blocks vmipamv1.IPBlockList
+		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := w.c.List(lctx, &blocks, client.MatchingLabels{vmipamv1.PoolLabel: w.pool})
+		cancel()
+		if err != nil {
+			continue
+		}
+		now := time.Now()
+		for _, b := range blocks.Items {
+			dec, err := ipam.EncodedBlock{Prefix: b.Spec.Prefix, Claims: b.Spec.Claims, Cooldowns: b.Spec.Cooldowns}.Decode(b.ResourceVersion)
+			if err != nil {
+				continue
+			}
+			for a, until := range dec.Cooldowns {
+				if !until.After(now) {
+					continue
+				}
+				w.mu.Lock()
+				if _, ok := w.seen[a]; !ok {
+					w.seen[a] = cooling{first: now, until: until}
+				}
+				w.mu.Unlock()
+			}
+		}
+	}
+}
+
+func (w *coolingWatch) results() map[netip.Addr]cooling {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return maps.Clone(w.seen)
+}
