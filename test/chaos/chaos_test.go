@@ -145,7 +145,7 @@ func TestChaos(t *testing.T) {
 		t.Fatalf("create IPPool (through vmipam's validating webhook): %v", err)
 	}
 	usable := usableOf(s.cidr)
-	waitFor(t, 60*time.Second, "the pool to be Ready", func() error {
+	harness.Eventually(t, 60*time.Second, "the pool to be Ready", func() error {
 		p := &vmipamv1.IPPool{}
 		if err := c.Get(ctx, client.ObjectKey{Name: poolName}, p); err != nil {
 			return err
@@ -707,15 +707,3 @@ func poll(timeout time.Duration, cond func() error) error {
 	}
 }
 
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = cond(); err == nil {
-			return
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	t.Fatalf("timed out after %s waiting for %s: %v", timeout, what, err)
-}

@@ -67,7 +67,7 @@ func TestResyncKeepsLiveAddresses(t *testing.T) {
 	}}); err != nil {
 		t.Fatalf("create IPPool: %v", err)
 	}
-	waitFor(t, 60*time.Second, "the pool to be Ready", func() error {
+	harness.Eventually(t, 60*time.Second, "the pool to be Ready", func() error {
 		ip := &vmipamv1.IPPool{}
 		if err := c.Get(ctx, client.ObjectKey{Name: pool}, ip); err != nil {
 			return err
@@ -84,6 +84,10 @@ func TestResyncKeepsLiveAddresses(t *testing.T) {
 	cwDone.Go(func() { cw.run(cwCtx, 200*time.Millisecond) })
 	loadCtx, stop := context.WithTimeout(ctx, duration)
 	defer stop()
+	// Real VMs carry specs of tens of KiB (cloud-init user data): each
+	// resync then takes a while to list them, the window in which a VM can
+	// be created and bound unseen.
+	payload := strings.Repeat("cloud-init ", 32<<10/11)
 	var mu sync.Mutex
 	created, failed := 0, []string{}
 	var wg sync.WaitGroup
@@ -91,7 +95,7 @@ func TestResyncKeepsLiveAddresses(t *testing.T) {
 		wg.Go(func() {
 			for i := 0; loadCtx.Err() == nil; i++ {
 				vm := &vmipamv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: pool, Name: fmt.Sprintf("r-%d-%04d", w, i)},
-					Spec: vmipamv1.VirtualMachineSpec{IPPool: pool}}
+					Spec: vmipamv1.VirtualMachineSpec{IPPool: pool, Image: payload}}
 				rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 				err := c.Create(rctx, vm)
 				cancel()
