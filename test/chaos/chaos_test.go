@@ -706,4 +706,3 @@ func poll(timeout time.Duration, cond func() error) error {
 		time.Sleep(200 * time.Millisecond)
 	}
 }
-
