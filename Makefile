@@ -72,7 +72,7 @@ fuzz: ## Run each fuzz target for FUZZTIME.
 
 .PHONY: lint
 lint: $(GOLANGCI_LINT) ## Run golangci-lint.
-	$(GOLANGCI_LINT) run ./...
+	$(GOLANGCI_LINT) run --allow-parallel-runners ./...
 
 $(CONTROLLER_GEN):
 	@mkdir -p $(BIN)
