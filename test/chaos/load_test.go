@@ -155,6 +155,7 @@ const (
 	reasonWebhookTLS      = "webhook TLS error (no serving certificate yet)"
 	reasonWebhookOther    = "webhook call failed (other)"
 	reasonRecovering      = "vmipam recovering (503)"
+	reasonStoreDown       = "vmipam could not persist a claim (500)"
 	reasonReservationLost = "reservation lost (503)"
 	reasonExhausted       = "pool exhausted (403)"
 	reasonAPIDown         = "API server unavailable"
@@ -182,6 +183,8 @@ func classify(err error) string {
 		return reasonRecovering
 	case has("is exhausted"):
 		return reasonExhausted
+	case has("denied the request") && has("write block", "IPBlock"):
+		return reasonStoreDown
 	case has("failed calling webhook") && has("connection refused"):
 		return reasonWebhookDown
 	case has("failed calling webhook") && has("tls:", "x509"):
