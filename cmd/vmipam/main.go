@@ -30,6 +30,7 @@ var setupLog = ctrl.Log.WithName("setup")
 
 type options struct {
 	metricsAddr, probeAddr        string
+	pprofAddr                     string
 	metricsSecure, enableHTTP2    bool
 	leaderElect                   bool
 	namespace, holder             string
@@ -47,6 +48,7 @@ func main() {
 	flag.StringVar(&o.metricsAddr, "metrics-bind-address", ":8443", "Address the metrics endpoint binds to; \"0\" disables it.")
 	flag.BoolVar(&o.metricsSecure, "metrics-secure", true, "Serve metrics over HTTPS with authentication and authorization; false serves plain HTTP.")
 	flag.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "Address /healthz and /readyz bind to.")
+	flag.StringVar(&o.pprofAddr, "pprof-bind-address", "", "Address net/http/pprof binds to, for profiling (off when empty; bind it to localhost).")
 	flag.BoolVar(&o.enableHTTP2, "enable-http2", false, "Serve HTTP/2 on the webhook and metrics servers (off by default: CVE-2023-44487 and CVE-2023-39325).")
 	flag.BoolVar(&o.leaderElect, "leader-elect", false, "Run the address controller under leader election (the webhook serves on every replica).")
 	flag.StringVar(&o.namespace, "namespace", envOr("POD_NAMESPACE", "vmipam-system"), "vmipam's own namespace: its Secret, lease and events.")
@@ -99,6 +101,7 @@ func run(o options) error {
 		Scheme:                        app.Scheme,
 		Metrics:                       metricsOptions(o, tlsOpts),
 		HealthProbeBindAddress:        o.probeAddr,
+		PprofBindAddress:              o.pprofAddr,
 		LeaderElection:                o.leaderElect,
 		LeaderElectionID:              "vmipam.vmipam.io",
 		LeaderElectionNamespace:       o.namespace,
