@@ -651,3 +651,39 @@ func TestClose(t *testing.T) {
 		t.Fatalf("Allocate after Close: %v", err)
 	}
 }
+
+func TestDurable(t *testing.T) {
+	m, _, _ := newTestManager(t, testPool{cidr: "10.0.0.0/28", low: 1, target: 2, high: 4})
+	ctx := t.Context()
+	allocated, err := m.Allocate(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Bind("a", "uid-a"); err != nil {
+		t.Fatal(err)
+	}
+	bypassed := addr("10.0.0.12")
+	if err := m.Adopt(bypassed, Owner{UID: "uid-b"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name string
+		addr netip.Addr
+		want bool
+	}{
+		{"claimed before it was handed out", allocated, true},
+		{"adopted, not yet written", bypassed, false},
+		{"never claimed", addr("10.0.0.13"), false},
+		{"outside every block read", addr("192.0.2.1"), false},
+	} {
+		if got := m.Durable(tt.addr); got != tt.want {
+			t.Errorf("%s: Durable(%s) = %t, want %t", tt.name, tt.addr, got, tt.want)
+		}
+	}
+	if err := m.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !m.Durable(bypassed) {
+		t.Errorf("Durable(%s) after a flush = false, want true", bypassed)
+	}
+}

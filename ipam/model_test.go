@@ -42,6 +42,9 @@ type reservation struct {
 	at    time.Time
 	uid   string // set once the machine is stored
 	epoch int    // restarts before the reservation was made
+	// bypassed: the machine skipped the webhook; the Manager never saw
+	// its token (the model's key only).
+	bypassed bool
 }
 
 // faultyStore fails or conflicts on demand.
@@ -120,7 +123,11 @@ func (h *harness) restart(stored uint32) error {
 	var live []Holding
 	for _, tok := range h.tokens() {
 		if r := h.reserva[tok]; r.uid != "" {
-			live = append(live, Holding{Addr: r.addr, Owner: Owner{Token: r.token, UID: r.uid}})
+			o := Owner{Token: r.token, UID: r.uid}
+			if r.bypassed {
+				o.Token = ""
+			}
+			live = append(live, Holding{Addr: r.addr, Owner: o})
 		}
 	}
 	rep, err := h.m.Recover(context.Background(), live)
@@ -204,6 +211,9 @@ func (h *harness) step(op byte, arg uint32) error {
 			return nil
 		}
 		r := h.reserva[toks[int(arg)%len(toks)]]
+		if r.bypassed {
+			return nil
+		}
 		if r.uid == "" && r.epoch != h.epoch {
 			// A crash forgot the pending reservation (it rests in
 			// cooldown); the webhook never re-asks for it.
@@ -276,6 +286,22 @@ func (h *harness) step(op byte, arg uint32) error {
 		if err := h.m.Release(a, Owner{UID: uid, Token: tok}); err != nil {
 			return fmt.Errorf("release is not idempotent: %w", err)
 		}
+		// As the garbage collector does before the machine may go: flush
+		// unless the release is already crash-safe. A failed flush is
+		// retried (the finalizer stays), and the faulty store fails at
+		// most three puts in a row.
+		if !h.m.Durable(a) {
+			var err error
+			for range 5 {
+				if err = h.m.Flush(ctx); err == nil {
+					break
+				}
+			}
+			h.logf("flush for release of %s -> %v", a, err)
+			if err != nil {
+				return fmt.Errorf("flush for release of %s: %w", a, err)
+			}
+		}
 		delete(h.live, uid)
 		delete(h.reserva, tok)
 		delete(h.holder, a)
@@ -306,9 +332,12 @@ func (h *harness) step(op byte, arg uint32) error {
 		h.faulty.failPuts = 0
 		return h.restart(arg)
 	case 15:
-		if arg%2 == 0 {
+		switch arg % 3 {
+		case 0:
 			h.m.Expire()
-			break
+			return h.check()
+		case 1:
+			return h.bypass(arg)
 		}
 		// A full resync against the true set of live machines must
 		// find nothing to fix.
@@ -321,6 +350,30 @@ func (h *harness) step(op byte, arg uint32) error {
 			return fmt.Errorf("resync of a consistent state changed it: %+v", rep)
 		}
 	}
+	return h.check()
+}
+
+// bypass stores a machine that skipped the webhook with an address the
+// model holds free: the garbage collector adopts it. The Manager may never
+// have claimed it, so until the next flush the store does not know it.
+func (h *harness) bypass(arg uint32) error {
+	a := h.usable[int(arg/3)%len(h.usable)]
+	if _, held := h.holder[a]; held || h.clock.Now().Before(h.notBefore[a]) {
+		return nil
+	}
+	if st, _, _ := h.m.Lookup(a); st == StatePending || st == StateAllocated {
+		return nil
+	}
+	h.seq++
+	uid, tok := fmt.Sprintf("uid-%d", h.seq), fmt.Sprintf("b%d", h.seq)
+	err := h.m.Adopt(a, Owner{UID: uid})
+	h.logf("bypass: adopt %s %s -> %v", a, uid, err)
+	if err != nil {
+		return fmt.Errorf("adopt of bypassing machine %s on %s: %w", uid, a, err)
+	}
+	h.reserva[tok] = &reservation{token: tok, addr: a, at: h.clock.Now(), epoch: h.epoch, uid: uid, bypassed: true}
+	h.holder[a] = tok
+	h.live[uid] = a
 	return h.check()
 }
 

@@ -79,6 +79,24 @@ func (m *Manager) Flush(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// Durable reports whether addr's release is already safe from a crash
+// without a Flush: the block as last written shows addr claimed by this
+// holder, so a restart that finds it on no live machine rests it for the
+// pending TTL plus the cooldown (see Recover), longer than the cooldown
+// the release started. An address adopted since the last write has no
+// stored claim: a restart would find it free, so its release must be
+// flushed before the machine that held it may go.
+func (m *Manager) Durable(addr netip.Addr) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	bs := m.blocks[BlockOf(addr)]
+	if bs == nil || !bs.loaded {
+		return false
+	}
+	h, ok := bs.persisted.holderOf(blockOffset(addr))
+	return ok && h == m.cfg.Holder
+}
+
 // claim fills the free list up to target with never-claimed addresses in
 // range order, all from one block so that it is a single write. It returns
 // how many addresses the free list then holds: zero means nothing is left.
