@@ -32,11 +32,19 @@ import (
 
 // VMReconciler is the garbage collector of addresses on target objects.
 type VMReconciler struct {
-	Client   client.Client
+	// Client writes; it also reads unless Reader is set.
+	Client client.Client
+	// Reader reads the objects reconciled: the manager's cache, which the
+	// controller's own watch fills, so that a reconcile costs no request.
+	// Reads from it may lag the API server, which is safe here: a key is
+	// never reconciled concurrently, every write is an optimistically
+	// locked patch, and a deletion timestamp never goes away.
+	Reader   client.Reader
 	Registry *pools.Registry
 	Target   target.Target
 	Recorder events.EventRecorder
-	// MaxConcurrentReconciles defaults to 4.
+	// MaxConcurrentReconciles defaults to 16. Concurrent releases share
+	// their pool's flush, so more of them mean fewer IPBlock writes.
 	MaxConcurrentReconciles int
 }
 
@@ -44,7 +52,7 @@ type VMReconciler struct {
 func (r *VMReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	n := r.MaxConcurrentReconciles
 	if n == 0 {
-		n = 4
+		n = 16
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		For(r.Target.New()).
@@ -56,7 +64,11 @@ func (r *VMReconciler) SetupWithManager(mgr ctrl.Manager) error {
 // Reconcile binds, releases or repairs the address of one object.
 func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	obj := r.Target.New()
-	if err := r.Client.Get(ctx, req.NamespacedName, obj); err != nil {
+	reader := r.Reader
+	if reader == nil {
+		reader = r.Client
+	}
+	if err := reader.Get(ctx, req.NamespacedName, obj); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	log := logf.FromContext(ctx)
@@ -104,19 +116,24 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 			if err := m.Release(addr, owner); err != nil {
 				// Someone else holds it: releasing would take it from them.
 				r.event(obj, corev1.EventTypeWarning, "ReleaseSkipped", "Release", "%v", err)
-			}
-			// The cooldown is persisted before the object may go.
-			if err := m.Flush(ctx); err != nil {
-				return ctrl.Result{}, fmt.Errorf("persist release of %s: %w", addr, err)
+			} else if !m.Durable(addr) {
+				// The object may go only once a crash could no longer free
+				// the address early. Usually its claim is stored and the
+				// release can wait for the next batched flush; an address
+				// adopted since the last write needs this one.
+				if err := m.Flush(ctx); err != nil {
+					return ctrl.Result{}, fmt.Errorf("persist release of %s: %w", addr, err)
+				}
 			}
 		}
 		if err := r.removeFinalizer(ctx, obj); err != nil {
 			return ctrl.Result{}, err
 		}
 		if hasAddr {
+			// A log line, not an Event: an Event per object lifetime would
+			// double the API writes of a fleet of short-lived machines.
 			_, _, until := m.Lookup(addr)
-			r.event(obj, corev1.EventTypeNormal, "AddressReleased", "Release", "Released %s to IPPool %s; it cools down until %s",
-				addr, pool.Name, until.UTC().Format(time.RFC3339))
+			log.V(1).Info("Released address", "address", addr, "pool", pool.Name, "coolsDownUntil", until)
 		}
 		return ctrl.Result{}, nil
 	}
@@ -136,7 +153,7 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 	}
 	if owner.Token != "" {
 		if _, err := m.Bind(owner.Token, owner.UID); err == nil {
-			r.event(obj, corev1.EventTypeNormal, "AddressAssigned", "Assign", "Assigned %s from IPPool %s", addr, pool.Name)
+			log.V(1).Info("Bound address", "address", addr, "pool", pool.Name)
 			return ctrl.Result{}, nil
 		} else if errors.Is(err, ipam.ErrConflict) {
 			// The token is bound to another object: this one carries a
@@ -146,7 +163,9 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 	}
 	switch err := m.Adopt(addr, owner); {
 	case err == nil:
-		r.event(obj, corev1.EventTypeNormal, "AddressAssigned", "Assign", "Adopted %s into IPPool %s", addr, pool.Name)
+		// Rare (an object that bypassed the webhook, or a lost
+		// reservation), so worth an Event.
+		r.event(obj, corev1.EventTypeNormal, "AddressAdopted", "Assign", "Adopted %s into IPPool %s", addr, pool.Name)
 	case errors.Is(err, ipam.ErrConflict):
 		log.Error(err, "Duplicate address", "address", addr, "pool", pool.Name)
 		pool.NoteConflict(err)
