@@ -13,6 +13,7 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
@@ -56,6 +57,11 @@ func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admissi
 	if err := json.Unmarshal(req.Object.Raw, &obj.Object); err != nil {
 		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decode %s: %w", d.Target.GVK.Kind, err))
 	}
+	if obj.Object == nil {
+		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decode %s: the object is null", d.Target.GVK.Kind))
+	}
+	// The object as it came, for the patch.
+	orig := runtime.DeepCopyJSON(obj.Object)
 	log := logf.FromContext(ctx).WithValues("object", describe(obj))
 	addrPath := field.NewPath(d.Target.AddressPath())
 	invalid := func(errs ...*field.Error) admission.Response { return deny(invalidErr(d.Target.GVK, obj, errs)) }
@@ -90,7 +96,7 @@ func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admissi
 		// copied from another object and is not trusted.
 		if tok := ann[vmipamv1.TokenAnnotation]; tok != "" && ann[vmipamv1.PoolAnnotation] == pool.Name {
 			if st, o, _ := m.Lookup(static); st == ipam.StatePending && o.Token == tok {
-				return patch(req.Object.Raw, obj, target.AddFinalizer(obj))
+				return patch(orig, obj, target.AddFinalizer(obj))
 			}
 		}
 		if !m.Ranges().Contains(static) {
@@ -113,7 +119,7 @@ func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admissi
 		target.SetAnnotation(obj, vmipamv1.PoolAnnotation, pool.Name)
 		delete(obj.GetAnnotations(), vmipamv1.TokenAnnotation)
 		target.AddFinalizer(obj)
-		return patch(req.Object.Raw, obj, true)
+		return patch(orig, obj, true)
 	}
 
 	token, err := newToken()
@@ -143,7 +149,7 @@ func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admissi
 	if err := d.Target.Stamp(obj, a.String(), pool.Name, token); err != nil {
 		return admission.Errored(http.StatusInternalServerError, err)
 	}
-	return patch(req.Object.Raw, obj, true)
+	return patch(orig, obj, true)
 }
 
 // +kubebuilder:webhook:path=/validate-vmipam-io-v1alpha1-virtualmachine,mutating=false,failurePolicy=fail,sideEffects=None,groups=vmipam.io,resources=virtualmachines,verbs=create;update,versions=v1alpha1,name=vvirtualmachine.vmipam.io,admissionReviewVersions=v1,timeoutSeconds=5
@@ -280,15 +286,18 @@ func newToken() (string, error) {
 	return hex.EncodeToString(b[:]), nil
 }
 
-func patch(raw []byte, obj *unstructured.Unstructured, changed bool) admission.Response {
-	if !changed {
+// patch allows the request with the JSON patch from orig, the object as it
+// came, to obj as the handler left it.
+func patch(orig map[string]any, obj *unstructured.Unstructured, changed bool) admission.Response {
+	ops := diff(orig, obj.Object)
+	if !changed || len(ops) == 0 {
 		return admission.Allowed("")
 	}
-	cur, err := json.Marshal(obj.Object)
-	if err != nil {
-		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("encode object: %w", err))
+	pt := admissionv1.PatchTypeJSONPatch
+	return admission.Response{
+		Patches:           ops,
+		AdmissionResponse: admissionv1.AdmissionResponse{Allowed: true, PatchType: &pt},
 	}
-	return admission.PatchResponseFromRaw(raw, cur)
 }
 
 func poolValue(t target.Target, obj *unstructured.Unstructured) string {
