@@ -253,9 +253,14 @@ func (b *bench) measureCreates(ctx context.Context, rep *report) error {
 				return err
 			}
 			logf("round %d/%d %s: creating %d", r+1, o.rounds, m, k)
+			wait := func() {}
+			if o.profile > 0 && r == 0 {
+				wait = b.profileAPIServer(ctx, "e2e-bench-apiserver-"+m.prefix()+".pprof", o.profile)
+			}
 			c0 := sampleCPU()
 			res := b.runOps(ctx, k, b.createOp(m, m.prefix(), offsets[m]))
 			c1 := sampleCPU()
+			wait()
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}

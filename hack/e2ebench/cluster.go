@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -223,27 +225,56 @@ func (b *bench) apiserverMetrics(ctx context.Context) (metricSet, error) {
 }
 
 func (b *bench) apiserverMetricsText(ctx context.Context) (string, error) {
+	buf, err := b.apiserverGet(ctx, "/metrics")
+	if err != nil {
+		return "", fmt.Errorf("read the API server's metrics: %w", err)
+	}
+	return string(buf), nil
+}
+
+// apiserverGet reads a non-resource path of the API server, such as
+// /metrics or /debug/pprof/profile.
+func (b *bench) apiserverGet(ctx context.Context, path string) ([]byte, error) {
 	hc, err := rest.HTTPClientFor(b.cl.Config)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(b.cl.Config.Host, "/")+"/metrics", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(b.cl.Config.Host, "/")+path, nil)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return "", fmt.Errorf("read the API server's metrics: %w", err)
+		return nil, err
 	}
 	defer func() { _ = resp.Body.Close() }()
 	buf, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("read the API server's metrics: %s: %.200s", resp.Status, buf)
+		return nil, fmt.Errorf("GET %s: %s: %.200s", path, resp.Status, buf)
 	}
-	return string(buf), nil
+	return buf, nil
+}
+
+// profileAPIServer starts a CPU profile of the API server for d and
+// writes it to the results folder as name; the returned function waits for
+// it.
+func (b *bench) profileAPIServer(ctx context.Context, name string, d time.Duration) func() {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf, err := b.apiserverGet(ctx, fmt.Sprintf("/debug/pprof/profile?seconds=%d", int(d.Seconds())))
+		if err != nil {
+			logf("profile the API server: %v", err)
+			return
+		}
+		if err := os.WriteFile(filepath.Join(b.results, name), buf, 0o644); err != nil {
+			logf("profile the API server: %v", err)
+		}
+	}()
+	return func() { <-done }
 }
 
 // anyVM lists at most one VirtualMachine in ns, by metadata only.

@@ -44,6 +44,7 @@ type options struct {
 	clients      string
 	vmipamArgs   string
 	freeTimeout  time.Duration
+	profile      time.Duration
 }
 
 func main() {
@@ -59,6 +60,7 @@ func main() {
 	flag.StringVar(&o.repo, "repo", ".", "The vmipam repository (built and run as the binary under test).")
 	flag.StringVar(&o.clients, "clients", "per-worker", "per-worker: each client has its own HTTP/2 connection to the API server; shared: all clients multiplex one connection.")
 	flag.DurationVar(&o.freeTimeout, "free-timeout", 2*time.Minute, "How long, beyond the cooldown, to wait for every address to be free after the deletes.")
+	flag.DurationVar(&o.profile, "profile", 0, "When set, a CPU profile of kube-apiserver this long (whole seconds) is taken from the start of each mode's first round, into e2e-bench-apiserver-<mode>.pprof; the rounds should last longer (see -n).")
 	flag.StringVar(&o.vmipamArgs, "vmipam-args", "", "Extra flags for the vmipam binary, space-separated (e.g. --enable-http2).")
 	flag.Parse()
 	if err := run(o); err != nil {
