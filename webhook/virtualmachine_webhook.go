@@ -62,7 +62,9 @@ func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admissi
 	}
 	// The object as it came, for the patch.
 	orig := runtime.DeepCopyJSON(obj.Object)
-	log := logf.FromContext(ctx).WithValues("object", describe(obj))
+	// Values go on each line, not WithValues: that costs an encoding per
+	// request, and these lines are rare.
+	log := logf.FromContext(ctx)
 	addrPath := field.NewPath(d.Target.AddressPath())
 	invalid := func(errs ...*field.Error) admission.Response { return deny(invalidErr(d.Target.GVK, obj, errs)) }
 
@@ -128,10 +130,10 @@ func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admissi
 	}
 	a := static
 	if static.IsValid() {
-		log.V(1).Info("Reserving address", "pool", pool.Name, "address", static)
+		log.V(1).Info("Reserving address", "object", describe(obj), "pool", pool.Name, "address", static)
 		err = m.Reserve(ctx, token, static)
 	} else {
-		log.V(1).Info("Allocating address", "pool", pool.Name)
+		log.V(1).Info("Allocating address", "object", describe(obj), "pool", pool.Name)
 		a, err = m.Allocate(ctx, token)
 	}
 	switch {
@@ -143,7 +145,7 @@ func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admissi
 	case errors.Is(err, ipam.ErrInUse), errors.Is(err, ipam.ErrCoolingDown), errors.Is(err, ipam.ErrConflict), errors.Is(err, ipam.ErrOutOfRange):
 		return invalid(field.Invalid(addrPath, addrs[0], unwrapMessage(err)))
 	default:
-		log.Error(err, "Allocating address", "pool", pool.Name)
+		log.Error(err, "Allocating address", "object", describe(obj), "pool", pool.Name)
 		return admission.Errored(http.StatusInternalServerError, err)
 	}
 	if err := d.Target.Stamp(obj, a.String(), pool.Name, token); err != nil {
