@@ -14,11 +14,14 @@ import (
 )
 
 // Static ranges outside every vmipam pool, in the benchmarking block
-// 198.18.0.0/15: vmipam's controller leaves objects with these addresses
+// 198.18.0.0/15 and, for the no-op webhooks, in the shared address space
+// 100.64.0.0/10: vmipam's controller leaves objects with these addresses
 // alone ("outside every pool: not ours to manage").
 var (
 	withoutRange  = netip.MustParsePrefix("198.18.0.0/16")
 	baselineRange = netip.MustParsePrefix("198.19.0.0/16")
+	noopRange     = netip.MustParsePrefix("100.64.0.0/16")
+	staticRanges  = []netip.Prefix{withoutRange, baselineRange, noopRange}
 )
 
 // staticRange is how many addresses each static range offers.

@@ -26,17 +26,18 @@ type mode int
 const (
 	modeWith mode = iota
 	modeWithout
+	modeNoop
 	modeBaseline
 	numModes
 )
 
 func (m mode) String() string {
-	return [...]string{"with vmipam", "without vmipam", "baseline (read-modify-write)"}[m]
+	return [...]string{"with vmipam", "without vmipam", "no-op webhooks", "baseline (read-modify-write)"}[m]
 }
 
-func (m mode) namespace() string { return [...]string{nsWith, nsWithout, nsBaseline}[m] }
+func (m mode) namespace() string { return [...]string{nsWith, nsWithout, nsNoop, nsBaseline}[m] }
 
-func (m mode) prefix() string { return [...]string{"with", "without", "baseline"}[m] }
+func (m mode) prefix() string { return [...]string{"with", "without", "noop", "baseline"}[m] }
 
 // settle is the pause between rounds, so that the controller's work after
 // a round with vmipam (binding, events) does not land in the next round.
@@ -48,6 +49,7 @@ type bench struct {
 	cl            *harness.Cluster
 	clients       []client.Client
 	base          baseline
+	noop          *noopServer // nil without -noop
 }
 
 // opsResult is what one batch of operations gave.
@@ -120,6 +122,8 @@ func (b *bench) createOp(m mode, prefix string, offset int) func(ctx context.Con
 			vm.Spec.IPPool = poolName
 		case modeWithout:
 			vm.Spec.Addresses = []string{nthAddr(withoutRange, offset+i).String()}
+		case modeNoop:
+			vm.Spec.Addresses = []string{nthAddr(noopRange, offset+i).String()}
 		case modeBaseline:
 			a, err := b.base.allocate(ctx, c, vm.Namespace+"/"+vm.Name)
 			if err != nil {
@@ -154,7 +158,7 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 	b.cl = cl
 	// Before vmipam starts, so nothing races on the configurations; vmipam
 	// then only injects its CA.
-	if err := excludeFromWebhooks(ctx, cl.Client, nsWithout, nsBaseline); err != nil {
+	if err := excludeFromWebhooks(ctx, cl.Client, nsWithout, nsNoop, nsBaseline); err != nil {
 		return nil, err
 	}
 	logPath := filepath.Join(b.results, "e2e-bench-vmipam.log")
@@ -174,6 +178,15 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 	}()
 	if err := b.setupObjects(ctx); err != nil {
 		return nil, err
+	}
+	if o.noop {
+		if b.noop, err = startNoopServer(); err != nil {
+			return nil, err
+		}
+		defer b.noop.stop()
+		if err := b.noop.install(ctx, cl.Client); err != nil {
+			return nil, err
+		}
 	}
 	if err := b.waitWebhooks(ctx); err != nil {
 		return nil, err
@@ -203,6 +216,9 @@ func (b *bench) warmUp(ctx context.Context) error {
 		return nil
 	}
 	for m := range numModes {
+		if !b.opts.enabled(m) {
+			continue
+		}
 		r := b.runOps(ctx, b.opts.warmup, b.createOp(m, "warm-"+m.prefix(), 0))
 		if r.errors > 0 {
 			return fmt.Errorf("%d of %d creates %s failed: %w", r.errors, b.opts.warmup, m, r.firstErr)
@@ -228,10 +244,18 @@ func split(n, k int) []int {
 
 // measureCreates runs the alternating rounds and reads vmipam's and the
 // API server's histograms around them: only the rounds with vmipam call
-// its webhooks.
+// its webhooks, only those of the no-op mode the no-op ones.
 func (b *bench) measureCreates(ctx context.Context, rep *report) error {
 	o := b.opts
-	perRound := [numModes][]int{split(o.n, o.rounds), split(o.n, o.rounds), split(o.baselineN, o.rounds)}
+	noopN := 0
+	if o.noop {
+		noopN = o.n
+	}
+	perRound := [numModes][]int{split(o.n, o.rounds), split(o.n, o.rounds), split(noopN, o.rounds), split(o.baselineN, o.rounds)}
+	var noopBefore [2]int64
+	if b.noop != nil {
+		noopBefore = b.noop.reviews()
+	}
 	vBefore, err := b.vmipamMetrics()
 	if err != nil {
 		return err
@@ -318,6 +342,10 @@ func (b *bench) measureCreates(ctx context.Context, rep *report) error {
 	}
 	b.keep("e2e-bench-apiserver.metrics", aText)
 	rep.webhook = webhookStats(vBefore, vAfter, aBefore, aAfter)
+	if b.noop != nil {
+		after := b.noop.reviews()
+		rep.noopReviews = [2]int64{after[0] - noopBefore[0], after[1] - noopBefore[1]}
+	}
 	for m := range numModes {
 		sort.Slice(rep.modes[m].lat, func(i, j int) bool { return rep.modes[m].lat[i] < rep.modes[m].lat[j] })
 	}
@@ -431,11 +459,15 @@ func (b *bench) deleteNames(ctx context.Context, m mode, names []string) (deleti
 	return deletion{count: len(names), calls: res.elapsed, gone: gone.Sub(t0), goneAt: gone, lat: res.lat}, nil
 }
 
-// measureDeletes deletes the VirtualMachines without vmipam, then those
-// with it (each through the finalizer and the controller's release), and
-// times until every address of the pool is free again after its cooldown.
+// measureDeletes deletes the VirtualMachines without vmipam and those of
+// the no-op webhooks (which match creates only), then those with vmipam
+// (each through the finalizer and the controller's release), and times
+// until every address of the pool is free again after its cooldown.
 func (b *bench) measureDeletes(ctx context.Context, rep *report) error {
-	for _, m := range []mode{modeWithout, modeWith} {
+	for _, m := range []mode{modeWithout, modeNoop, modeWith} {
+		if !b.opts.enabled(m) {
+			continue
+		}
 		st := &rep.modes[m]
 		names := make([]string, len(st.created))
 		for i, idx := range st.created {
@@ -458,7 +490,7 @@ func (b *bench) measureDeletes(ctx context.Context, rep *report) error {
 		d.storeWrites = v1.sum("vmipam_store_writes_total", map[string]string{"pool": poolName}) -
 			v0.sum("vmipam_store_writes_total", map[string]string{"pool": poolName})
 		st.deletion = d
-		logf("deleted %d VirtualMachines %s: calls done in %s, all gone after %s: %.0f/s",
+		logf("deleted %d VirtualMachines (%s): calls done in %s, all gone after %s: %.0f/s",
 			d.count, m, d.calls.Round(time.Millisecond), d.gone.Round(time.Millisecond), d.rate())
 	}
 	// Every address is free again once none is allocated, pending or

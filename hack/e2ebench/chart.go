@@ -16,6 +16,7 @@ import (
 var (
 	colWith     = color.RGBA{31, 119, 180, 255} // blue
 	colWithout  = color.RGBA{44, 160, 44, 255}  // green
+	colNoop     = color.RGBA{255, 127, 14, 255} // orange
 	colBaseline = color.RGBA{214, 39, 40, 255}  // red
 	colAxis     = color.RGBA{0, 0, 0, 255}
 	colGrid     = color.RGBA{215, 215, 215, 255}
@@ -57,11 +58,11 @@ func (p panel) y(v float64) int {
 	return p.bottom - int(math.Round((v-p.ymin)/(p.ymax-p.ymin)*float64(p.bottom-p.top)))
 }
 
-// writeChart draws the client-side create latency of the three modes: the
+// writeChart draws the client-side create latency of the modes: the
 // distribution on top, its tail below.
 func writeChart(path string, r *report) error {
 	var all []series
-	for m, col := range map[mode]color.RGBA{modeWith: colWith, modeWithout: colWithout, modeBaseline: colBaseline} {
+	for m, col := range map[mode]color.RGBA{modeWith: colWith, modeWithout: colWithout, modeNoop: colNoop, modeBaseline: colBaseline} {
 		if lat := r.modes[m].lat; len(lat) > 0 {
 			all = append(all, series{name: m.String(), col: col, lat: lat})
 		}
@@ -88,7 +89,7 @@ func writeChart(path string, r *report) error {
 	for i, s := range all {
 		y := 48 + i*26
 		fillRect(img, 110, y, 128, y+16, s.col)
-		label := fmt.Sprintf("%-28s P50 %-9s P99 %-9s %d CREATES", s.name, short(pct(s.lat, 0.5)), short(pct(s.lat, 0.99)), len(s.lat))
+		label := fmt.Sprintf("%-29s P50 %-9s P99 %-9s %d CREATES", s.name, short(pct(s.lat, 0.5)), short(pct(s.lat, 0.99)), len(s.lat))
 		drawText(img, 140, y+1, label, scale, colText)
 	}
 
@@ -141,8 +142,10 @@ func colorRank(c color.RGBA) int {
 		return 0
 	case colWithout:
 		return 1
+	case colNoop:
+		return 2
 	}
-	return 2
+	return 3
 }
 
 // short formats a latency for the chart's legend.

@@ -25,10 +25,11 @@ import (
 	"github.com/vmipam/vmipam/internal/app"
 )
 
-// Namespaces of the three modes and the pool the runs with vmipam name.
+// Namespaces of the four modes and the pool the runs with vmipam name.
 const (
 	nsWith     = "bench-with"
 	nsWithout  = "bench-without"
+	nsNoop     = "bench-noop"
 	nsBaseline = "bench-baseline"
 	poolName   = "bench"
 
@@ -92,7 +93,7 @@ func excludeFromWebhooks(ctx context.Context, c client.Client, namespaces ...str
 // object.
 func (b *bench) setupObjects(ctx context.Context) error {
 	c := b.cl.Client
-	for _, ns := range []string{nsWith, nsWithout, nsBaseline} {
+	for _, ns := range []string{nsWith, nsWithout, nsNoop, nsBaseline} {
 		if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 			return fmt.Errorf("create namespace %s: %w", ns, err)
 		}
@@ -155,7 +156,8 @@ func (b *bench) stamped(ctx context.Context, ns string) (bool, error) {
 
 // waitWebhooks waits until the API server calls vmipam for nsWith (and the
 // pool serves) and has stopped calling it for the excluded namespaces: no
-// stamp, and vmipam's admission counters do not move.
+// stamp, and vmipam's admission counters do not move. With the no-op
+// webhooks, it also waits until they annotate in nsNoop.
 func (b *bench) waitWebhooks(ctx context.Context) error {
 	if err := poll(ctx, pollAPI, 60*time.Second, "vmipam to stamp a dry-run VirtualMachine in "+nsWith, func() error {
 		ok, err := b.stamped(ctx, nsWith)
@@ -166,11 +168,26 @@ func (b *bench) waitWebhooks(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	for _, ns := range []string{nsWithout, nsBaseline} {
+	if b.noop != nil {
+		if err := poll(ctx, pollAPI, 60*time.Second, "the no-op webhook to annotate a dry-run VirtualMachine in "+nsNoop, func() error {
+			ok, err := b.noopAnnotated(ctx)
+			if err == nil && !ok {
+				err = errors.New("no annotation " + noopAnnotation)
+			}
+			return err
+		}); err != nil {
+			return err
+		}
+	}
+	for _, ns := range []string{nsWithout, nsNoop, nsBaseline} {
 		if err := poll(ctx, pollAPI, 60*time.Second, "the API server to stop calling vmipam for "+ns, func() error {
 			before, err := b.admissions()
 			if err != nil {
 				return err
+			}
+			var noopBefore [2]int64
+			if b.noop != nil {
+				noopBefore = b.noop.reviews()
 			}
 			for range 3 {
 				ok, err := b.stamped(ctx, ns)
@@ -187,6 +204,10 @@ func (b *bench) waitWebhooks(ctx context.Context) error {
 			}
 			if after != before {
 				return fmt.Errorf("vmipam still admitted %v requests", after-before)
+			}
+			// The no-op webhooks match their own namespace only.
+			if b.noop != nil && ns != nsNoop && b.noop.reviews() != noopBefore {
+				return fmt.Errorf("the no-op webhooks were called for %s", ns)
 			}
 			return nil
 		}); err != nil {

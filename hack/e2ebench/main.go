@@ -1,13 +1,17 @@
 // Command e2ebench is vmipam's end-to-end load generator. On a local control
 // plane (envtest's kube-apiserver and etcd, the vmipam binary serving its
 // webhooks over TLS, see test/harness) it creates N VirtualMachines from C
-// concurrent clients three ways, in alternating rounds so that machine noise
+// concurrent clients four ways, in alternating rounds so that machine noise
 // hits them alike:
 //
 //   - with vmipam: the mutating and validating webhooks in the path, the
 //     address allocated from an IPPool;
 //   - without: in a namespace the webhooks exclude, with a static address
 //     outside every pool, so vmipam neither admits nor manages them;
+//   - no-op webhooks: like without, but through a mutating and a validating
+//     webhook that e2ebench serves itself and that do nothing but allow
+//     (the mutating one adding an annotation): the floor of what any pair
+//     of webhooks costs, against which vmipam's own cost shows;
 //   - baseline: whereabouts-style IPAM, a read-modify-write of one ConfigMap
 //     holding every allocation (retrying on conflict), then the create.
 //
@@ -45,22 +49,31 @@ type options struct {
 	vmipamArgs   string
 	freeTimeout  time.Duration
 	profile      time.Duration
+	// noop: whether to measure the no-op webhooks.
+	noop bool
+}
+
+// enabled reports whether mode m takes part in the run at all (the
+// baseline does, in the warm-up, even with -baseline-n 0).
+func (o *options) enabled(m mode) bool {
+	return m != modeNoop || o.noop
 }
 
 func main() {
 	var o options
-	flag.IntVar(&o.n, "n", 3000, "VirtualMachines to create with vmipam, and again without it (split across the rounds).")
+	flag.IntVar(&o.n, "n", 3000, "VirtualMachines to create with vmipam, and again without it and through the no-op webhooks (split across the rounds).")
 	flag.IntVar(&o.c, "c", 32, "Concurrent clients.")
-	flag.IntVar(&o.rounds, "rounds", 3, "Alternating rounds per mode (with, without, baseline).")
+	flag.IntVar(&o.rounds, "rounds", 3, "Alternating rounds per mode (with, without, no-op, baseline).")
 	flag.IntVar(&o.baselineN, "baseline-n", 300, "VirtualMachines to create through the read-modify-write baseline (it is slow; throughput is per second, so a smaller N compares fairly).")
 	flag.IntVar(&o.warmup, "warmup", 64, "VirtualMachines per mode created and deleted before measuring (connections, caches, the allocator's free list).")
-	flag.StringVar(&o.poolCIDR, "pool-cidr", "10.64.0.0/18", "The IPPool's range; its size bounds N. The baseline and the static addresses of the runs without vmipam use ranges of the same size in 198.18.0.0/15.")
+	flag.StringVar(&o.poolCIDR, "pool-cidr", "10.64.0.0/18", "The IPPool's range; its size bounds N. The static addresses of the runs without vmipam, of the baseline and of the no-op webhooks come from /16s in 198.18.0.0/15 and 100.64.0.0/10, which it must not overlap.")
 	flag.DurationVar(&o.cooldown, "cooldown", 10*time.Second, "The IPPool's cooldown: how long a released address rests before it is free again.")
 	flag.StringVar(&o.results, "results", "results", "Folder for e2e-bench.md, e2e-bench.png and vmipam's log, relative to -repo unless absolute.")
 	flag.StringVar(&o.repo, "repo", ".", "The vmipam repository (built and run as the binary under test).")
 	flag.StringVar(&o.clients, "clients", "per-worker", "per-worker: each client has its own HTTP/2 connection to the API server; shared: all clients multiplex one connection.")
 	flag.DurationVar(&o.freeTimeout, "free-timeout", 2*time.Minute, "How long, beyond the cooldown, to wait for every address to be free after the deletes.")
 	flag.DurationVar(&o.profile, "profile", 0, "When set, a CPU profile of kube-apiserver this long (whole seconds) is taken from the start of each mode's first round, into e2e-bench-apiserver-<mode>.pprof; the rounds should last longer (see -n).")
+	flag.BoolVar(&o.noop, "noop", true, "Also measure no-op webhooks: creates without vmipam, through a mutating and a validating webhook that e2ebench serves and that only allow (the floor of any webhook pair).")
 	flag.StringVar(&o.vmipamArgs, "vmipam-args", "", "Extra flags for the vmipam binary, space-separated (e.g. --enable-http2).")
 	flag.Parse()
 	if err := run(o); err != nil {
@@ -88,6 +101,11 @@ func (o *options) validate() error {
 	usable := 1<<(32-p.Bits()) - 2
 	if need := o.n + 2*o.warmup; usable < need {
 		return fmt.Errorf("-pool-cidr %s has %d usable addresses; -n plus the warm-up need %d", p, usable, need)
+	}
+	for _, r := range staticRanges {
+		if p.Overlaps(r) {
+			return fmt.Errorf("-pool-cidr %s overlaps %s, which the runs without vmipam take static addresses from", p, r)
+		}
 	}
 	if o.n+o.warmup > staticRange || o.baselineN+o.warmup > staticRange {
 		return fmt.Errorf("at most %d VirtualMachines per mode (the static ranges are /16s)", staticRange-o.warmup)

@@ -6,6 +6,7 @@ import (
 	"math"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -87,6 +88,9 @@ type report struct {
 	resyncs            []string
 	finalCounts        map[string]float64
 	poolStatus         vmipamv1.IPPoolStatus
+	// noopReviews: the mutating and validating reviews the no-op webhook
+	// server answered during the rounds.
+	noopReviews [2]int64
 }
 
 func ms(d time.Duration) string { return secs(d.Seconds()) }
@@ -172,22 +176,80 @@ func (r *report) usable() int {
 	return 1<<(32-p.Bits()) - 2
 }
 
+// table writes the rows of a markdown table, leaving out the columns in
+// skip (those of a mode the run did not measure).
+type table struct {
+	b    *strings.Builder
+	skip map[int]bool
+}
+
+func (t table) row(cells ...string) {
+	for i, c := range cells {
+		if t.skip[i] {
+			continue
+		}
+		if c == "" {
+			t.b.WriteString("| ")
+		} else {
+			t.b.WriteString("| " + c + " ")
+		}
+	}
+	t.b.WriteString("|\n")
+}
+
+// header writes the header row and the alignment row: the first column
+// left-aligned, the others right-aligned.
+func (t table) header(cells ...string) {
+	t.row(cells...)
+	for i := range cells {
+		switch {
+		case t.skip[i]:
+		case i == 0:
+			t.b.WriteString("|---")
+		default:
+			t.b.WriteString("|---:")
+		}
+	}
+	t.b.WriteString("|\n")
+}
+
+func bold(s string) string { return "**" + s + "**" }
+
 func (r *report) markdown() string {
 	var b strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
 	o := r.opts
-	with, without, base := &r.modes[modeWith], &r.modes[modeWithout], &r.modes[modeBaseline]
+	with, without, noop, base := &r.modes[modeWith], &r.modes[modeWithout], &r.modes[modeNoop], &r.modes[modeBaseline]
 	wh := r.webhook
+	// skipNoop leaves the no-op webhooks' column, at index i, out of a
+	// table when the run did not measure them.
+	skipNoop := func(i ...int) map[int]bool {
+		if o.noop {
+			return nil
+		}
+		s := map[int]bool{}
+		for _, v := range i {
+			s[v] = true
+		}
+		return s
+	}
 
 	w("# vmipam end-to-end benchmark")
 	w("")
 	w("%s, %d CPUs, %s; load average (1, 5, 15 min) %s at the start, %s at the end; %s in all.",
 		r.started.UTC().Format(time.RFC3339), r.cpus, r.goVersion, r.loadStart, r.loadEnd, r.finished.Sub(r.started).Round(time.Second))
 	w("")
-	w("%d VirtualMachines with vmipam and %d without, %d through the read-modify-write baseline, from %d concurrent clients (%s connections), "+
-		"in %d alternating rounds (with, without, baseline) after a warm-up of %d per mode. Pool %s (%d usable addresses), cooldown %s. "+
-		"The figures depend on the machine; the ratios are what to compare.",
-		o.n, o.n, o.baselineN, o.c, o.clients, o.rounds, o.warmup, o.poolCIDR, r.usable(), o.cooldown)
+	if o.noop {
+		w("%d VirtualMachines with vmipam, %d without, %d through no-op webhooks and %d through the read-modify-write baseline, "+
+			"from %d concurrent clients (%s connections), in %d alternating rounds (with, without, no-op, baseline) after a warm-up of %d per mode. "+
+			"Pool %s (%d usable addresses), cooldown %s. The figures depend on the machine; the ratios are what to compare.",
+			o.n, o.n, o.n, o.baselineN, o.c, o.clients, o.rounds, o.warmup, o.poolCIDR, r.usable(), o.cooldown)
+	} else {
+		w("%d VirtualMachines with vmipam and %d without, %d through the read-modify-write baseline, from %d concurrent clients (%s connections), "+
+			"in %d alternating rounds (with, without, baseline) after a warm-up of %d per mode. Pool %s (%d usable addresses), cooldown %s. "+
+			"The figures depend on the machine; the ratios are what to compare.",
+			o.n, o.n, o.baselineN, o.c, o.clients, o.rounds, o.warmup, o.poolCIDR, r.usable(), o.cooldown)
+	}
 	if o.vmipamArgs != "" {
 		w("")
 		w("vmipam ran with the extra flags `%s`.", o.vmipamArgs)
@@ -201,6 +263,12 @@ func (r *report) markdown() string {
 	tr := with.rate() / without.rate()
 	w("| create throughput with vmipam ≥ %.1f × without | %s (%s vs %s VM/s) | %s |", goalThroughputRatio, ratio(with.rate(), without.rate()),
 		rate(with.rate()), rate(without.rate()), met(tr >= goalThroughputRatio))
+	if o.noop {
+		w("| ↳ *context, not a goal:* the floor any webhook pair sets (no-op webhooks / without), and vmipam against it "+
+			"(with vmipam / no-op webhooks) | floor %s (%s vs %s VM/s); vmipam / no-op %s (%s vs %s VM/s) | – |",
+			ratio(noop.rate(), without.rate()), rate(noop.rate()), rate(without.rate()),
+			ratio(with.rate(), noop.rate()), rate(with.rate()), rate(noop.rate()))
+	}
 	le2 := wh.mutating.atMost(goalWebhookP99)
 	w("| webhook server-side p99 ≤ %s | %s (%s of requests ≤ 2 ms) | %s |", secs(goalWebhookP99), secs(wh.mutating.quantile(0.99)), share(le2),
 		met(le2 >= 0.99))
@@ -211,40 +279,51 @@ func (r *report) markdown() string {
 
 	w("## Creates")
 	w("")
-	w("| | with vmipam | without vmipam | baseline (read-modify-write) | with / without | vmipam / baseline |")
-	w("|---|---:|---:|---:|---:|---:|")
-	w("| VirtualMachines created (failed) | %d (%d) | %d (%d) | %d (%d) | | |", len(with.lat), with.errors, len(without.lat), without.errors,
-		len(base.lat), base.errors)
-	w("| **throughput** (VM/s) | **%s** | **%s** | **%s** | **%s** | **%s** |", rate(with.rate()), rate(without.rate()), rate(base.rate()),
-		ratio(with.rate(), without.rate()), ratio(with.rate(), base.rate()))
-	w("| throughput per round (VM/s) | %s | %s | %s | | |", rates(with.roundRates), rates(without.roundRates), rates(base.roundRates))
+	// Columns: label, with, without, no-op, baseline, with / without,
+	// no-op / without, vmipam / baseline.
+	ct := table{b: &b, skip: skipNoop(3, 6)}
+	ct.header("", "with vmipam", "without vmipam", "no-op webhooks", "baseline (read-modify-write)", "with / without", "no-op / without",
+		"vmipam / baseline")
+	created := func(s *modeStats) string { return fmt.Sprintf("%d (%d)", len(s.lat), s.errors) }
+	ct.row("VirtualMachines created (failed)", created(with), created(without), created(noop), created(base), "", "", "")
+	ct.row("**throughput** (VM/s)", bold(rate(with.rate())), bold(rate(without.rate())), bold(rate(noop.rate())), bold(rate(base.rate())),
+		bold(ratio(with.rate(), without.rate())), bold(ratio(noop.rate(), without.rate())), bold(ratio(with.rate(), base.rate())))
+	ct.row("throughput per round (VM/s)", rates(with.roundRates), rates(without.roundRates), rates(noop.roundRates), rates(base.roundRates),
+		"", "", "")
 	for _, q := range []struct {
 		name string
 		q    float64
 	}{{"p50", 0.5}, {"p90", 0.9}, {"p99", 0.99}, {"max", 1}} {
-		a, bb, c := pct(with.lat, q.q), pct(without.lat, q.q), pct(base.lat, q.q)
-		w("| client-side create latency %s | %s | %s | %s | %s | %s |", q.name, lat(with.lat, q.q), lat(without.lat, q.q), lat(base.lat, q.q),
-			ratio(a.Seconds(), bb.Seconds()), ratio(a.Seconds(), c.Seconds()))
+		a, bb, n, c := pct(with.lat, q.q), pct(without.lat, q.q), pct(noop.lat, q.q), pct(base.lat, q.q)
+		ct.row("client-side create latency "+q.name, lat(with.lat, q.q), lat(without.lat, q.q), lat(noop.lat, q.q), lat(base.lat, q.q),
+			ratio(a.Seconds(), bb.Seconds()), ratio(n.Seconds(), bb.Seconds()), ratio(a.Seconds(), c.Seconds()))
 	}
 	if base.attempts > 0 {
-		w("| baseline: pool-object writes that lost on conflict | | | %d of %d (%.1f per allocation) | | |", base.conflicts, base.attempts,
-			float64(base.conflicts)/float64(max(len(base.lat), 1)))
+		ct.row("baseline: pool-object writes that lost on conflict", "", "", "",
+			fmt.Sprintf("%d of %d (%.1f per allocation)", base.conflicts, base.attempts, float64(base.conflicts)/float64(max(len(base.lat), 1))),
+			"", "", "")
 	}
-	w("| webhook server-side p50 / p99 | %s / %s | (not called) | (not called) | | |", secs(wh.mutating.quantile(0.5)), secs(wh.mutating.quantile(0.99)))
+	ct.row("webhook server-side p50 / p99", secs(wh.mutating.quantile(0.5))+" / "+secs(wh.mutating.quantile(0.99)), "(not called)",
+		"(not measured)", "(not called)", "", "", "")
 	perK := func(s *modeStats, v float64) string {
 		if len(s.lat) == 0 {
 			return "n/a"
 		}
 		return fmt.Sprintf("%.2f", 1000*v/float64(len(s.lat)))
 	}
+	perCreate := func(s *modeStats, p string) float64 { return s.cpu.procs[p] / float64(len(s.lat)) }
 	for _, p := range cpuProcs {
-		w("| CPU s per 1000 creates: %s | %s | %s | %s | %s | |", p, perK(with, with.cpu.procs[p]), perK(without, without.cpu.procs[p]),
-			perK(base, base.cpu.procs[p]), ratio(with.cpu.procs[p]/float64(len(with.lat)), without.cpu.procs[p]/float64(len(without.lat))))
+		label := "CPU s per 1000 creates: " + p
+		if p == "e2ebench" && o.noop {
+			label += " (with the no-op webhook server)"
+		}
+		ct.row(label, perK(with, with.cpu.procs[p]), perK(without, without.cpu.procs[p]), perK(noop, noop.cpu.procs[p]),
+			perK(base, base.cpu.procs[p]), ratio(perCreate(with, p), perCreate(without, p)), ratio(perCreate(noop, p), perCreate(without, p)), "")
 	}
-	w("| CPU s per 1000 creates: kernel softirq (loopback networking, ...) | %s | %s | %s | | |", perK(with, with.cpu.softirq),
-		perK(without, without.cpu.softirq), perK(base, base.cpu.softirq))
-	w("| CPU s per 1000 creates: other processes | %s | %s | %s | | |", perK(with, with.cpu.other()), perK(without, without.cpu.other()),
-		perK(base, base.cpu.other()))
+	ct.row("CPU s per 1000 creates: kernel softirq (loopback networking, ...)", perK(with, with.cpu.softirq), perK(without, without.cpu.softirq),
+		perK(noop, noop.cpu.softirq), perK(base, base.cpu.softirq), "", "", "")
+	ct.row("CPU s per 1000 creates: other processes", perK(with, with.cpu.other()), perK(without, without.cpu.other()),
+		perK(noop, noop.cpu.other()), perK(base, base.cpu.other()), "", "", "")
 	busy := func(s *modeStats) string {
 		if s.cpu.total == 0 {
 			return "n/a"
@@ -255,13 +334,13 @@ func (r *report) markdown() string {
 		}
 		return b
 	}
-	w("| machine CPU busy during the rounds (all cores) | %s | %s | %s | | |", busy(with), busy(without), busy(base))
+	ct.row("machine CPU busy during the rounds (all cores)", busy(with), busy(without), busy(noop), busy(base), "", "", "")
 	w("")
 
 	w("API server requests per create during the rounds (`apiserver_request_total`; everything the API server served, vmipam's requests included):")
 	w("")
-	w("| request | with vmipam | without vmipam | baseline |")
-	w("|---|---:|---:|---:|")
+	rt := table{b: &b, skip: skipNoop(3)}
+	rt.header("request", "with vmipam", "without vmipam", "no-op webhooks", "baseline")
 	keys := map[string]bool{}
 	for m := range numModes {
 		for k, v := range r.modes[m].requests {
@@ -275,7 +354,7 @@ func (r *report) markdown() string {
 		per := func(s *modeStats) string {
 			return fmt.Sprintf("%.2f", s.requests[k]/float64(max(len(s.lat), 1)))
 		}
-		w("| %s | %s | %s | %s |", k, per(with), per(without), per(base))
+		rt.row(k, per(with), per(without), per(noop), per(base))
 	}
 	w("")
 
@@ -293,35 +372,60 @@ func (r *report) markdown() string {
 	row("mutating HTTP handler (`controller_runtime_webhook_latency_seconds`, coarse)", wh.serve)
 	row("mutating call seen by the API server (`apiserver_admission_webhook_admission_duration_seconds`, coarse)", wh.apiMutating)
 	row("validating call seen by the API server (same, coarse)", wh.apiValidating)
+	if o.noop {
+		row("for comparison, during the no-op rounds: no-op mutating call seen by the API server (same, coarse)", wh.noopMutating)
+		row("for comparison, during the no-op rounds: no-op validating call seen by the API server (same, coarse)", wh.noopValidating)
+	}
 	row("allocator, per allocation (`vmipam_allocation_duration_seconds`)", wh.alloc)
 	w("")
+	if o.noop {
+		w("The no-op webhook server answered %d mutating and %d validating reviews during the rounds, for %d creates through it.",
+			r.noopReviews[0], r.noopReviews[1], len(noop.lat)+noop.errors)
+		w("")
+	}
 	lagsOf := func(st *modeStats) string {
+		if len(st.caughtUp) == 0 {
+			return "(no rounds)"
+		}
 		l := make([]string, len(st.caughtUp))
 		for i, d := range st.caughtUp {
 			l[i] = ms(d)
 		}
 		return strings.Join(l, ", ")
 	}
+	noopLags := ""
+	if o.noop {
+		noopLags = "; no-op webhooks " + lagsOf(noop)
+	}
 	w("The allocator wrote %.0f IPBlock objects during the rounds. vmipam's address controller (one reconcile per object, also for the "+
 		"objects it ignores) had processed every object, and bound every reservation, this long after the end of each round: "+
-		"with vmipam %s; without %s; baseline %s.", wh.storeWrites, lagsOf(with), lagsOf(without), lagsOf(base))
+		"with vmipam %s; without %s%s; baseline %s.", wh.storeWrites, lagsOf(with), lagsOf(without), noopLags, lagsOf(base))
 	w("")
 
 	w("## Deletes")
 	w("")
-	dw, dwo := with.deletion, without.deletion
-	w("| | with vmipam | without vmipam | with / without |")
-	w("|---|---:|---:|---:|")
-	w("| VirtualMachines deleted | %d | %d | |", dw.count, dwo.count)
-	w("| every DELETE call returned after | %s | %s | |", dw.calls.Round(time.Millisecond), dwo.calls.Round(time.Millisecond))
-	w("| every object gone after | %s | %s | |", dw.gone.Round(time.Millisecond), dwo.gone.Round(time.Millisecond))
-	w("| **deletion throughput** (VM/s, until gone) | **%s** | **%s** | **%s** |", rate(dw.rate()), rate(dwo.rate()), ratio(dw.rate(), dwo.rate()))
+	dw, dwo, dn := with.deletion, without.deletion, noop.deletion
+	// Columns: label, with, without, no-op, with / without.
+	dt := table{b: &b, skip: skipNoop(3)}
+	dt.header("", "with vmipam", "without vmipam", "no-op webhooks (create only)", "with / without")
+	dt.row("VirtualMachines deleted", strconv.Itoa(dw.count), strconv.Itoa(dwo.count), strconv.Itoa(dn.count), "")
+	dt.row("every DELETE call returned after", dw.calls.Round(time.Millisecond).String(), dwo.calls.Round(time.Millisecond).String(),
+		dn.calls.Round(time.Millisecond).String(), "")
+	dt.row("every object gone after", dw.gone.Round(time.Millisecond).String(), dwo.gone.Round(time.Millisecond).String(),
+		dn.gone.Round(time.Millisecond).String(), "")
+	dt.row("**deletion throughput** (VM/s, until gone)", bold(rate(dw.rate())), bold(rate(dwo.rate())), bold(rate(dn.rate())),
+		bold(ratio(dw.rate(), dwo.rate())))
 	sortDur(dw.lat)
 	sortDur(dwo.lat)
-	w("| client-side DELETE latency p50 / p99 | %s / %s | %s / %s | |", lat(dw.lat, 0.5), lat(dw.lat, 0.99), lat(dwo.lat, 0.5), lat(dwo.lat, 0.99))
-	w("| IPBlock writes by vmipam | %.0f | %.0f | |", dw.storeWrites, dwo.storeWrites)
+	sortDur(dn.lat)
+	p50p99 := func(l []time.Duration) string { return lat(l, 0.5) + " / " + lat(l, 0.99) }
+	dt.row("client-side DELETE latency p50 / p99", p50p99(dw.lat), p50p99(dwo.lat), p50p99(dn.lat), "")
+	dt.row("IPBlock writes by vmipam", fmt.Sprintf("%.0f", dw.storeWrites), fmt.Sprintf("%.0f", dwo.storeWrites), fmt.Sprintf("%.0f", dn.storeWrites), "")
+	perDel := func(d deletion, p string) string {
+		return fmt.Sprintf("%.2f", 1000*d.cpu.procs[p]/float64(max(d.count, 1)))
+	}
 	for _, p := range cpuProcs {
-		w("| CPU s per 1000 deletes: %s | %.2f | %.2f | |", p, 1000*dw.cpu.procs[p]/float64(max(dw.count, 1)), 1000*dwo.cpu.procs[p]/float64(max(dwo.count, 1)))
+		dt.row("CPU s per 1000 deletes: "+p, perDel(dw, p), perDel(dwo, p), perDel(dn, p), "")
 	}
 	w("")
 	if r.notFree {
@@ -330,9 +434,15 @@ func (r *report) markdown() string {
 			(o.cooldown + o.freeTimeout).Round(time.Second), o.cooldown, o.freeTimeout, fmtCounts(r.finalCounts),
 			r.poolStatus.Allocated, r.poolStatus.Pending, r.poolStatus.Cooldown, r.poolStatus.Free)
 	} else {
+		// Releases happen before the object goes (the finalizer waits for
+		// them), so the pool can be free sooner than a cooldown after.
+		cooldown := fmt.Sprintf("cooldown %s, so %s beyond it", o.cooldown, (r.freeAfter - o.cooldown).Round(time.Millisecond))
+		if r.freeAfter < o.cooldown {
+			cooldown = fmt.Sprintf("cooldown %s; the last release came before the object was gone", o.cooldown)
+		}
 		w("Every address of the pool was free again **%s** after the last VirtualMachine with vmipam was gone "+
-			"(cooldown %s, so %s beyond it); pool gauges then: %s. IPPool status: allocated %d, pending %d, cooldown %d, free %d.",
-			r.freeAfter.Round(time.Millisecond), o.cooldown, (r.freeAfter - o.cooldown).Round(time.Millisecond), fmtCounts(r.finalCounts),
+			"(%s); pool gauges then: %s. IPPool status: allocated %d, pending %d, cooldown %d, free %d.",
+			r.freeAfter.Round(time.Millisecond), cooldown, fmtCounts(r.finalCounts),
 			r.poolStatus.Allocated, r.poolStatus.Pending, r.poolStatus.Cooldown, r.poolStatus.Free)
 	}
 	w("")
@@ -351,9 +461,13 @@ func (r *report) markdown() string {
 	w("")
 	w("![create latency distributions](e2e-bench.png)")
 	w("")
-	w("`e2e-bench.png`: client-side create latency, log scale. Top: the distribution (share of creates at most that latency); " +
-		"bottom: its tail, from p90 to p99.9 on a log scale of 1 − p. **Blue**: with vmipam (the webhooks in the path); " +
-		"**green**: without vmipam (same API server, plain creates); **red**: the read-modify-write baseline (allocation and create).")
+	noopColour := ""
+	if o.noop {
+		noopColour = "**orange**: through the no-op webhooks (plain creates, two webhooks that only allow); "
+	}
+	w("`e2e-bench.png`: client-side create latency, log scale. Top: the distribution (share of creates at most that latency); "+
+		"bottom: its tail, from p90 to p99.9 on a log scale of 1 − p. **Blue**: with vmipam (the webhooks in the path); "+
+		"**green**: without vmipam (same API server, plain creates); %s**red**: the read-modify-write baseline (allocation and create).", noopColour)
 	w("")
 
 	w("## Method")
@@ -364,6 +478,18 @@ func (r *report) markdown() string {
 	w("- Without vmipam: namespace `%s`, excluded from both webhook configurations by their namespaceSelector (checked with dry-run creates and "+
 		"vmipam's admission counters before measuring), a static address in %s, outside every pool, so vmipam's controller ignores the objects.",
 		nsWithout, withoutRange)
+	if o.noop {
+		w("- No-op webhooks: namespace `%s`, excluded from vmipam's webhooks like `%s`, a static address in %s (also outside every pool). "+
+			"The benchmark creates a MutatingWebhookConfiguration and a ValidatingWebhookConfiguration `%s` for CREATE of virtualmachines "+
+			"in that namespace only (namespaceSelector on `%s`), configured like vmipam's (url clientConfig, failurePolicy Fail, timeoutSeconds 5, "+
+			"admissionReviewVersions v1, the mutating one reinvocationPolicy IfNeeded; sideEffects None). They call an HTTPS server that this "+
+			"program runs on 127.0.0.1 with its own CA (ECDSA P-256, as vmipam's) and HTTP/1.1 only, as vmipam serves. The mutating handler decodes "+
+			"the AdmissionReview and allows with a fixed JSONPatch adding the annotation `%s` (the API server applies it, as vmipam's patch), "+
+			"the validating one decodes and allows. A dry-run create is checked to carry the annotation before measuring. This is the floor any "+
+			"pair of webhooks costs the API server (encoding the reviews, TLS, applying a patch): vmipam / no-op is vmipam's own share. "+
+			"The webhooks match creates only, so their deletes are plain deletes, like those without vmipam.",
+			nsNoop, nsWithout, noopRange, noopConfig, namespaceNameLabel, noopAnnotation)
+	}
 	w("- Baseline: namespace `%s` (also excluded): per VirtualMachine, GET the ConfigMap `%s` holding every allocation as JSON, pick the first "+
 		"free address of %s, UPDATE it with its resourceVersion, start again on Conflict, then create the VirtualMachine with that address. "+
 		"Whereabouts also takes a leader-election lock around this; the baseline does not, which only flatters it.", nsBaseline, baselinePool, baselineRange)
@@ -372,6 +498,10 @@ func (r *report) markdown() string {
 		map[string]string{"per-worker": "its own HTTP/2 connection", "shared": "one HTTP/2 connection shared by all"}[o.clients], settle)
 	w("- CPU time is read from /proc for vmipam, kube-apiserver, etcd and this program; \"other\" is the rest of the machine's busy time " +
 		"(work outside the benchmark).")
+	if o.noop {
+		w("- The no-op webhook server runs inside this program: its CPU is in the e2ebench row (in the no-op rounds only; it is idle otherwise), " +
+			"not in the vmipam row.")
+	}
 	w("- vmipam's log: `e2e-bench-vmipam.log`.")
 	for m := range numModes {
 		if s := &r.modes[m]; s.firstErr != nil {

@@ -1,0 +1,245 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	admissionregv1 "k8s.io/api/admissionregistration/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/certs/pki"
+)
+
+// The no-op webhooks: their configurations, their names (the API server's
+// admission metrics label calls by them) and the annotation the mutating
+// one adds.
+const (
+	noopConfig          = "e2ebench-noop"
+	noopMutatingName    = "mnoop.e2ebench.vmipam.io"
+	noopValidatingName  = "vnoop.e2ebench.vmipam.io"
+	noopAnnotation      = "e2ebench.vmipam.io/noop"
+	noopAnnotationValue = "true"
+	noopMutatePath      = "/mutate"
+	noopValidatePath    = "/validate"
+	// noopMaxBody bounds an AdmissionReview, as the API server bounds a
+	// request.
+	noopMaxBody = 3 << 20
+)
+
+// noopServer is the HTTPS server behind the no-op webhooks: it decodes
+// every AdmissionReview and allows it, the mutating webhook with a JSON
+// patch that adds one annotation. It is the floor of what any pair of
+// webhooks costs the API server (encoding the review, TLS on loopback,
+// applying a patch), with almost no work of its own. It runs inside this
+// program, so its CPU counts as e2ebench's.
+type noopServer struct {
+	srv      *http.Server
+	url      string
+	caBundle []byte
+	// Reviews answered, by the mutating and the validating handler.
+	mutated, validated atomic.Int64
+	// The mutating handler's two patches, fixed: adding the annotation
+	// to an existing map, or adding the map.
+	patchKey, patchMap []byte
+}
+
+// startNoopServer issues a CA and a serving certificate for 127.0.0.1 and
+// serves the no-op webhooks on a free loopback port, HTTP/1.1 only as
+// vmipam serves its own.
+func startNoopServer() (*noopServer, error) {
+	now := time.Now()
+	ca, err := pki.NewCA("e2ebench-noop-ca", now, 24*time.Hour)
+	if err != nil {
+		return nil, fmt.Errorf("no-op webhooks: %w", err)
+	}
+	serving, err := pki.NewServingCert(ca, pki.Names{IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}}, now, 24*time.Hour)
+	if err != nil {
+		return nil, fmt.Errorf("no-op webhooks: %w", err)
+	}
+	s := &noopServer{caBundle: ca.CertPEM}
+	// A JSON pointer escapes "~" and "/" in a map key.
+	key := strings.NewReplacer("~", "~0", "/", "~1").Replace(noopAnnotation)
+	if s.patchKey, err = json.Marshal([]map[string]any{{"op": "add", "path": "/metadata/annotations/" + key, "value": noopAnnotationValue}}); err != nil {
+		return nil, err
+	}
+	if s.patchMap, err = json.Marshal([]map[string]any{{"op": "add", "path": "/metadata/annotations",
+		"value": map[string]string{noopAnnotation: noopAnnotationValue}}}); err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("no-op webhooks: listen: %w", err)
+	}
+	tlsLn := tls.NewListener(ln, &tls.Config{
+		Certificates: []tls.Certificate{*serving.TLSCertificate()},
+		NextProtos:   []string{"http/1.1"},
+		MinVersion:   tls.VersionTLS12,
+	})
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST "+noopMutatePath, s.mutate)
+	mux.HandleFunc("POST "+noopValidatePath, s.validate)
+	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	s.url = "https://" + ln.Addr().String()
+	go func() {
+		if err := s.srv.Serve(tlsLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			logf("no-op webhooks: %v", err)
+		}
+	}()
+	return s, nil
+}
+
+// stop closes the server, waiting a little for calls in flight.
+func (s *noopServer) stop() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := s.srv.Shutdown(ctx); err != nil {
+		logf("stop the no-op webhooks: %v", err)
+	}
+}
+
+// reviews returns how many reviews the mutating and the validating
+// handler answered so far.
+func (s *noopServer) reviews() [2]int64 {
+	return [2]int64{s.mutated.Load(), s.validated.Load()}
+}
+
+// readReview decodes the AdmissionReview of a call, answering the call
+// with an error itself when it cannot.
+func readReview(w http.ResponseWriter, r *http.Request) (*admissionv1.AdmissionReview, bool) {
+	var review admissionv1.AdmissionReview
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, noopMaxBody)).Decode(&review); err != nil {
+		http.Error(w, fmt.Sprintf("decode the AdmissionReview: %v", err), http.StatusBadRequest)
+		return nil, false
+	}
+	if review.Request == nil {
+		http.Error(w, "AdmissionReview without a request", http.StatusBadRequest)
+		return nil, false
+	}
+	return &review, true
+}
+
+// writeReview answers a call with resp.
+func writeReview(w http.ResponseWriter, resp *admissionv1.AdmissionResponse) {
+	out := admissionv1.AdmissionReview{
+		TypeMeta: metav1.TypeMeta{APIVersion: admissionv1.SchemeGroupVersion.String(), Kind: "AdmissionReview"},
+		Response: resp,
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if err := json.NewEncoder(w).Encode(&out); err != nil {
+		logf("no-op webhooks: write the response: %v", err)
+	}
+}
+
+// mutate allows the object with a patch adding the annotation. Only the
+// object's annotations are decoded, to tell which of the two fixed
+// patches applies; the object is never encoded again.
+func (s *noopServer) mutate(w http.ResponseWriter, r *http.Request) {
+	review, ok := readReview(w, r)
+	if !ok {
+		return
+	}
+	var obj struct {
+		Metadata struct {
+			Annotations map[string]json.RawMessage `json:"annotations"`
+		} `json:"metadata"`
+	}
+	if err := json.Unmarshal(review.Request.Object.Raw, &obj); err != nil {
+		http.Error(w, fmt.Sprintf("decode the object's metadata: %v", err), http.StatusBadRequest)
+		return
+	}
+	patch := s.patchKey
+	if obj.Metadata.Annotations == nil {
+		patch = s.patchMap
+	}
+	s.mutated.Add(1)
+	writeReview(w, &admissionv1.AdmissionResponse{
+		UID: review.Request.UID, Allowed: true, Patch: patch, PatchType: ptr.To(admissionv1.PatchTypeJSONPatch),
+	})
+}
+
+// validate allows the object.
+func (s *noopServer) validate(w http.ResponseWriter, r *http.Request) {
+	review, ok := readReview(w, r)
+	if !ok {
+		return
+	}
+	s.validated.Add(1)
+	writeReview(w, &admissionv1.AdmissionResponse{UID: review.Request.UID, Allowed: true})
+}
+
+// install creates the no-op webhooks' configurations: for CREATE of
+// VirtualMachines in nsNoop only, configured like vmipam's own
+// (failurePolicy Fail, 5 s timeout, the mutating one reinvoked if
+// needed), but with no side effects at all.
+func (s *noopServer) install(ctx context.Context, c client.Client) error {
+	only := &metav1.LabelSelector{MatchLabels: map[string]string{namespaceNameLabel: nsNoop}}
+	rules := []admissionregv1.RuleWithOperations{{
+		Operations: []admissionregv1.OperationType{admissionregv1.Create},
+		Rule: admissionregv1.Rule{
+			APIGroups:   []string{vmipamv1.GroupVersion.Group},
+			APIVersions: []string{vmipamv1.GroupVersion.Version},
+			Resources:   []string{"virtualmachines"},
+		},
+	}}
+	clientConfig := func(path string) admissionregv1.WebhookClientConfig {
+		return admissionregv1.WebhookClientConfig{URL: ptr.To(s.url + path), CABundle: s.caBundle}
+	}
+	m := &admissionregv1.MutatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: noopConfig},
+		Webhooks: []admissionregv1.MutatingWebhook{{
+			Name:                    noopMutatingName,
+			ClientConfig:            clientConfig(noopMutatePath),
+			Rules:                   rules,
+			FailurePolicy:           ptr.To(admissionregv1.Fail),
+			SideEffects:             ptr.To(admissionregv1.SideEffectClassNone),
+			AdmissionReviewVersions: []string{"v1"},
+			TimeoutSeconds:          ptr.To[int32](5),
+			NamespaceSelector:       only,
+			ReinvocationPolicy:      ptr.To(admissionregv1.IfNeededReinvocationPolicy),
+		}},
+	}
+	if err := c.Create(ctx, m); err != nil {
+		return fmt.Errorf("create MutatingWebhookConfiguration %s: %w", noopConfig, err)
+	}
+	v := &admissionregv1.ValidatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: noopConfig},
+		Webhooks: []admissionregv1.ValidatingWebhook{{
+			Name:                    noopValidatingName,
+			ClientConfig:            clientConfig(noopValidatePath),
+			Rules:                   rules,
+			FailurePolicy:           ptr.To(admissionregv1.Fail),
+			SideEffects:             ptr.To(admissionregv1.SideEffectClassNone),
+			AdmissionReviewVersions: []string{"v1"},
+			TimeoutSeconds:          ptr.To[int32](5),
+			NamespaceSelector:       only,
+		}},
+	}
+	if err := c.Create(ctx, v); err != nil {
+		return fmt.Errorf("create ValidatingWebhookConfiguration %s: %w", noopConfig, err)
+	}
+	return nil
+}
+
+// noopAnnotated dry-runs the create of a VirtualMachine in nsNoop and
+// reports whether the no-op mutating webhook annotated it.
+func (b *bench) noopAnnotated(ctx context.Context) (bool, error) {
+	vm := newVM(modeNoop, "")
+	vm.GenerateName = "probe-"
+	vm.Spec.Addresses = []string{nthAddr(noopRange, 0).String()}
+	if err := b.cl.Client.Create(ctx, vm, client.DryRunAll); err != nil {
+		return false, err
+	}
+	return vm.Annotations[noopAnnotation] == noopAnnotationValue, nil
+}
