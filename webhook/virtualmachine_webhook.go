@@ -154,11 +154,17 @@ func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admissi
 	return patch(orig, obj, true)
 }
 
-// +kubebuilder:webhook:path=/validate-vmipam-io-v1alpha1-virtualmachine,mutating=false,failurePolicy=fail,sideEffects=None,groups=vmipam.io,resources=virtualmachines,verbs=create;update,versions=v1alpha1,name=vvirtualmachine.vmipam.io,admissionReviewVersions=v1,timeoutSeconds=5
+// +kubebuilder:webhook:path=/validate-vmipam-io-v1alpha1-virtualmachine,mutating=false,failurePolicy=fail,sideEffects=None,groups=vmipam.io,resources=virtualmachines,verbs=create;update,versions=v1alpha1,name=vvirtualmachine.vmipam.io,admissionReviewVersions=v1,timeoutSeconds=5,patch=`{"matchConditions":[{"name":"guarded-fields-change","expression":"request.operation != 'UPDATE' || (has(object.spec) && has(object.spec.addresses) ? object.spec.addresses : []) != (has(oldObject.spec) && has(oldObject.spec.addresses) ? oldObject.spec.addresses : []) || (has(object.metadata.annotations) && 'vmipam.io/token' in object.metadata.annotations ? object.metadata.annotations['vmipam.io/token'] : '') != (has(oldObject.metadata.annotations) && 'vmipam.io/token' in oldObject.metadata.annotations ? oldObject.metadata.annotations['vmipam.io/token'] : '') || (has(object.metadata.annotations) && 'vmipam.io/pool' in object.metadata.annotations ? object.metadata.annotations['vmipam.io/pool'] : '') != (has(oldObject.metadata.annotations) && 'vmipam.io/pool' in oldObject.metadata.annotations ? oldObject.metadata.annotations['vmipam.io/pool'] : '')"}]}`
 
 // VMValidator keeps what vmipam stamped immutable: the address, the pool
 // and the token cannot change once set, and an address can only appear on
 // an existing object when vmipam reserved it for that object.
+//
+// The API server calls it for every CREATE, but for an UPDATE only when the
+// addresses, the token or the pool annotation change (the match condition
+// in its marker): the other updates of a VM's life, the removal of its
+// finalizer included, cost no webhook call and do not fail while vmipam is
+// unreachable.
 type VMValidator struct {
 	Registry *pools.Registry
 	Target   target.Target

@@ -47,3 +47,27 @@ func histogramCount(t *testing.T, name string, labels map[string]string) int {
 	t.Helper()
 	return int(find(t, name, labels).GetHistogram().GetSampleCount())
 }
+
+// admissions counts the requests a webhook of vmipam answered, whatever
+// their outcome.
+func admissions(t *testing.T, webhook string) int {
+	t.Helper()
+	families, err := ctrlmetrics.Registry.Gather()
+	if err != nil {
+		t.Fatalf("gather metrics: %v", err)
+	}
+	n := 0
+	for _, f := range families {
+		if f.GetName() != "vmipam_admission_duration_seconds" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "webhook" && l.GetValue() == webhook {
+					n += int(m.GetHistogram().GetSampleCount())
+				}
+			}
+		}
+	}
+	return n
+}

@@ -271,6 +271,45 @@ func TestStaticRequests(t *testing.T) {
 		if err := k8sClient.Update(ctx, cur); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), vmipamv1.TokenAnnotation) {
 			t.Fatalf("changing the token: %v", err)
 		}
+		_ = k8sClient.Get(ctx, client.ObjectKeyFromObject(a), cur)
+		cur.Annotations = nil
+		if err := k8sClient.Update(ctx, cur); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), vmipamv1.PoolAnnotation) {
+			t.Fatalf("removing the annotations: %v", err)
+		}
+	})
+	// The validating webhook's match condition: updates that leave the
+	// guarded fields alone never reach vmipam; the others always do.
+	t.Run("match condition", func(t *testing.T) {
+		updates := []struct {
+			name   string
+			change func(*vmipamv1.VirtualMachine)
+			called bool
+		}{
+			{"label", func(v *vmipamv1.VirtualMachine) { v.Labels = map[string]string{"tier": "db"} }, false},
+			{"other annotation", func(v *vmipamv1.VirtualMachine) { v.Annotations["note"] = "x" }, false},
+			{"spec beside the address", func(v *vmipamv1.VirtualMachine) { v.Spec.Image = "other" }, false},
+			{"finalizers (added)", func(v *vmipamv1.VirtualMachine) { v.Finalizers = append(v.Finalizers, "example.com/other") }, false},
+			{"finalizers (removed)", func(v *vmipamv1.VirtualMachine) { v.Finalizers = v.Finalizers[:len(v.Finalizers)-1] }, false},
+			{"address", func(v *vmipamv1.VirtualMachine) { v.Spec.Addresses = []string{"10.40.0.11"} }, true},
+			{"no address", func(v *vmipamv1.VirtualMachine) { v.Spec.Addresses = nil }, true},
+			{"pool", func(v *vmipamv1.VirtualMachine) { v.Annotations[vmipamv1.PoolAnnotation] = "other" }, true},
+		}
+		for _, u := range updates {
+			cur := &vmipamv1.VirtualMachine{}
+			if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(a), cur); err != nil {
+				t.Fatal(err)
+			}
+			before := admissions(t, "virtualmachine-validating")
+			u.change(cur)
+			err := k8sClient.Update(ctx, cur)
+			calls := admissions(t, "virtualmachine-validating") - before
+			switch {
+			case u.called && (calls != 1 || !apierrors.IsInvalid(err)):
+				t.Errorf("update of the %s: %d webhook calls, err %v; want 1 call and a denial", u.name, calls, err)
+			case !u.called && (calls != 0 || err != nil):
+				t.Errorf("update of the %s: %d webhook calls, err %v; want none and success", u.name, calls, err)
+			}
+		}
 	})
 }
 
