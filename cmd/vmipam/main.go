@@ -33,6 +33,8 @@ type options struct {
 	pprofAddr                     string
 	metricsSecure, enableHTTP2    bool
 	leaderElect                   bool
+	leaseDuration, renewDeadline  time.Duration
+	retryPeriod                   time.Duration
 	namespace, holder             string
 	webhookHost                   string
 	webhookPort                   int
@@ -51,6 +53,9 @@ func main() {
 	flag.StringVar(&o.pprofAddr, "pprof-bind-address", "", "Address net/http/pprof binds to, for profiling (off when empty; bind it to localhost).")
 	flag.BoolVar(&o.enableHTTP2, "enable-http2", false, "Serve HTTP/2 on the webhook and metrics servers (off by default: CVE-2023-44487 and CVE-2023-39325).")
 	flag.BoolVar(&o.leaderElect, "leader-elect", false, "Run the address controller under leader election (the webhook serves on every replica).")
+	flag.DurationVar(&o.leaseDuration, "leader-elect-lease-duration", 15*time.Second, "How long a replica that is not the leader waits, after the last renewal it saw, before it takes the lease.")
+	flag.DurationVar(&o.renewDeadline, "leader-elect-renew-deadline", 10*time.Second, "How long the leader keeps trying to renew before it gives up the lease and exits (so that a restart starts afresh). Raise it, with the lease duration, to ride out longer API server outages.")
+	flag.DurationVar(&o.retryPeriod, "leader-elect-retry-period", 2*time.Second, "How often the leader renews, and the others try to take, the lease.")
 	flag.StringVar(&o.namespace, "namespace", envOr("POD_NAMESPACE", "vmipam-system"), "vmipam's own namespace: its Secret, lease and events.")
 	flag.StringVar(&o.holder, "holder", "vmipam", "This replica's stable name in the pools' claims.")
 	flag.StringVar(&o.webhookHost, "webhook-host", "", "Address the webhook server binds to (all interfaces when empty).")
@@ -106,6 +111,9 @@ func run(o options) error {
 		LeaderElectionID:              "vmipam.vmipam.io",
 		LeaderElectionNamespace:       o.namespace,
 		LeaderElectionReleaseOnCancel: true,
+		LeaseDuration:                 &o.leaseDuration,
+		RenewDeadline:                 &o.renewDeadline,
+		RetryPeriod:                   &o.retryPeriod,
 		WebhookServer: webhook.NewServer(webhook.Options{
 			Host: o.webhookHost, Port: o.webhookPort, CertDir: o.certDir, TLSOpts: webhookTLS,
 		}),
