@@ -43,8 +43,9 @@ type VMReconciler struct {
 	Registry *pools.Registry
 	Target   target.Target
 	Recorder events.EventRecorder
-	// MaxConcurrentReconciles defaults to 16. Concurrent releases share
-	// their pool's flush, so more of them mean fewer IPBlock writes.
+	// MaxConcurrentReconciles defaults to 16: a reconcile mostly waits for
+	// its finalizer patch, so more in flight keep mass deletions moving,
+	// and the releases that must be flushed share their pool's flush.
 	MaxConcurrentReconciles int
 }
 

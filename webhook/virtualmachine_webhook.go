@@ -297,8 +297,11 @@ func newToken() (string, error) {
 // patch allows the request with the JSON patch from orig, the object as it
 // came, to obj as the handler left it.
 func patch(orig map[string]any, obj *unstructured.Unstructured, changed bool) admission.Response {
+	if !changed {
+		return admission.Allowed("")
+	}
 	ops := diff(orig, obj.Object)
-	if !changed || len(ops) == 0 {
+	if len(ops) == 0 {
 		return admission.Allowed("")
 	}
 	pt := admissionv1.PatchTypeJSONPatch
