@@ -9,8 +9,6 @@ import (
 	"runtime"
 	"sort"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -61,33 +59,18 @@ type opsResult struct {
 	elapsed  time.Duration
 }
 
-// runOps runs n operations on the bench's clients, each worker taking the
-// next index, all starting together; it times each operation and the
-// batch.
+// runOps runs n operations on the bench's clients as fast as they go,
+// each worker taking the next index, all starting together; it times each
+// operation and the batch.
 func (b *bench) runOps(ctx context.Context, n int, op func(ctx context.Context, c client.Client, i int) error) opsResult {
-	var next atomic.Int64
-	lat := make([]time.Duration, n)
-	errs := make([]error, n)
-	start := make(chan struct{})
-	var wg sync.WaitGroup
-	for _, c := range b.clients {
-		wg.Go(func() {
-			<-start
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= n || ctx.Err() != nil {
-					return
-				}
-				t0 := time.Now()
-				errs[i] = op(ctx, c, i)
-				lat[i] = time.Since(t0)
-			}
-		})
-	}
-	t0 := time.Now()
-	close(start)
-	wg.Wait()
-	r := opsResult{elapsed: time.Since(t0), ok: make([]bool, n)}
+	r, _ := b.runPaced(ctx, n, 0, op)
+	return r
+}
+
+// collect sums up a batch of operations: their latencies and errors, and
+// the batch's wall time.
+func collect(ctx context.Context, elapsed time.Duration, lat []time.Duration, errs []error) opsResult {
+	r := opsResult{elapsed: elapsed, ok: make([]bool, len(errs))}
 	for i, err := range errs {
 		if err != nil || ctx.Err() != nil {
 			r.errors++
@@ -200,6 +183,9 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 	}
 	if err := b.measureCreates(ctx, rep); err != nil {
 		return nil, err
+	}
+	if err := b.measurePaced(ctx, rep); err != nil {
+		return nil, fmt.Errorf("steady-rate phase: %w", err)
 	}
 	if err := b.measureDeletes(ctx, rep); err != nil {
 		return nil, err
@@ -444,7 +430,9 @@ func (b *bench) deleteAll(ctx context.Context, m mode, prefix string, offset int
 	return b.deleteNames(ctx, m, names)
 }
 
-func (b *bench) deleteNames(ctx context.Context, m mode, names []string) (deletion, error) {
+// deleteNames deletes the VirtualMachines names of mode m and waits until
+// the namespace holds none (of those matching opts, when given).
+func (b *bench) deleteNames(ctx context.Context, m mode, names []string, opts ...client.ListOption) (deletion, error) {
 	t0 := time.Now()
 	res := b.runOps(ctx, len(names), func(ctx context.Context, c client.Client, i int) error {
 		return ignoreNotFound(c.Delete(ctx, newVM(m, names[i])))
@@ -452,7 +440,7 @@ func (b *bench) deleteNames(ctx context.Context, m mode, names []string) (deleti
 	if res.errors > 0 {
 		return deletion{}, fmt.Errorf("%d of %d deletes %s failed: %w", res.errors, len(names), m, res.firstErr)
 	}
-	gone, err := b.waitGone(ctx, m.namespace(), 5*time.Minute)
+	gone, err := b.waitGone(ctx, m.namespace(), 5*time.Minute, opts...)
 	if err != nil {
 		return deletion{}, err
 	}

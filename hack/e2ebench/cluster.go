@@ -298,22 +298,23 @@ func (b *bench) profileAPIServer(ctx context.Context, name string, d time.Durati
 	return func() { <-done }
 }
 
-// anyVM lists at most one VirtualMachine in ns, by metadata only.
-func (b *bench) anyVM(ctx context.Context, ns string) (bool, error) {
+// anyVM lists at most one VirtualMachine in ns (and matching opts, such
+// as a label selector), by metadata only.
+func (b *bench) anyVM(ctx context.Context, ns string, opts ...client.ListOption) (bool, error) {
 	var l metav1.PartialObjectMetadataList
 	l.SetGroupVersionKind(vmipamv1.GroupVersion.WithKind("VirtualMachineList"))
-	if err := b.cl.Client.List(ctx, &l, client.InNamespace(ns), client.Limit(1)); err != nil {
+	if err := b.cl.Client.List(ctx, &l, append([]client.ListOption{client.InNamespace(ns), client.Limit(1)}, opts...)...); err != nil {
 		return false, err
 	}
 	return len(l.Items) > 0, nil
 }
 
-// waitGone polls until ns holds no VirtualMachine and returns when that
-// was first seen.
-func (b *bench) waitGone(ctx context.Context, ns string, timeout time.Duration) (time.Time, error) {
+// waitGone polls until ns holds no VirtualMachine (matching opts) and
+// returns when that was first seen.
+func (b *bench) waitGone(ctx context.Context, ns string, timeout time.Duration, opts ...client.ListOption) (time.Time, error) {
 	var gone time.Time
 	err := poll(ctx, pollAPI, timeout, "every VirtualMachine in "+ns+" to be gone", func() error {
-		any, err := b.anyVM(ctx, ns)
+		any, err := b.anyVM(ctx, ns, opts...)
 		if err != nil {
 			return err
 		}

@@ -16,10 +16,18 @@
 //     holding every allocation (retrying on conflict), then the create.
 //
 // It reports throughput, client-side create latency, the webhook's own
-// server-side latency from vmipam's metrics, the CPU each process spent,
-// then deletes every VirtualMachine and times deletion and the return of
-// every address to the free state after cooldown. Results go to stdout and,
-// as a markdown table and a PNG chart, to the results folder.
+// server-side latency from vmipam's metrics and the CPU each process spent.
+// Those rounds saturate the machine, so it then measures the webhooks
+// again at a steady, lower load: -paced-n more creates with vmipam at a
+// fixed rate (by default half the throughput with vmipam just measured;
+// the report says how busy the machine still was), from the same C
+// clients on an open-loop schedule (create i is due at t0 + i/rate; a
+// client that falls behind starts late and records the lateness, it skips
+// nothing). It deletes those and waits until their addresses are free
+// again, then deletes every other VirtualMachine and times deletion and
+// the return of every address to the free state after cooldown. Results go
+// to stdout and, as a markdown table and a PNG chart, to the results
+// folder.
 //
 // Run it through `make bench`, which sets KUBEBUILDER_ASSETS.
 package main
@@ -29,6 +37,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -51,7 +60,14 @@ type options struct {
 	profile      time.Duration
 	// noop: whether to measure the no-op webhooks.
 	noop bool
+	// pacedRate: the steady-rate phase's creates per second; 0: half the
+	// throughput with vmipam of the saturated rounds; negative: no phase.
+	pacedRate float64
+	pacedN    int
 }
+
+// paced reports whether the steady-rate phase runs.
+func (o *options) paced() bool { return o.pacedRate >= 0 }
 
 // enabled reports whether mode m takes part in the run at all (the
 // baseline does, in the warm-up, even with -baseline-n 0).
@@ -74,6 +90,8 @@ func main() {
 	flag.DurationVar(&o.freeTimeout, "free-timeout", 2*time.Minute, "How long, beyond the cooldown, to wait for every address to be free after the deletes.")
 	flag.DurationVar(&o.profile, "profile", 0, "When set, a CPU profile of kube-apiserver this long (whole seconds) is taken from the start of each mode's first round, into e2e-bench-apiserver-<mode>.pprof; the rounds should last longer (see -n).")
 	flag.BoolVar(&o.noop, "noop", true, "Also measure no-op webhooks: creates without vmipam, through a mutating and a validating webhook that e2ebench serves and that only allow (the floor of any webhook pair).")
+	flag.Float64Var(&o.pacedRate, "paced-rate", 0, "Creates per second with vmipam in the steady-rate phase after the saturated rounds, where the webhooks' latency is measured again at a fixed load below saturation; 0: half the throughput with vmipam just measured; negative: no such phase.")
+	flag.IntVar(&o.pacedN, "paced-n", 1500, "VirtualMachines to create with vmipam in the steady-rate phase (see -paced-rate).")
 	flag.StringVar(&o.vmipamArgs, "vmipam-args", "", "Extra flags for the vmipam binary, space-separated (e.g. --enable-http2).")
 	flag.Parse()
 	if err := run(o); err != nil {
@@ -92,15 +110,25 @@ func (o *options) validate() error {
 		return fmt.Errorf("-clients=%q: use per-worker or shared", o.clients)
 	case o.cooldown <= 0:
 		return errors.New("-cooldown must be positive")
+	case math.IsNaN(o.pacedRate) || math.IsInf(o.pacedRate, 0):
+		return fmt.Errorf("-paced-rate=%v: want a number of creates per second", o.pacedRate)
+	case o.paced() && o.pacedN < 1:
+		return errors.New("-paced-n must be positive unless -paced-rate is negative")
 	}
 	p, err := netip.ParsePrefix(o.poolCIDR)
 	if err != nil || !p.Addr().Is4() || p != p.Masked() {
 		return fmt.Errorf("-pool-cidr=%q: want an IPv4 network such as 10.64.0.0/18", o.poolCIDR)
 	}
-	// Network and broadcast addresses are not handed out.
+	// Network and broadcast addresses are not handed out. The
+	// steady-rate phase's VirtualMachines live alongside the saturated
+	// rounds' ones until the phase deletes them.
 	usable := 1<<(32-p.Bits()) - 2
-	if need := o.n + 2*o.warmup; usable < need {
-		return fmt.Errorf("-pool-cidr %s has %d usable addresses; -n plus the warm-up need %d", p, usable, need)
+	need, what := o.n+2*o.warmup, "-n plus the warm-up"
+	if o.paced() {
+		need, what = need+o.pacedN, "-n, -paced-n and the warm-up"
+	}
+	if usable < need {
+		return fmt.Errorf("-pool-cidr %s has %d usable addresses; %s need %d", p, usable, what, need)
 	}
 	for _, r := range staticRanges {
 		if p.Overlaps(r) {
