@@ -44,10 +44,13 @@ func diffInto(ops *[]jsonpatch.Operation, path string, before, after map[string]
 	}
 }
 
+// pointerEscaper escapes a key for a JSON pointer (RFC 6901).
+var pointerEscaper = strings.NewReplacer("~", "~0", "/", "~1")
+
 // escapePointer escapes a key for a JSON pointer (RFC 6901).
 func escapePointer(k string) string {
 	if !strings.ContainsAny(k, "~/") {
 		return k
 	}
-	return strings.NewReplacer("~", "~0", "/", "~1").Replace(k)
+	return pointerEscaper.Replace(k)
 }
