@@ -242,11 +242,7 @@ func (b *bench) measureCreates(ctx context.Context, rep *report) error {
 	if b.noop != nil {
 		noopBefore = b.noop.reviews()
 	}
-	vBefore, err := b.vmipamMetrics()
-	if err != nil {
-		return err
-	}
-	aBefore, err := b.apiserverMetrics(ctx)
+	vBefore, aBefore, err := b.bothMetrics(ctx)
 	if err != nil {
 		return err
 	}

@@ -237,6 +237,17 @@ func (b *bench) vmipamMetrics() (metricSet, error) {
 }
 
 // apiserverMetrics reads the API server's /metrics.
+// bothMetrics reads vmipam's metrics and then the API server's.
+func (b *bench) bothMetrics(ctx context.Context) (vmipam, apiserver metricSet, err error) {
+	if vmipam, err = b.vmipamMetrics(); err != nil {
+		return nil, nil, err
+	}
+	if apiserver, err = b.apiserverMetrics(ctx); err != nil {
+		return nil, nil, err
+	}
+	return vmipam, apiserver, nil
+}
+
 func (b *bench) apiserverMetrics(ctx context.Context) (metricSet, error) {
 	text, err := b.apiserverMetricsText(ctx)
 	if err != nil {

@@ -149,11 +149,7 @@ func (b *bench) measurePaced(ctx context.Context, rep *report) error {
 	if err != nil {
 		return err
 	}
-	vBefore, err := b.vmipamMetrics()
-	if err != nil {
-		return err
-	}
-	aBefore, err := b.apiserverMetrics(ctx)
+	vBefore, aBefore, err := b.bothMetrics(ctx)
 	if err != nil {
 		return err
 	}
@@ -164,11 +160,7 @@ func (b *bench) measurePaced(ctx context.Context, rep *report) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	vAfter, err := b.vmipamMetrics()
-	if err != nil {
-		return err
-	}
-	aAfter, err := b.apiserverMetrics(ctx)
+	vAfter, aAfter, err := b.bothMetrics(ctx)
 	if err != nil {
 		return err
 	}
