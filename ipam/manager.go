@@ -116,6 +116,9 @@ type entry struct {
 type blockState struct {
 	persisted Block
 	loaded    bool
+	// returning: a write that gives addresses back is in flight; once it
+	// lands the store may no longer claim what persisted shows claimed.
+	returning bool
 	// gen counts local changes that the persisted block does not reflect;
 	// written is the gen of the last successful write.
 	gen, written uint64
@@ -417,10 +420,15 @@ func (m *Manager) Bind(token, uid string) (netip.Addr, error) {
 // Release puts an address into cooldown. The owner must match: the UID of
 // the virtual machine it is allocated to, or the token of a pending
 // reservation. Releasing an address that is free, cooling down or not held
-// is a no-op, so a retried release is harmless.
+// is a no-op, so a retried release is harmless. A Manager not recovered
+// yet, or closed, refuses with ErrNotReady: nobody would persist it.
 func (m *Manager) Release(addr netip.Addr, owner Owner) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if !m.ready {
+		// Not recovered yet, or closed: a release here would be lost.
+		return fmt.Errorf("release %s in pool %q: %w", addr, m.cfg.Pool, ErrNotReady)
+	}
 	now := m.clock.Now()
 	m.advance(now)
 	e := m.entries[addr]

@@ -51,6 +51,9 @@ type reservation struct {
 type faultyStore struct {
 	*MemoryStore
 	failPuts int
+	// lostReplies: the failing Puts commit first, as when the reply of a
+	// write that landed is lost (a timeout).
+	lostReplies bool
 }
 
 var errInjected = errors.New("injected store failure")
@@ -58,6 +61,11 @@ var errInjected = errors.New("injected store failure")
 func (s *faultyStore) Put(ctx context.Context, b Block) (string, error) {
 	if s.failPuts > 0 {
 		s.failPuts--
+		if s.lostReplies {
+			if _, err := s.MemoryStore.Put(ctx, b); err != nil {
+				return "", err
+			}
+		}
 		return "", errInjected
 	}
 	return s.MemoryStore.Put(ctx, b)
@@ -324,7 +332,8 @@ func (h *harness) step(op byte, arg uint32) error {
 		}
 	case 13: // the store fails for a while
 		h.faulty.failPuts = int(arg % 4)
-		h.logf("store fails %d puts", h.faulty.failPuts)
+		h.faulty.lostReplies = arg&4 != 0
+		h.logf("store fails %d puts (after committing them: %t)", h.faulty.failPuts, h.faulty.lostReplies)
 	case 14: // crash and restart
 		if arg%4 != 0 {
 			return nil

@@ -90,7 +90,7 @@ func (m *Manager) Durable(addr netip.Addr) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	bs := m.blocks[BlockOf(addr)]
-	if bs == nil || !bs.loaded {
+	if bs == nil || !bs.loaded || bs.returning {
 		return false
 	}
 	h, ok := bs.persisted.holderOf(blockOffset(addr))
@@ -208,11 +208,14 @@ func (m *Manager) giveBack(ctx context.Context, n int) error {
 			e = prev
 		}
 	}
-	m.mu.Unlock()
 	if len(picked) == 0 {
+		m.mu.Unlock()
 		return nil
 	}
 	p := BlockOf(picked[0].addr)
+	bs := m.blocks[p]
+	bs.returning = true
+	m.mu.Unlock()
 	var err error
 	for range maxStoreRetries {
 		if err = m.writeBlock(ctx, p, nil); !errors.Is(err, ErrStoreConflict) {
@@ -221,6 +224,14 @@ func (m *Manager) giveBack(ctx context.Context, n int) error {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	bs.returning = false
+	if err != nil {
+		// The write may have landed all the same (a timeout after the
+		// commit), so the addresses are given up either way: the next
+		// write agrees with the store, and the block is read again
+		// before anything trusts what it shows.
+		bs.loaded = false
+	}
 	for _, e := range picked {
 		switch {
 		case e.state != stateReturning:
@@ -228,8 +239,8 @@ func (m *Manager) giveBack(ctx context.Context, n int) error {
 			// write dropped its claim, so claim it again.
 			m.markDirty(e.addr)
 		case err != nil:
-			e.state = StateFree
-			m.free.pushBack(e)
+			delete(m.entries, e.addr)
+			m.markDirty(e.addr)
 		default:
 			delete(m.entries, e.addr)
 		}
@@ -267,7 +278,9 @@ func (m *Manager) pickLocked(want int) (p netip.Prefix, picks []netip.Addr, next
 		}
 		for ok && BlockOf(x) == p && len(picks) < want {
 			if m.entries[x] == nil {
-				if _, taken := bs.persisted.holderOf(blockOffset(x)); !taken {
+				// Claimed by this holder without an entry: given back by
+				// a write that failed, free to take again.
+				if h, taken := bs.persisted.holderOf(blockOffset(x)); !taken || h == m.cfg.Holder {
 					picks = append(picks, x)
 				}
 			}

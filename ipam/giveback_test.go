@@ -1,0 +1,236 @@
+package ipam
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+)
+
+// gateStore holds Puts at a gate while the test acts, and can fail a Put
+// after it has committed (a timeout after the write landed).
+type gateStore struct {
+	*MemoryStore
+	mu sync.Mutex
+	// gate, when set, holds the next Put until closed; entered is closed
+	// once that Put waits at it.
+	gate, entered chan struct{}
+	// lostReplies fails that many committed Puts.
+	lostReplies int
+}
+
+func (s *gateStore) Put(ctx context.Context, b Block) (string, error) {
+	s.mu.Lock()
+	gate, entered := s.gate, s.entered
+	s.gate, s.entered = nil, nil
+	lost := s.lostReplies > 0
+	if lost {
+		s.lostReplies--
+	}
+	s.mu.Unlock()
+	if gate != nil {
+		close(entered)
+		<-gate
+	}
+	v, err := s.MemoryStore.Put(ctx, b)
+	if err == nil && lost {
+		return "", errors.New("injected: the reply was lost after the commit")
+	}
+	return v, err
+}
+
+// newRecovered is a Manager over st with watermarks that make a claim of 6
+// addresses trigger a give-back, recovered with no live machines.
+func newRecovered(t *testing.T, st Store, clk *fakeClock, cooldown time.Duration) *Manager {
+	t.Helper()
+	m, err := NewManager(Config{
+		Pool: "p", Holder: "h", Ranges: mustRanges(t, RangeSpec{CIDR: "10.0.0.0/24"}),
+		Cooldown: cooldown, PendingTTL: 30 * time.Second,
+		LowWatermark: 1, TargetFree: 2, HighWatermark: 3,
+		Store: st, Clock: clk,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Recover(t.Context(), nil); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// lifetime reserves a, binds it to a machine and deletes the machine as the
+// garbage collector does: release, and flush unless the release is durable.
+func lifetime(t *testing.T, m *Manager, a netip.Addr) {
+	t.Helper()
+	if err := m.Reserve(t.Context(), "tok", a); err != nil {
+		t.Fatalf("reserve %s: %v", a, err)
+	}
+	if _, err := m.Bind("tok", "uid"); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Release(a, Owner{UID: "uid", Token: "tok"}); err != nil {
+		t.Fatal(err)
+	}
+	if !m.Durable(a) {
+		if err := m.Flush(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// notReusedAfterCrash restarts on st and checks that a, released just now
+// with a 10-minute cooldown, cannot be had a second later.
+func notReusedAfterCrash(t *testing.T, st Store, clk *fakeClock, a netip.Addr) {
+	t.Helper()
+	m2 := newRecovered(t, st, clk, 10*time.Minute)
+	clk.Step(time.Second)
+	if err := m2.Reserve(t.Context(), "other", a); err == nil {
+		t.Errorf("%s was reserved again 1s after its release and a crash, inside its 10m cooldown", a)
+	}
+}
+
+func TestReleaseDuringGiveBack(t *testing.T) {
+	clk := newFakeClock()
+	gs := &gateStore{MemoryStore: NewMemoryStore()}
+	m := newRecovered(t, gs, clk, 10*time.Minute)
+	if _, err := m.claim(t.Context(), 6); err != nil {
+		t.Fatal(err)
+	}
+	gs.mu.Lock()
+	gate, entered := make(chan struct{}), make(chan struct{})
+	gs.gate, gs.entered = gate, entered
+	gs.mu.Unlock()
+	done := make(chan error, 1)
+	go func() { done <- m.Rebalance(context.Background()) }()
+	<-entered
+	// The give-back write is in flight: one of its addresses is reserved,
+	// bound and released before it lands.
+	var victim netip.Addr
+	m.mu.Lock()
+	for a, e := range m.entries {
+		if e.state == stateReturning {
+			victim = a
+			break
+		}
+	}
+	m.mu.Unlock()
+	if !victim.IsValid() {
+		t.Fatal("no address being given back")
+	}
+	if err := m.Reserve(t.Context(), "tok", victim); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Bind("tok", "uid"); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Release(victim, Owner{UID: "uid", Token: "tok"}); err != nil {
+		t.Fatal(err)
+	}
+	if m.Durable(victim) {
+		t.Errorf("Durable(%s) while a write giving it back is in flight = true", victim)
+	}
+	close(gate)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !m.Durable(victim) {
+		if err := m.Flush(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	notReusedAfterCrash(t, gs.MemoryStore, clk, victim)
+}
+
+func TestGiveBackWhoseReplyWasLost(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		// after the lost reply, before the crash
+		act func(t *testing.T, m *Manager, a netip.Addr)
+	}{
+		{"released", func(t *testing.T, m *Manager, a netip.Addr) { lifetime(t, m, a) }},
+		{"pending", func(t *testing.T, m *Manager, a netip.Addr) {
+			if err := m.Reserve(t.Context(), "tok", a); err != nil {
+				t.Fatalf("reserve %s: %v", a, err)
+			}
+			if err := m.Flush(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			clk := newFakeClock()
+			gs := &gateStore{MemoryStore: NewMemoryStore()}
+			m := newRecovered(t, gs, clk, 10*time.Minute)
+			if _, err := m.claim(t.Context(), 6); err != nil {
+				t.Fatal(err)
+			}
+			a := m.free.tail.addr // given back first
+			gs.lostReplies = 1
+			if err := m.Rebalance(t.Context()); err == nil {
+				t.Fatal("rebalance with a lost reply succeeded")
+			}
+			if st, _, _ := m.Lookup(a); st == StateFree {
+				t.Errorf("%s is free after a give-back whose outcome is unknown", a)
+			}
+			tt.act(t, m, a)
+			m2 := newRecovered(t, gs.MemoryStore, clk, 10*time.Minute)
+			clk.Step(time.Second)
+			if err := m2.Reserve(t.Context(), "other", a); err == nil {
+				t.Errorf("%s %s before a crash was reserved again a second after it", a, tt.name)
+			}
+		})
+	}
+}
+
+func TestClosedManagerRefusesRelease(t *testing.T) {
+	clk := newFakeClock()
+	m := newRecovered(t, NewMemoryStore(), clk, time.Minute)
+	a, err := m.Allocate(t.Context(), "tok")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Bind("tok", "uid"); err != nil {
+		t.Fatal(err)
+	}
+	m.Close()
+	if err := m.Release(a, Owner{UID: "uid"}); !errors.Is(err, ErrNotReady) {
+		t.Errorf("Release on a closed Manager = %v, want ErrNotReady", err)
+	}
+}
+
+// TestRebuildKeepsUnwrittenCooldowns is the protocol pools.Registry follows
+// when a pool's spec changes: close the old Manager, flush it, then recover
+// the new one. A cooldown shortened by the change must not shorten the
+// cooldown of an address released before it, even one not yet written.
+func TestRebuildKeepsUnwrittenCooldowns(t *testing.T) {
+	clk := newFakeClock()
+	st := NewMemoryStore()
+	m := newRecovered(t, st, clk, time.Hour)
+	a, err := m.Allocate(t.Context(), "tok")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Bind("tok", "uid"); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Flush(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Release(a, Owner{UID: "uid"}); err != nil {
+		t.Fatal(err)
+	}
+	if !m.Durable(a) {
+		t.Fatalf("Durable(%s) = false for an address claimed before it was handed out", a)
+	}
+	m.Close()
+	if err := m.Flush(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	shorter := newRecovered(t, st, clk, time.Minute)
+	clk.Step(10 * time.Minute)
+	if err := shorter.Reserve(t.Context(), "other", a); err == nil {
+		t.Errorf("%s, released with a 1h cooldown, was reserved again 10m later after the cooldown was shortened", a)
+	}
+}
