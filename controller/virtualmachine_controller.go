@@ -93,6 +93,11 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 	}
 	if pool == nil {
 		if obj.GetDeletionTimestamp() != nil && target.HasFinalizer(obj) {
+			if err := r.Registry.Ready(ctx); err != nil {
+				// Not every pool is known yet: this one may still be
+				// recovering, and its address must go into cooldown.
+				return ctrl.Result{RequeueAfter: time.Second}, nil
+			}
 			// The pool is gone, and its addresses with it.
 			return ctrl.Result{}, r.removeFinalizer(ctx, obj)
 		}
@@ -114,7 +119,11 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 		}
 		if hasAddr {
 			log.V(1).Info("Releasing address", "address", addr, "pool", pool.Name)
-			if err := m.Release(addr, owner); err != nil {
+			if err := m.Release(addr, owner); errors.Is(err, ipam.ErrNotReady) {
+				// The pool's allocator was rebuilt meanwhile: release
+				// into the new one.
+				return ctrl.Result{RequeueAfter: time.Second}, nil
+			} else if err != nil {
 				// Someone else holds it: releasing would take it from them.
 				r.event(obj, corev1.EventTypeWarning, "ReleaseSkipped", "Release", "%v", err)
 			} else if !m.Durable(addr) {

@@ -216,6 +216,12 @@ func (r *Registry) Ensure(ctx context.Context, pool *vmipamv1.IPPool) error {
 	}
 	if old != nil {
 		old.stop()
+		// Releases not written yet carry cooldown deadlines that the new
+		// allocator's recovery must read: a shortened cooldown only
+		// applies to addresses released after the change.
+		if err := old.Manager.Flush(ctx); err != nil {
+			return fmt.Errorf("persist pool %s before rebuilding its allocator: %w", pool.Name, err)
+		}
 	}
 	live, err := r.liveHoldings(ctx, p.Name, p.Manager.Ranges())
 	if err != nil {
