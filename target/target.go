@@ -163,3 +163,14 @@ func SetAnnotation(obj *unstructured.Unstructured, k, v string) {
 	a[k] = v
 	obj.SetAnnotations(a)
 }
+
+// RemoveAnnotation removes annotation k from obj, if present.
+// (GetAnnotations returns a copy, so deleting from it changes nothing.)
+func RemoveAnnotation(obj *unstructured.Unstructured, k string) {
+	a := obj.GetAnnotations()
+	if _, ok := a[k]; !ok {
+		return
+	}
+	delete(a, k)
+	obj.SetAnnotations(a)
+}

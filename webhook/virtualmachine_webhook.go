@@ -119,7 +119,7 @@ func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admissi
 			}
 		}
 		target.SetAnnotation(obj, vmipamv1.PoolAnnotation, pool.Name)
-		delete(obj.GetAnnotations(), vmipamv1.TokenAnnotation)
+		target.RemoveAnnotation(obj, vmipamv1.TokenAnnotation)
 		target.AddFinalizer(obj)
 		return patch(orig, obj, true)
 	}
