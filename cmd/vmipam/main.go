@@ -5,6 +5,7 @@ package main
 
 import (
 	"crypto/tls"
+	"errors"
 	"flag"
 	"fmt"
 	"net"
@@ -79,7 +80,24 @@ func main() {
 	}
 }
 
+// validate checks the flags that would otherwise fail deep inside the
+// manager, with a message naming neither the flag nor the fix.
+func (o options) validate() error {
+	switch {
+	case o.leaseDuration <= 0 || o.renewDeadline <= 0 || o.retryPeriod <= 0:
+		return errors.New("--leader-elect-lease-duration, --leader-elect-renew-deadline and --leader-elect-retry-period must be positive")
+	case o.leaseDuration <= o.renewDeadline:
+		return fmt.Errorf("--leader-elect-lease-duration (%s) must be longer than --leader-elect-renew-deadline (%s)", o.leaseDuration, o.renewDeadline)
+	case float64(o.renewDeadline) <= 1.2*float64(o.retryPeriod):
+		return fmt.Errorf("--leader-elect-renew-deadline (%s) must be longer than 1.2 × --leader-elect-retry-period (%s)", o.renewDeadline, o.retryPeriod)
+	}
+	return nil
+}
+
 func run(o options) error {
+	if err := o.validate(); err != nil {
+		return err
+	}
 	var tlsOpts []func(*tls.Config)
 	if !o.enableHTTP2 {
 		tlsOpts = append(tlsOpts, func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} })
