@@ -165,6 +165,8 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 		if _, err := m.Bind(owner.Token, owner.UID); err == nil {
 			log.V(1).Info("Bound address", "address", addr, "pool", pool.Name)
 			return ctrl.Result{}, nil
+		} else if errors.Is(err, ipam.ErrNotReady) {
+			return ctrl.Result{RequeueAfter: time.Second}, nil
 		} else if errors.Is(err, ipam.ErrConflict) {
 			// The token is bound to another object: this one carries a
 			// copy of its stamp. It must not inherit the reservation.
@@ -176,6 +178,9 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 		// Rare (an object that bypassed the webhook, or a lost
 		// reservation), so worth an Event.
 		r.event(obj, corev1.EventTypeNormal, "AddressAdopted", "Assign", "Adopted %s into IPPool %s", addr, pool.Name)
+	case errors.Is(err, ipam.ErrNotReady):
+		// The pool's allocator was rebuilt meanwhile.
+		return ctrl.Result{RequeueAfter: time.Second}, nil
 	case errors.Is(err, ipam.ErrConflict):
 		log.Error(err, "Duplicate address", "address", addr, "pool", pool.Name)
 		pool.NoteConflict(err)

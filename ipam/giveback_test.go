@@ -184,19 +184,39 @@ func TestGiveBackWhoseReplyWasLost(t *testing.T) {
 	}
 }
 
-func TestClosedManagerRefusesRelease(t *testing.T) {
+func TestClosedManagerRefusesChanges(t *testing.T) {
 	clk := newFakeClock()
 	m := newRecovered(t, NewMemoryStore(), clk, time.Minute)
 	a, err := m.Allocate(t.Context(), "tok")
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, err := m.Allocate(t.Context(), "pending"); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := m.Bind("tok", "uid"); err != nil {
 		t.Fatal(err)
 	}
+	if err := m.Flush(t.Context()); err != nil {
+		t.Fatal(err)
+	}
 	m.Close()
-	if err := m.Release(a, Owner{UID: "uid"}); !errors.Is(err, ErrNotReady) {
-		t.Errorf("Release on a closed Manager = %v, want ErrNotReady", err)
+	writes := m.Stats().StoreWrites
+	for name, change := range map[string]func() error{
+		"release": func() error { return m.Release(a, Owner{UID: "uid"}) },
+		"bind":    func() error { _, err := m.Bind("pending", "uid-2"); return err },
+		"adopt":   func() error { return m.Adopt(addr("10.0.0.200"), Owner{UID: "uid-3"}) },
+	} {
+		if err := change(); !errors.Is(err, ErrNotReady) {
+			t.Errorf("%s on a closed Manager = %v, want ErrNotReady", name, err)
+		}
+	}
+	// So a late flush of it, racing a new Manager, writes nothing stale.
+	if err := m.Flush(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if w := m.Stats().StoreWrites; w != writes {
+		t.Errorf("a flush of a closed Manager wrote %d blocks", w-writes)
 	}
 }
 

@@ -397,6 +397,9 @@ func (m *Manager) setPending(e *entry, token string, now time.Time) {
 func (m *Manager) Bind(token, uid string) (netip.Addr, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if !m.ready {
+		return netip.Addr{}, fmt.Errorf("bind token %s in pool %q: %w", token, m.cfg.Pool, ErrNotReady)
+	}
 	m.advance(m.clock.Now())
 	e := m.byToken[token]
 	if e == nil {
@@ -421,7 +424,9 @@ func (m *Manager) Bind(token, uid string) (netip.Addr, error) {
 // the virtual machine it is allocated to, or the token of a pending
 // reservation. Releasing an address that is free, cooling down or not held
 // is a no-op, so a retried release is harmless. A Manager not recovered
-// yet, or closed, refuses with ErrNotReady: nobody would persist it.
+// yet, or closed, refuses with ErrNotReady: nobody would persist it. Bind
+// and Adopt refuse the same way, so that nothing changes a closed Manager
+// and a late Flush of it writes nothing stale.
 func (m *Manager) Release(addr netip.Addr, owner Owner) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -462,6 +467,9 @@ func (m *Manager) Adopt(addr netip.Addr, owner Owner) error {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if !m.ready {
+		return fmt.Errorf("adopt %s in pool %q: %w", addr, m.cfg.Pool, ErrNotReady)
+	}
 	m.advance(m.clock.Now())
 	return m.adoptLocked(addr, owner)
 }
