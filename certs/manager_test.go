@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/vmipam/vmipam/certs/pki"
+	"github.com/vmipam/vmipam/test/harness"
 )
 
 // fixture is one Manager with its own namespace, webhook configurations and
@@ -310,7 +311,7 @@ func (f *fixture) create(ctx context.Context) error {
 func (f *fixture) admitted(t *testing.T) {
 	t.Helper()
 	before := f.calls.Load()
-	waitFor(t, 20*time.Second, "a ConfigMap create to be admitted", func() error { return f.create(t.Context()) })
+	harness.Eventually(t, 20*time.Second, "a ConfigMap create to be admitted", func() error { return f.create(t.Context()) })
 	if f.calls.Load() < before+3 {
 		t.Fatalf("%d admission requests, want the 3 webhooks called", f.calls.Load()-before)
 	}
@@ -320,19 +321,6 @@ func (f *fixture) handshakesWith(serial string) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.handshakes[serial]
-}
-
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = cond(); err == nil {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("timed out after %s waiting for %s: %v", timeout, what, err)
 }
 
 // realNow is the API server's time, which judges the certificates: fake
@@ -362,7 +350,7 @@ func TestFirstStart(t *testing.T) {
 		}
 	})
 
-	waitFor(t, 10*time.Second, "readiness to name the missing configuration", func() error {
+	harness.Eventually(t, 10*time.Second, "readiness to name the missing configuration", func() error {
 		err := f.mgr.ReadyCheck(nil)
 		switch {
 		case err == nil:
@@ -375,14 +363,14 @@ func TestFirstStart(t *testing.T) {
 	f.checkSecret(t, true)
 	f.createValidating(t)
 	// Not ready: the loop waits the short retry interval, not a resync.
-	waitFor(t, 10*time.Second, "the loop to wait", func() error {
+	harness.Eventually(t, 10*time.Second, "the loop to wait", func() error {
 		if !f.clk.HasWaiters() {
 			return errors.New("no timer")
 		}
 		return nil
 	})
 	f.clk.Step(retryInterval)
-	waitFor(t, 10*time.Second, "readiness", func() error { return f.mgr.ReadyCheck(nil) })
+	harness.Eventually(t, 10*time.Second, "readiness", func() error { return f.mgr.ReadyCheck(nil) })
 	f.checkInvariant(t)
 	f.checkSecret(t, true)
 
@@ -456,7 +444,7 @@ func TestRotationUnderLoad(t *testing.T) {
 	settle := func(what string) {
 		t.Helper()
 		before, start := ok.Load(), time.Now()
-		waitFor(t, 30*time.Second, "creates after "+what, func() error {
+		harness.Eventually(t, 30*time.Second, "creates after "+what, func() error {
 			if n := ok.Load() - before; n < 30 || time.Since(start) < time.Second {
 				return fmt.Errorf("%d creates", n)
 			}

@@ -3,18 +3,14 @@ package certs
 import (
 	"flag"
 	"fmt"
-	"io"
 	"os"
 	"testing"
 
-	"github.com/go-logr/logr"
+	"github.com/vmipam/vmipam/test/harness"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
-	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
-	logf "sigs.k8s.io/controller-runtime/pkg/log"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 )
 
 var (
@@ -26,17 +22,12 @@ var (
 // TestMain starts one kube-apiserver and etcd for the package: the tests
 // prove rotations against the API server's own webhook client.
 func TestMain(m *testing.M) {
-	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
-		fmt.Fprintln(os.Stderr, "KUBEBUILDER_ASSETS is not set: run the tests with 'make test', which builds kube-apiserver and etcd once (hack/envtest-assets.sh)")
+	if _, err := harness.Assets(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	flag.Parse()
-	if testing.Verbose() {
-		logf.SetLogger(zap.New(zap.UseDevMode(true)))
-	} else {
-		logf.SetLogger(zap.New(zap.WriteTo(io.Discard)))
-		klog.SetLogger(logr.Discard())
-	}
+	harness.SetTestLogger(testing.Verbose())
 	testEnv = &envtest.Environment{}
 	var err error
 	if cfg, err = testEnv.Start(); err != nil {

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/vmipam/vmipam/test/harness"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
@@ -52,9 +53,9 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	assets := os.Getenv("KUBEBUILDER_ASSETS")
-	if assets == "" {
-		fmt.Fprintln(os.Stderr, "KUBEBUILDER_ASSETS is not set: run the tests with 'make test', or with KUBEBUILDER_ASSETS=$(hack/envtest-assets.sh), which builds kube-apiserver, etcd and kubectl once")
+	assets, err := harness.Assets()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	kubectlPath = filepath.Join(assets, "kubectl")

@@ -55,8 +55,8 @@ type Cluster struct {
 // Start builds vmipam from the repository at root into dir, starts a
 // control plane, and installs the CRDs and webhook configurations.
 func Start(ctx context.Context, root, dir string) (*Cluster, error) {
-	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
-		return nil, errors.New("KUBEBUILDER_ASSETS is not set: run through make, which builds the control plane with hack/envtest-assets.sh")
+	if _, err := Assets(); err != nil {
+		return nil, err
 	}
 	c := &Cluster{dir: dir, Binary: filepath.Join(dir, "vmipam")}
 	build := exec.CommandContext(ctx, "go", "build", "-o", c.Binary, "./cmd/vmipam")
