@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"strings"
 	"time"
 )
 
@@ -30,36 +29,6 @@ var (
 	// ErrInvalid marks a configuration error; see FieldErrors.
 	ErrInvalid = errors.New("invalid configuration")
 )
-
-// FieldError is one invalid input value: the field it came from (a path such
-// as "ranges[0].cidr"), the value, and what is wrong and how to fix it.
-type FieldError struct {
-	Field  string
-	Value  string
-	Detail string
-}
-
-func (e *FieldError) Error() string {
-	if e.Value == "" {
-		return fmt.Sprintf("%s: %s", e.Field, e.Detail)
-	}
-	return fmt.Sprintf("%s: invalid value %q: %s", e.Field, e.Value, e.Detail)
-}
-
-// FieldErrors is every problem found in one input, reported together so the
-// user can fix them in one pass. It matches ErrInvalid.
-type FieldErrors []*FieldError
-
-func (l FieldErrors) Error() string {
-	msgs := make([]string, len(l))
-	for i, e := range l {
-		msgs[i] = e.Error()
-	}
-	return strings.Join(msgs, "; ")
-}
-
-// Is reports whether target is ErrInvalid.
-func (l FieldErrors) Is(target error) bool { return target == ErrInvalid }
 
 // ExhaustedError says why a pool cannot hand out an address and when one
 // will free up, so the user is told something they can act on.

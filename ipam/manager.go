@@ -190,7 +190,7 @@ func (systemClock) Now() time.Time { return time.Now() } //nolint:forbidigo // t
 func NewManager(cfg Config) (*Manager, error) {
 	var errs FieldErrors
 	bad := func(field, value, detail string) {
-		errs = append(errs, &FieldError{Field: field, Value: value, Detail: detail})
+		errs = append(errs, &FieldError{Path: Path{{Field: field}}, Value: value, Detail: detail})
 	}
 	if cfg.Pool == "" {
 		bad("pool", "", "a pool name is required")
@@ -280,7 +280,7 @@ func (m *Manager) Allocate(ctx context.Context, token string) (netip.Addr, error
 
 func (m *Manager) allocate(ctx context.Context, token string, now time.Time) (netip.Addr, error) {
 	if token == "" {
-		return netip.Addr{}, fmt.Errorf("allocate from pool %q: %w", m.cfg.Pool, &FieldError{Field: "token", Detail: "a reservation token is required"})
+		return netip.Addr{}, fmt.Errorf("allocate from pool %q: %w", m.cfg.Pool, &FieldError{Path: Path{{Field: "token"}}, Type: ErrorTypeRequired, Detail: "a reservation token is required"})
 	}
 	for attempt := 0; ; attempt++ {
 		m.mu.Lock()
@@ -332,7 +332,7 @@ func (m *Manager) allocate(ctx context.Context, token string, now time.Time) (ne
 func (m *Manager) Reserve(ctx context.Context, token string, addr netip.Addr) error {
 	now := m.clock.Now()
 	if token == "" {
-		return fmt.Errorf("reserve %s in pool %q: %w", addr, m.cfg.Pool, &FieldError{Field: "token", Detail: "a reservation token is required"})
+		return fmt.Errorf("reserve %s in pool %q: %w", addr, m.cfg.Pool, &FieldError{Path: Path{{Field: "token"}}, Type: ErrorTypeRequired, Detail: "a reservation token is required"})
 	}
 	if !m.cfg.Ranges.Contains(addr) {
 		return fmt.Errorf("reserve %s in pool %q (usable: %s): %w", addr, m.cfg.Pool, m.cfg.Ranges, ErrOutOfRange)

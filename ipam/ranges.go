@@ -40,7 +40,7 @@ type Ranges struct {
 func ParseRanges(specs []RangeSpec) (*Ranges, error) {
 	var errs FieldErrors
 	fail := func(field, value, format string, args ...any) {
-		errs = append(errs, &FieldError{Field: field, Value: value, Detail: fmt.Sprintf(format, args...)})
+		errs = append(errs, &FieldError{Path: legacyPath(field), Value: value, Detail: fmt.Sprintf(format, args...)})
 	}
 	if len(specs) == 0 {
 		fail("ranges", "", "at least one range is required, for example {cidr: 10.0.0.0/24}")
@@ -297,4 +297,20 @@ func (r *Ranges) String() string {
 		parts[i] = fmt.Sprintf("%s-%s", fromU128(sp.first, sp.is4), fromU128(sp.last, sp.is4))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// legacyPath reads "ranges[1].exclude[0]" into a Path. Temporary: the
+// parser should build typed paths directly.
+func legacyPath(s string) Path {
+	var p Path
+	for _, seg := range strings.Split(s, ".") {
+		name, rest, ok := strings.Cut(seg, "[")
+		p = p.Child(name)
+		if ok {
+			var i int
+			fmt.Sscanf(rest, "%d]", &i)
+			p = p.Index(i)
+		}
+	}
+	return p
 }

@@ -28,7 +28,7 @@ func rtFields(err error) []string {
 	}
 	out := make([]string, len(fe))
 	for i, e := range fe {
-		out[i] = e.Field
+		out[i] = e.Field()
 	}
 	return out
 }

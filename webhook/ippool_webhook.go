@@ -143,10 +143,10 @@ func ippoolValidateRanges(spec *field.Path, ranges []vmipamv1.IPRange) field.Err
 	}
 	errs := make(field.ErrorList, 0, len(ferrs))
 	for _, fe := range ferrs {
-		path, ok := ippoolFieldPath(spec, fe.Field)
+		path, ok := ippoolFieldPath(spec, fe.Field())
 		detail := fe.Detail
 		if !ok {
-			path, detail = spec, fe.Field+": "+detail
+			path, detail = spec, fe.Field()+": "+detail
 		}
 		switch {
 		case fe.Value == "" && strings.Contains(detail, "required"):
@@ -245,7 +245,8 @@ func ippoolValidateDefault(path *field.Path, pool *vmipamv1.IPPool, others []vmi
 // leaves them unset.
 func ippoolValidateTiming(spec *field.Path, s *vmipamv1.IPPoolSpec) field.ErrorList {
 	var errs field.ErrorList
-	if d := s.Cooldown.Duration; d < 0 {
+	if s.Cooldown != nil && s.Cooldown.Duration < 0 {
+		d := s.Cooldown.Duration
 		errs = append(errs, field.Invalid(spec.Child("cooldown"), d.String(),
 			fmt.Sprintf("must not be negative; it is how long a released address rests before reuse, for example %s", ipam.DefaultCooldown)))
 	}

@@ -260,7 +260,7 @@ func TestValidateIPPoolSettings(t *testing.T) {
 		},
 		"everything set and sane": {
 			spec: func(s *vmipamv1.IPPoolSpec) {
-				s.Cooldown = metav1.Duration{Duration: 10 * time.Minute}
+				s.Cooldown = &metav1.Duration{Duration: 10 * time.Minute}
 				s.PendingTTL = metav1.Duration{Duration: 30 * time.Second}
 				s.Watermarks = &vmipamv1.Watermarks{Low: 0, Target: 4096, High: 4096}
 				s.NamespaceSelector = &metav1.LabelSelector{
@@ -270,7 +270,7 @@ func TestValidateIPPoolSettings(t *testing.T) {
 			},
 		},
 		"negative cooldown": {
-			spec: func(s *vmipamv1.IPPoolSpec) { s.Cooldown = metav1.Duration{Duration: -time.Second} },
+			spec: func(s *vmipamv1.IPPoolSpec) { s.Cooldown = &metav1.Duration{Duration: -time.Second} },
 			want: []ippoolWantErr{{"spec.cooldown", `Invalid value: "-1s": must not be negative`}},
 		},
 		"short pendingTTL": {
@@ -334,7 +334,7 @@ func TestValidateIPPoolReportsEveryError(t *testing.T) {
 	)
 	pool.Spec.Default = true
 	pool.Spec.PendingTTL = metav1.Duration{Duration: time.Second}
-	pool.Spec.Cooldown = metav1.Duration{Duration: -time.Minute}
+	pool.Spec.Cooldown = &metav1.Duration{Duration: -time.Minute}
 	pool.Spec.Watermarks = &vmipamv1.Watermarks{Low: 10, Target: 5, High: 1}
 	pool.Spec.NamespaceSelector = &metav1.LabelSelector{
 		MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "env", Operator: metav1.LabelSelectorOpExists, Values: []string{"x"}}},
@@ -536,7 +536,7 @@ func TestIPPoolValidatorHandle(t *testing.T) {
 	narrowed := ippoolTestPool("a", vmipamv1.IPRange{CIDR: "10.0.0.0/24", Last: "10.0.0.99"})
 	invalid := ippoolTestPool("x", vmipamv1.IPRange{CIDR: "10.0.0.0/24", First: "10.0.1.1"})
 	retuned := *overlapping.DeepCopy()
-	retuned.Spec.Cooldown = metav1.Duration{Duration: time.Minute}
+	retuned.Spec.Cooldown = &metav1.Duration{Duration: time.Minute}
 	relabelled := *overlapping.DeepCopy()
 	relabelled.Labels = map[string]string{"team": "a"}
 

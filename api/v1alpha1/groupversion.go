@@ -38,6 +38,11 @@ const (
 	// Finalizer keeps a VirtualMachine until its address is released into
 	// cooldown.
 	Finalizer = "vmipam.io/release-address"
+	// PoolFinalizer keeps an IPPool, once deleted, until no VirtualMachine
+	// holds or waits for one of its addresses and its cooldowns have ended,
+	// so that no address is stranded or handed out again too early by a
+	// pool created over the same ranges.
+	PoolFinalizer = "vmipam.io/ippool-protection"
 	// PoolLabel on an IPBlock names its pool.
 	PoolLabel = "vmipam.io/pool"
 )

@@ -50,6 +50,22 @@ type Watermarks struct {
 	High int32 `json:"high"`
 }
 
+// NamespaceRestriction lists the namespaces allowed to use a pool: those
+// named, and those whose labels match the selector.
+//
+// +kubebuilder:validation:XValidation:rule="has(self.names) || has(self.selector)",message="name namespaces or give a selector; to allow every namespace, leave allowedNamespaces out"
+type NamespaceRestriction struct {
+	// Names are namespaces allowed by name.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=1024
+	// +kubebuilder:validation:items:MaxLength=63
+	Names []string `json:"names,omitempty"`
+	// Selector allows the namespaces whose labels match it.
+	// +optional
+	Selector *metav1.LabelSelector `json:"selector,omitempty"`
+}
+
 // IPPoolSpec configures a pool.
 //
 // +kubebuilder:validation:XValidation:rule="!has(self.watermarks) || (self.watermarks.low <= self.watermarks.target && self.watermarks.target <= self.watermarks.high)",message="watermarks need low <= target <= high"
@@ -62,15 +78,33 @@ type IPPoolSpec struct {
 	Ranges []IPRange `json:"ranges"`
 	// Cooldown is how long a released address rests before it is handed
 	// out again, so that stale routes, ARP and conntrack entries die first.
+	// 0s means no cooldown; only a missing field takes the default, 5m.
 	// +optional
 	// +kubebuilder:default="5m"
-	Cooldown metav1.Duration `json:"cooldown,omitempty"`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s')",message="must not be negative; 0s means no cooldown"
+	Cooldown *metav1.Duration `json:"cooldown,omitempty"`
 	// PendingTTL bounds how long an address handed out at admission waits
-	// for its VirtualMachine to be stored; then it goes through cooldown.
-	// It must exceed the API server's request timeout.
+	// for its VirtualMachine to be stored; then it goes through cooldown
+	// (or back to the free list at once, when vmipam has proved that no
+	// object was stored with it). It must be at least 60s, the API server's
+	// default request timeout, since the create may still be in flight.
 	// +optional
 	// +kubebuilder:default="2m"
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('60s')",message="must be at least 60s: the API server's default request timeout, during which the create may still be stored"
 	PendingTTL metav1.Duration `json:"pendingTTL,omitempty"`
+	// MaxPendingPerNamespace bounds the reservations of one namespace that
+	// wait for their VirtualMachine to be stored, so that creates failing
+	// after admission in one namespace cannot drain the pool for the
+	// others. Unset: an eighth of the pool's usable addresses, and at
+	// least 64.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	MaxPendingPerNamespace *int32 `json:"maxPendingPerNamespace,omitempty"`
+	// AllowedNamespaces restricts which namespaces may draw from this pool,
+	// whether their VirtualMachines name it in spec.ipPool or it is chosen
+	// for them. Unset: every namespace may.
+	// +optional
+	AllowedNamespaces *NamespaceRestriction `json:"allowedNamespaces,omitempty"`
 	// Watermarks tune the in-memory free list; the defaults suit most pools.
 	// +optional
 	Watermarks *Watermarks `json:"watermarks,omitempty"`

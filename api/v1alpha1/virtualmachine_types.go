@@ -13,11 +13,13 @@ type VirtualMachineSpec struct {
 	// +kubebuilder:validation:MaxLength=253
 	IPPool string `json:"ipPool,omitempty"`
 	// Addresses are the VM's IP addresses. Leave empty to be given one;
-	// set one to ask for that address. Immutable once set.
+	// set one to ask for that address, written in canonical form (10.0.0.5,
+	// fd00::5; not ::ffff:10.0.0.5, FD00:0::5 or a zone). Immutable once set.
 	// +optional
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=1
 	// +kubebuilder:validation:items:MaxLength=39
+	// +kubebuilder:validation:items:XValidation:rule="isIP(self) && ip(self).string() == self",message="must be an IP address in canonical form, such as 10.0.0.5 or fd00::5: no IPv4-mapped IPv6 form (::ffff:10.0.0.5), no zone, lower case, zeros compressed"
 	Addresses []string `json:"addresses,omitempty"`
 	// Image is what the VM boots; vmipam does not look at it.
 	// +optional

@@ -102,7 +102,7 @@ func (b *bench) setupObjects(ctx context.Context) error {
 		ObjectMeta: metav1.ObjectMeta{Name: poolName},
 		Spec: vmipamv1.IPPoolSpec{
 			Ranges:   []vmipamv1.IPRange{{CIDR: b.opts.poolCIDR}},
-			Cooldown: metav1.Duration{Duration: b.opts.cooldown},
+			Cooldown: &metav1.Duration{Duration: b.opts.cooldown},
 		},
 	}
 	if err := c.Create(ctx, pool); err != nil {

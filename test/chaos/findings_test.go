@@ -43,7 +43,7 @@ func TestResyncKeepsAddressBoundDuringItsList(t *testing.T) {
 	pool := &vmipamv1.IPPool{
 		ObjectMeta: metav1.ObjectMeta{Name: "race", UID: "uid-race", Generation: 1},
 		Spec: vmipamv1.IPPoolSpec{Ranges: []vmipamv1.IPRange{{CIDR: "10.97.0.0/29"}},
-			Cooldown: metav1.Duration{Duration: cooldown}, PendingTTL: metav1.Duration{Duration: pendingTTL},
+			Cooldown: &metav1.Duration{Duration: cooldown}, PendingTTL: metav1.Duration{Duration: pendingTTL},
 			Watermarks: &vmipamv1.Watermarks{Low: 0, Target: 1, High: 1}},
 	}
 	// The resync's List of VMs stops once it has its snapshot, until the

@@ -145,7 +145,7 @@ func newPool(t *testing.T, v *vmipam, name string, ranges []vmipamv1.IPRange, mu
 	pool := &vmipamv1.IPPool{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: vmipamv1.IPPoolSpec{
-			Ranges: ranges, Cooldown: metav1.Duration{Duration: time.Minute}, PendingTTL: metav1.Duration{Duration: time.Minute},
+			Ranges: ranges, Cooldown: &metav1.Duration{Duration: time.Minute}, PendingTTL: metav1.Duration{Duration: time.Minute},
 			Watermarks: &vmipamv1.Watermarks{Low: 4, Target: 16, High: 64},
 		},
 	}
