@@ -55,9 +55,9 @@ func (p Path) String() string {
 type ErrorType uint8
 
 const (
-	// ErrorTypeInvalid: the value is there and wrong.
+	// ErrorTypeInvalid is a value that is there and wrong.
 	ErrorTypeInvalid ErrorType = iota
-	// ErrorTypeRequired: the value is missing.
+	// ErrorTypeRequired is a value that is missing.
 	ErrorTypeRequired
 )
 

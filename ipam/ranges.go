@@ -17,97 +17,144 @@ type RangeSpec struct {
 	Exclude []string
 }
 
-// span is one validated range: the usable addresses [first, last] of a
-// subnet minus sorted, non-overlapping exclusions.
+// span is one validated range while ParseRanges checks it against the
+// others: the addresses [first, last] of a subnet, whose runs between
+// exclusions are ivs[start:end] of the parse.
 type span struct {
-	path        string // where the user wrote it, for error messages
+	index       int // in the specs, for error messages and Interval.Range
 	cidr        netip.Prefix
 	first, last u128
 	is4         bool
-	exclude     [][2]u128 // sorted, merged, clipped to [first, last]
-	size        uint64
+	start, end  int
 }
 
 // Ranges is a validated, immutable set of address ranges. It is never
-// materialised: a /64 costs as little as a /30.
+// materialised: it keeps the runs of usable addresses between exclusions,
+// so a /64 costs as little as a /30.
 type Ranges struct {
-	spans []span // sorted by first address, non-overlapping
-	size  uint64
+	ivs  []ival // sorted, IPv4 first; disjoint
+	size uint64
 }
 
+// mapped4 is ::ffff:0:0/96, the IPv4-mapped block of IPv6. No IPv6 range
+// hands out an address in it: its canonical spelling is the IPv4 address,
+// which an IPv4 pool may hold.
+var mapped4 = [2]u128{{lo: 0xffff << 32}, {lo: 0xffff<<32 | 0xffffffff}}
+
 // ParseRanges validates specs and returns them as Ranges. Every problem is
-// reported, each naming its field ("ranges[i].cidr" and so on) and the fix.
+// reported, each naming its field (ranges[i].cidr and so on) and the fix.
 func ParseRanges(specs []RangeSpec) (*Ranges, error) {
 	var errs FieldErrors
-	fail := func(field, value, format string, args ...any) {
-		errs = append(errs, &FieldError{Path: legacyPath(field), Value: value, Detail: fmt.Sprintf(format, args...)})
-	}
+	root := Path{}.Child("ranges")
 	if len(specs) == 0 {
-		fail("ranges", "", "at least one range is required, for example {cidr: 10.0.0.0/24}")
+		errs = append(errs, &FieldError{Path: root, Type: ErrorTypeRequired,
+			Detail: "at least one range is required, for example {cidr: 10.0.0.0/24}"})
 		return nil, errs
 	}
+	// One array for every range's runs, in the order of specs, and one
+	// scratch list of exclusions: a pool at the CRD's limits has 16384 of
+	// them, and writing fresh memory was a third of the parse
+	// (BenchmarkParseRangesAtLimits).
+	n, most := 0, 0
+	for _, s := range specs {
+		n, most = n+len(s.Exclude)+1, max(most, len(s.Exclude))
+	}
+	ivs := make([]ival, 0, n)
+	scratch := make([][2]u128, 0, most+1)
 	var spans []span
 	for i, s := range specs {
-		if sp, ok := parseSpan(fmt.Sprintf("ranges[%d]", i), s, fail); ok {
+		if sp, exclude, ok := parseSpan(root.Index(i), i, s, scratch[:0], &errs); ok {
+			sp.start = len(ivs)
+			ivs = sp.appendIntervals(ivs, exclude)
+			sp.end = len(ivs)
 			spans = append(spans, sp)
 		}
 	}
 	// IPv4 ranges first, then IPv6, each in address order: as 128-bit
 	// numbers a low IPv6 range would otherwise sort among the IPv4 ones.
 	slices.SortFunc(spans, func(a, b span) int {
-		if a.is4 != b.is4 {
-			if a.is4 {
-				return -1
-			}
-			return 1
-		}
-		return a.first.cmp(b.first)
+		return pos{v6: !a.is4, v: a.first}.cmp(pos{v6: !b.is4, v: b.first})
 	})
-	r := &Ranges{spans: spans}
+	// Compare each range with the one reaching furthest before it, not only
+	// its neighbour: [0, 100] overlaps [30, 40] across [10, 20].
+	reach := -1
 	for i, sp := range spans {
-		if i > 0 && spans[i-1].last.cmp(sp.first) >= 0 && spans[i-1].is4 == sp.is4 {
-			fail(sp.path+".cidr", sp.cidr.String(), "overlaps %s (%s); ranges of one pool must not overlap: narrow one with first/last or remove it",
-				spans[i-1].path, spans[i-1].cidr)
+		if reach >= 0 && spans[reach].is4 == sp.is4 && spans[reach].last.cmp(sp.first) >= 0 {
+			o := spans[reach]
+			errs = append(errs, &FieldError{Path: root.Index(sp.index).Child("cidr"), Value: sp.cidr.String(),
+				Detail: fmt.Sprintf("overlaps %s (%s); ranges of one pool must not overlap: narrow one with first/last or remove it",
+					root.Index(o.index), o.cidr)})
 		}
-		r.size = addSat(r.size, sp.size)
-	}
-	if len(errs) == 0 && r.size == 0 {
-		fail("ranges", "", "the pool has no usable address: every address is excluded or reserved (network/broadcast); widen a range or remove exclusions")
+		if reach < 0 || spans[reach].is4 != sp.is4 || sp.last.cmp(spans[reach].last) > 0 {
+			reach = i
+		}
 	}
 	if len(errs) > 0 {
 		return nil, errs
 	}
+	r := &Ranges{ivs: ivs}
+	if !slices.IsSortedFunc(spans, func(a, b span) int { return a.index - b.index }) {
+		r.ivs = make([]ival, 0, len(ivs))
+		for _, sp := range spans {
+			r.ivs = append(r.ivs, ivs[sp.start:sp.end]...)
+		}
+	}
+	for _, iv := range r.ivs {
+		r.size = addSat(r.size, iv.size())
+	}
+	if r.size == 0 {
+		return nil, FieldErrors{{Path: root, Detail: "the pool has no usable address: every address is excluded or reserved (network/broadcast); widen a range or remove exclusions"}}
+	}
 	return r, nil
 }
 
-func parseSpan(path string, s RangeSpec, fail func(field, value, format string, args ...any)) (span, bool) {
+// appendIntervals appends the runs of usable addresses of sp minus its
+// sorted, merged exclusions, in order.
+func (sp *span) appendIntervals(ivs []ival, exclude [][2]u128) []ival {
+	cur := sp.first
+	for _, x := range exclude {
+		if x[0].cmp(cur) > 0 {
+			ivs = append(ivs, ival{lo: cur, hi: x[0].sub(u128{lo: 1}), v6: !sp.is4, rng: sp.index})
+		}
+		if x[1] == sp.last {
+			return ivs // excluded to the end; x[1] + 1 may wrap at the top of IPv6
+		}
+		cur = x[1].add(1)
+	}
+	return append(ivs, ival{lo: cur, hi: sp.last, v6: !sp.is4, rng: sp.index})
+}
+
+// parseSpan validates one range, and returns it with its exclusions
+// sorted, merged and clipped to it, in the memory of scratch.
+func parseSpan(path Path, index int, s RangeSpec, scratch [][2]u128, errs *FieldErrors) (span, [][2]u128, bool) {
+	fail := func(p Path, value, format string, args ...any) {
+		*errs = append(*errs, &FieldError{Path: p, Value: value, Detail: fmt.Sprintf(format, args...)})
+	}
+	cidrPath := path.Child("cidr")
 	raw := strings.TrimSpace(s.CIDR)
 	if raw == "" {
-		fail(path+".cidr", "", "a CIDR is required, for example 10.0.0.0/24 or fd00::/64")
-		return span{}, false
+		*errs = append(*errs, &FieldError{Path: cidrPath, Type: ErrorTypeRequired,
+			Detail: "a CIDR is required, for example 10.0.0.0/24 or fd00::/64"})
+		return span{}, nil, false
 	}
-	p, err := netip.ParsePrefix(raw)
-	if err != nil {
+	p, respell, err := parseCanonicalPrefix(raw)
+	switch {
+	case err != nil:
 		hint := "write it as address/length, for example 10.0.0.0/24 or fd00::/64"
 		if a, aerr := netip.ParseAddr(raw); aerr == nil {
+			a = Canonical(a)
 			hint = fmt.Sprintf("it has no prefix length; for a single address write %s/%d", a, a.BitLen())
 		}
-		fail(path+".cidr", raw, "not a valid CIDR (%v); %s", err, hint)
-		return span{}, false
+		fail(cidrPath, raw, "not a valid CIDR (%v); %s", err, hint)
+		return span{}, nil, false
+	case respell != "":
+		fail(cidrPath, raw, "%s", respell)
+		return span{}, nil, false
+	case p.Masked() != p:
+		fail(cidrPath, raw, "host bits are set; the network is %s", p.Masked())
+		return span{}, nil, false
 	}
-	if p.Addr().Zone() != "" {
-		fail(path+".cidr", raw, "zoned addresses are not supported; drop the %%%s suffix", p.Addr().Zone())
-		return span{}, false
-	}
-	if p.Addr().Is4In6() {
-		fail(path+".cidr", raw, "IPv4-mapped IPv6 prefixes are not supported; write the IPv4 CIDR instead")
-		return span{}, false
-	}
-	if p.Masked() != p {
-		fail(path+".cidr", raw, "host bits are set; the network is %s", p.Masked())
-		return span{}, false
-	}
-	sp := span{path: path, cidr: p, is4: p.Addr().Is4()}
+	sp := span{index: index, cidr: p, is4: p.Addr().Is4()}
 	// The network address, and in IPv4 the broadcast address, are never
 	// handed out, except in point-to-point /31 (/127) and host /32 (/128)
 	// subnets where every address is a host.
@@ -124,11 +171,13 @@ func parseSpan(path string, s RangeSpec, fail func(field, value, format string, 
 		a, err := netip.ParseAddr(strings.TrimSpace(v))
 		switch {
 		case err != nil:
-			fail(path+"."+field, v, "not a valid IP address (%v)", err)
+			fail(path.Child(field), v, "not a valid IP address (%v)", err)
+		case respellAddr(a, sp.is4, false) != "":
+			fail(path.Child(field), v, "%s", respellAddr(a, sp.is4, false))
 		case !p.Contains(a):
-			fail(path+"."+field, v, "outside the range's CIDR %s; use an address inside it", p)
+			fail(path.Child(field), v, "outside the range's CIDR %s; use an address inside it", p)
 		case toU128(a).cmp(lo) < 0 || toU128(a).cmp(hi) > 0:
-			fail(path+"."+field, v, "is the network or broadcast address of %s, which is never handed out; use an address between %s and %s",
+			fail(path.Child(field), v, "is the network or broadcast address of %s, which is never handed out; use an address between %s and %s",
 				p, fromU128(lo, sp.is4), fromU128(hi, sp.is4))
 		default:
 			return toU128(a), true
@@ -150,167 +199,281 @@ func parseSpan(path string, s RangeSpec, fail func(field, value, format string, 
 		}
 	}
 	if ok && sp.first.cmp(sp.last) > 0 {
-		fail(path+".first", s.First, "is after last (%s); swap them", fromU128(sp.last, sp.is4))
+		fail(path.Child("first"), s.First, "is after last (%s); swap them", fromU128(sp.last, sp.is4))
 		ok = false
 	}
+	exclude := scratch
 	for j, x := range s.Exclude {
-		field := fmt.Sprintf("%s.exclude[%d]", path, j)
+		// Built only for an error: a pool at the CRD's limits has 16384
+		// exclusions.
+		xfail := func(format string, args ...any) {
+			fail(path.Child("exclude").Index(j), x, format, args...)
+		}
 		xs := strings.TrimSpace(x)
 		var xp netip.Prefix
 		if strings.Contains(xs, "/") {
-			xp, err = netip.ParsePrefix(xs)
-			if err == nil && xp.Masked() != xp {
-				fail(field, x, "host bits are set; the network is %s", xp.Masked())
+			xp, respell, err = parseCanonicalPrefix(xs)
+			if err == nil && !sp.is4 && xp.Addr().Is4In6() && xp.Bits() >= 96 {
+				respell = "needs no exclusion: IPv6 ranges never hand out the IPv4-mapped addresses ::ffff:0:0/96, whose one spelling is IPv4; drop it"
+			}
+			if err == nil && respell == "" && xp.Masked() != xp {
+				xfail("host bits are set; the network is %s", xp.Masked())
 				ok = false
 				continue
 			}
 		} else {
 			var a netip.Addr
 			a, err = netip.ParseAddr(xs)
-			xp = netip.PrefixFrom(a, a.BitLen())
+			xp, respell = netip.PrefixFrom(a, a.BitLen()), respellAddr(a, sp.is4, true)
 		}
-		if err != nil {
-			fail(field, x, "not a valid CIDR or IP address (%v)", err)
+		switch {
+		case err != nil:
+			xfail("not a valid CIDR or IP address (%v)", err)
+			ok = false
+			continue
+		case respell != "":
+			xfail("%s", respell)
+			ok = false
+			continue
+		case !p.Contains(xp.Addr()) || xp.Bits() < p.Bits():
+			xfail("outside the range's CIDR %s; exclusions must lie inside the range they belong to", p)
 			ok = false
 			continue
 		}
-		if !p.Contains(xp.Addr()) || xp.Bits() < p.Bits() {
-			fail(field, x, "outside the range's CIDR %s; exclusions must lie inside the range they belong to", p)
-			ok = false
-			continue
-		}
-		xlo, xhi := toU128(xp.Addr()), toU128(lastAddr(xp))
-		if xlo.cmp(sp.first) < 0 {
-			xlo = sp.first
-		}
-		if xhi.cmp(sp.last) > 0 {
-			xhi = sp.last
-		}
-		if xlo.cmp(xhi) <= 0 {
-			sp.exclude = append(sp.exclude, [2]u128{xlo, xhi})
-		}
+		exclude = append(exclude, [2]u128{toU128(xp.Addr()), toU128(lastAddr(xp))})
 	}
 	if !ok {
-		return span{}, false
+		return span{}, nil, false
 	}
-	slices.SortFunc(sp.exclude, func(a, b [2]u128) int { return a[0].cmp(b[0]) })
-	merged := sp.exclude[:0]
-	for _, x := range sp.exclude {
-		// Merge overlapping or adjacent exclusions; compare without adding
-		// one to the upper bound, which wraps at the top of IPv6.
+	if !sp.is4 {
+		exclude = append(exclude, mapped4)
+	}
+	// Clip to [first, last], then sort and merge overlapping or adjacent
+	// exclusions; compare without adding one to the upper bound, which
+	// wraps at the top of IPv6.
+	clipped := exclude[:0]
+	for _, x := range exclude {
+		x[0], x[1] = maxU128(x[0], sp.first), minU128(x[1], sp.last)
+		if x[0].cmp(x[1]) <= 0 {
+			clipped = append(clipped, x)
+		}
+	}
+	slices.SortFunc(clipped, func(a, b [2]u128) int { return a[0].cmp(b[0]) })
+	merged := clipped[:0]
+	for _, x := range clipped {
 		if n := len(merged); n > 0 && (x[0].cmp(merged[n-1][1]) <= 0 || x[0] == merged[n-1][1].add(1)) {
-			if x[1].cmp(merged[n-1][1]) > 0 {
-				merged[n-1][1] = x[1]
-			}
+			merged[n-1][1] = maxU128(merged[n-1][1], x[1])
 			continue
 		}
 		merged = append(merged, x)
 	}
-	sp.exclude = merged
-	// Count in 128 bits, saturating only at the end: a /64 alone holds
-	// 2^64-1 usable addresses, and its exclusions must still count.
-	n := sp.last.sub(sp.first).add(1)
-	for _, x := range sp.exclude {
-		n = n.sub(x[1].sub(x[0]).add(1))
+	return sp, merged, true
+}
+
+// parseCanonicalPrefix parses a CIDR. A zoned or IPv4-mapped spelling
+// parses, but comes back with respell saying what to write instead: one
+// address has one spelling in vmipam, so that no second one can make two
+// pools, or a pool and an exclusion, disagree about it.
+func parseCanonicalPrefix(s string) (p netip.Prefix, respell string, err error) {
+	p, err = netip.ParsePrefix(s)
+	if err != nil {
+		// netip refuses zones in prefixes; say which prefix was meant.
+		addr, bits, _ := strings.Cut(s, "/")
+		host, zone, zoned := strings.Cut(addr, "%")
+		q, qerr := netip.ParsePrefix(host + "/" + bits)
+		if !zoned || qerr != nil {
+			return p, "", err
+		}
+		if c, ok := canonicalPrefix(q); ok {
+			q = c
+		}
+		return q, fmt.Sprintf("zoned prefixes are not supported (drop %%%s); write %s", zone, prefixHint(q)), nil
 	}
-	sp.size = n.lo
-	if n.hi != 0 {
-		sp.size = ^uint64(0)
+	if c, ok := canonicalPrefix(p); ok && c != p {
+		return p, fmt.Sprintf("an IPv4-mapped IPv6 prefix is the IPv4 CIDR spelt differently; write %s", prefixHint(c)), nil
 	}
-	return sp, true
+	return p, "", nil
+}
+
+// prefixHint writes p as the user should, host bits cleared.
+func prefixHint(p netip.Prefix) string {
+	if p.Masked() != p {
+		return fmt.Sprintf("%s (%s with the host bits cleared)", p.Masked(), p)
+	}
+	return p.String()
+}
+
+// canonicalPrefix returns p with an IPv4-mapped address as the IPv4 prefix
+// it spells, and false when p reaches out of the mapped block (a shorter
+// prefix, whose host bits are then set).
+func canonicalPrefix(p netip.Prefix) (netip.Prefix, bool) {
+	if !p.Addr().Is4In6() {
+		return p, true
+	}
+	if p.Bits() < 96 {
+		return p, false
+	}
+	return netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96), true
+}
+
+// respellAddr says why a, written in a range of IPv4 (in4) or IPv6, is
+// refused and what to write instead, or returns "" when a is already in the
+// one spelling vmipam compares.
+func respellAddr(a netip.Addr, in4, exclude bool) string {
+	switch c := Canonical(a); {
+	case a.Is4In6() && !in4 && exclude:
+		return "needs no exclusion: IPv6 ranges never hand out the IPv4-mapped addresses ::ffff:0:0/96, whose one spelling is IPv4; drop it"
+	case a.Is4In6() && !in4:
+		return fmt.Sprintf("an IPv4-mapped address, spelt %s in vmipam; IPv6 ranges never hand out ::ffff:0:0/96: use an address outside it", c)
+	case a.Zone() != "":
+		return fmt.Sprintf("zoned addresses are not supported (drop %%%s); write %s", a.Zone(), c)
+	case a.Is4In6():
+		return fmt.Sprintf("an IPv4-mapped IPv6 address is the IPv4 address spelt differently; write %s", c)
+	}
+	return ""
 }
 
 // Size is the number of usable addresses, saturated at the largest uint64.
 func (r *Ranges) Size() uint64 { return r.size }
 
-// Contains reports whether a is a usable address of the ranges.
+// Contains reports whether a is a usable address of the ranges. It
+// compares a canonically: ::ffff:10.0.0.5 is 10.0.0.5, and a zone is
+// ignored.
 func (r *Ranges) Contains(a netip.Addr) bool {
-	if !a.IsValid() || a.Zone() != "" {
+	if !a.IsValid() {
 		return false
 	}
-	a = a.Unmap()
-	v := toU128(a)
-	for i := range r.spans {
-		sp := &r.spans[i]
-		if sp.is4 != a.Is4() || v.cmp(sp.first) < 0 || v.cmp(sp.last) > 0 {
-			continue
-		}
-		j, found := slices.BinarySearchFunc(sp.exclude, v, func(x [2]u128, t u128) int { return x[0].cmp(t) })
-		if found {
-			return false
-		}
-		return j == 0 || sp.exclude[j-1][1].cmp(v) < 0
-	}
-	return false
+	at := posOf(Canonical(a))
+	k := r.search(at)
+	return k < len(r.ivs) && r.ivs[k].lop().cmp(at) <= 0
 }
 
 // Next returns the lowest usable address at or after a, in range order
-// (IPv4 ranges before IPv6), and false when there is none. An invalid a,
-// such as the Next of the highest IPv6 address, has none after it.
+// (IPv4 ranges before IPv6), and false when there is none. It reads a
+// canonically, as Contains does. An invalid a, such as the Next of the
+// highest IPv6 address, has none after it.
 func (r *Ranges) Next(a netip.Addr) (netip.Addr, bool) {
 	if !a.IsValid() {
 		return netip.Addr{}, false
 	}
-	a = a.Unmap()
-	v, is4 := toU128(a), a.Is4()
-	for i := range r.spans {
-		sp := &r.spans[i]
-		if sp.is4 != is4 {
-			if is4 && !sp.is4 {
-				// Past every IPv4 range: continue at the first IPv6 one.
-				v, is4 = sp.first, false
-			} else {
-				continue
-			}
-		}
-		if v.cmp(sp.last) > 0 {
-			continue
-		}
-		if v.cmp(sp.first) < 0 {
-			v = sp.first
-		}
-		for _, x := range sp.exclude {
-			if v.cmp(x[0]) >= 0 && v.cmp(x[1]) <= 0 {
-				v = x[1].add(1)
-			}
-		}
-		if v.cmp(sp.last) > 0 || v == (u128{}) && sp.first != (u128{}) {
-			// Excluded to the end of the span (or wrapped past the
-			// top of the address space): look in the next one.
-			continue
-		}
-		return fromU128(v, sp.is4), true
+	return r.from(posOf(Canonical(a)))
+}
+
+// After returns the lowest usable address after a, in range order, and
+// false when there is none: the step of a walk over the usable addresses.
+// Unlike Next(a.Next()) it goes on from the top of IPv4 into the IPv6
+// ranges, and never steps onto an IPv4-mapped address, which Next would
+// read as IPv4.
+func (r *Ranges) After(a netip.Addr) (netip.Addr, bool) {
+	if !a.IsValid() {
+		return netip.Addr{}, false
 	}
-	return netip.Addr{}, false
+	at := posOf(Canonical(a))
+	switch top := (u128{^uint64(0), ^uint64(0)}); {
+	case at.v6 && at.v == top:
+		return netip.Addr{}, false
+	case !at.v6 && at.v == u128{lo: 1<<32 - 1}:
+		at = pos{v6: true}
+	default:
+		at.v = at.v.add(1)
+	}
+	return r.from(at)
+}
+
+// from returns the lowest usable address at or after at.
+func (r *Ranges) from(at pos) (netip.Addr, bool) {
+	k := r.search(at)
+	if k == len(r.ivs) {
+		return netip.Addr{}, false
+	}
+	if iv := &r.ivs[k]; iv.lop().cmp(at) > 0 {
+		at = iv.lop()
+	}
+	return at.addr(), true
+}
+
+// search returns the index of the first run that ends at or after at, or
+// len(r.ivs) when none does.
+func (r *Ranges) search(at pos) int {
+	k, _ := slices.BinarySearchFunc(r.ivs, at, func(iv ival, t pos) int { return iv.hip().cmp(t) })
+	return k
 }
 
 // First returns the lowest usable address.
 func (r *Ranges) First() netip.Addr {
-	a, _ := r.Next(netip.IPv4Unspecified())
-	return a
-}
-
-// String lists the ranges in the form used in error messages.
-func (r *Ranges) String() string {
-	parts := make([]string, len(r.spans))
-	for i, sp := range r.spans {
-		parts[i] = fmt.Sprintf("%s-%s", fromU128(sp.first, sp.is4), fromU128(sp.last, sp.is4))
+	if len(r.ivs) == 0 {
+		return netip.Addr{}
 	}
-	return strings.Join(parts, ", ")
+	return r.ivs[0].lop().addr()
 }
 
-// legacyPath reads "ranges[1].exclude[0]" into a Path. Temporary: the
-// parser should build typed paths directly.
-func legacyPath(s string) Path {
-	var p Path
-	for _, seg := range strings.Split(s, ".") {
-		name, rest, ok := strings.Cut(seg, "[")
-		p = p.Child(name)
-		if ok {
-			var i int
-			fmt.Sscanf(rest, "%d]", &i)
-			p = p.Index(i)
+// Bounds on String, which ends up in error messages: the API server and
+// kubectl print them whole.
+const (
+	stringMaxExcludes = 8
+	stringBudget      = 1024
+)
+
+// String lists the usable addresses range by range, each with its
+// exclusions, as error messages show them:
+// "10.0.0.1-10.0.0.254 except 10.0.0.5, 10.0.0.8-10.0.0.11; fd00::1-fd00::ff".
+// A range shows its first eight exclusions, and the list stops after about
+// a kilobyte, each saying how many more there are.
+func (r *Ranges) String() string {
+	var b strings.Builder
+	for i := 0; i < len(r.ivs); {
+		j := i + 1
+		for j < len(r.ivs) && r.ivs[j].rng == r.ivs[i].rng {
+			j++
+		}
+		if b.Len() > 0 {
+			if b.Len() >= stringBudget {
+				fmt.Fprintf(&b, "; and %d more ranges", r.countRanges(i))
+				break
+			}
+			b.WriteString("; ")
+		}
+		b.WriteString(runString(r.ivs[i].lop().addr(), r.ivs[j-1].hip().addr()))
+		for k := i; k < j-1; k++ {
+			if k-i == stringMaxExcludes {
+				fmt.Fprintf(&b, ", and %d more", j-1-k)
+				break
+			}
+			if k == i {
+				b.WriteString(" except ")
+			} else {
+				b.WriteString(", ")
+			}
+			v6 := r.ivs[k].v6
+			b.WriteString(runString(pos{v6, r.ivs[k].hi.add(1)}.addr(), pos{v6, r.ivs[k+1].lo.sub(u128{lo: 1})}.addr()))
+		}
+		i = j
+	}
+	return b.String()
+}
+
+// countRanges returns the number of ranges with usable addresses from the
+// run at index i on.
+func (r *Ranges) countRanges(i int) int {
+	n := 0
+	for k := i; k < len(r.ivs); k++ {
+		if k == i || r.ivs[k].rng != r.ivs[k-1].rng {
+			n++
 		}
 	}
-	return p
+	return n
+}
+
+func maxU128(a, b u128) u128 {
+	if a.cmp(b) >= 0 {
+		return a
+	}
+	return b
+}
+
+func minU128(a, b u128) u128 {
+	if a.cmp(b) <= 0 {
+		return a
+	}
+	return b
 }

@@ -56,11 +56,23 @@ func rtWalk(tb testing.TB, r *Ranges, limit int) []netip.Addr {
 			tb.Fatalf("Next walk yields more than %d addresses (so far: ...%v)", limit, out[max(0, len(out)-5):])
 		}
 		n := x.Next()
-		if !n.IsValid() {
-			if !x.Is4() {
-				return out // top of the IPv6 space
-			}
+		switch {
+		case !n.IsValid() && !x.Is4():
+			n = netip.Addr{} // top of the IPv6 space: Next has none
+		case !n.IsValid():
 			n = netip.IPv6Unspecified() // top of the IPv4 space
+		case n.Is4In6():
+			// Next reads ::ffff:0:0 as 0.0.0.0; no range hands out the
+			// mapped block, so a walk steps over it (After does).
+			n = netip.MustParseAddr("::1:0:0:0")
+		}
+		// After is the walk's step in one call.
+		y, yok := r.After(x)
+		if nx, nok := r.Next(n); y != nx || yok != nok {
+			tb.Fatalf("After(%s) = %v, %v; the Next walk goes on to %v, %v", x, y, yok, nx, nok)
+		}
+		if !n.IsValid() {
+			return out
 		}
 		a = n
 	}
@@ -365,11 +377,74 @@ func TestParseRangesInvalid(t *testing.T) {
 		"zoned prefix": {
 			specs:  []RangeSpec{{CIDR: "fe80::%eth0/64"}},
 			fields: []string{"ranges[0].cidr"},
+			want:   []string{"zoned", "drop %eth0", "write fe80::/64"},
+		},
+		"zoned prefix with host bits": {
+			specs:  []RangeSpec{{CIDR: "fe80::1%eth0/64"}},
+			fields: []string{"ranges[0].cidr"},
+			want:   []string{"write fe80::/64 (fe80::1/64 with the host bits cleared)"},
 		},
 		"ipv4-mapped ipv6 prefix": {
 			specs:  []RangeSpec{{CIDR: "::ffff:10.0.0.0/120"}},
 			fields: []string{"ranges[0].cidr"},
-			want:   []string{"IPv4-mapped", "IPv4 CIDR"},
+			want:   []string{"IPv4-mapped", "IPv4 CIDR", "write 10.0.0.0/24"},
+		},
+		"ipv4-mapped host prefix": {
+			specs:  []RangeSpec{{CIDR: "::ffff:10.0.0.7/128"}},
+			fields: []string{"ranges[0].cidr"},
+			want:   []string{"write 10.0.0.7/32"},
+		},
+		"zoned ipv4-mapped prefix": {
+			specs:  []RangeSpec{{CIDR: "::ffff:10.0.0.0%eth0/120"}},
+			fields: []string{"ranges[0].cidr"},
+			want:   []string{"drop %eth0", "write 10.0.0.0/24"},
+		},
+		"ipv4-mapped address without prefix length": {
+			specs:  []RangeSpec{{CIDR: "::ffff:10.0.0.7"}},
+			fields: []string{"ranges[0].cidr"},
+			want:   []string{"no prefix length", "write 10.0.0.7/32"},
+		},
+		"ipv4-mapped first": {
+			specs:  []RangeSpec{{CIDR: "10.0.0.0/24", First: "::ffff:10.0.0.5"}},
+			fields: []string{"ranges[0].first"},
+			want:   []string{`"::ffff:10.0.0.5"`, "IPv4-mapped", "write 10.0.0.5"},
+		},
+		"ipv4-mapped last": {
+			specs:  []RangeSpec{{CIDR: "10.0.0.0/24", Last: "::ffff:a00:9"}},
+			fields: []string{"ranges[0].last"},
+			want:   []string{"write 10.0.0.9"},
+		},
+		"zoned first": {
+			specs:  []RangeSpec{{CIDR: "fe80::/64", First: "fe80::5%eth0"}},
+			fields: []string{"ranges[0].first"},
+			want:   []string{"drop %eth0", "write fe80::5"},
+		},
+		"ipv4-mapped first of an ipv6 range": {
+			specs:  []RangeSpec{{CIDR: "::/64", First: "::ffff:0:5"}},
+			fields: []string{"ranges[0].first"},
+			want:   []string{"spelt 0.0.0.5", "never hand out ::ffff:0:0/96"},
+		},
+		"ipv4-mapped exclusions": {
+			specs:  []RangeSpec{{CIDR: "10.0.0.0/24", Exclude: []string{"10.0.0.4", "::ffff:10.0.0.5", "::ffff:10.0.0.16/124"}}},
+			fields: []string{"ranges[0].exclude[1]", "ranges[0].exclude[2]"},
+			want:   []string{"write 10.0.0.5;", "write 10.0.0.16/28"},
+		},
+		"ipv4-mapped exclusion of an ipv6 range": {
+			specs:  []RangeSpec{{CIDR: "::/64", Exclude: []string{"::ffff:0:0/96", "::ffff:10.0.0.1"}}},
+			fields: []string{"ranges[0].exclude[0]", "ranges[0].exclude[1]"},
+			want:   []string{"needs no exclusion", "drop it"},
+		},
+		"zoned exclusions": {
+			specs:  []RangeSpec{{CIDR: "fe80::/64", Exclude: []string{"fe80::5%eth0", "fe80::10%eth0/124"}}},
+			fields: []string{"ranges[0].exclude[0]", "ranges[0].exclude[1]"},
+			want:   []string{"write fe80::5;", "write fe80::10/124"},
+		},
+		"overlaps across a range in between": {
+			// ranges[2] overlaps ranges[0] but not ranges[1], which sorts
+			// between them.
+			specs:  []RangeSpec{{CIDR: "10.0.0.0/24"}, {CIDR: "10.0.0.16/28"}, {CIDR: "10.0.0.64/28"}},
+			fields: []string{"ranges[1].cidr", "ranges[2].cidr"},
+			want:   []string{"ranges[1].cidr: invalid value \"10.0.0.16/28\": overlaps ranges[0]", "ranges[2].cidr: invalid value \"10.0.0.64/28\": overlaps ranges[0]"},
 		},
 		"first outside the cidr": {
 			specs:  []RangeSpec{{CIDR: "10.0.0.0/24", First: "10.0.1.1"}},
@@ -887,6 +962,13 @@ func FuzzParseRanges(f *testing.F) {
 	f.Add("fd00::g/64", "", "", "")
 	f.Add("10.0.0.0/24", "10.0.0.20", "10.0.0.10", "10.0.1.0/28")
 	f.Add("::ffff:10.0.0.0/120", "", "", "")
+	f.Add("::ffff:10.0.0.0%eth0/120", "", "", "")
+	f.Add("10.0.0.0/24", "::ffff:10.0.0.5", "::ffff:a00:fe", "::ffff:10.0.0.8/126,10.0.0.9")
+	f.Add("fe80::%eth0/64", "", "", "")
+	f.Add("fe80::/64", "fe80::1%eth0", "fe80::ff%1", "fe80::8%eth0/125,fe80::2%lo")
+	f.Add("::/64", "::fffe:ffff:fff0", "::1:0:0:f", "::ffff:0:0/96,::ffff:10.0.0.1")
+	f.Add("::/0", "", "", "::ffff:0:0/95")
+	f.Add("::ffff:0:0/95", "", "", "")
 	f.Fuzz(func(t *testing.T, cidr, first, last, exclude string) {
 		spec := RangeSpec{CIDR: cidr, First: first, Last: last}
 		if exclude != "" {
@@ -935,7 +1017,16 @@ func FuzzParseRanges(f *testing.F) {
 				if !r.Contains(x) {
 					t.Fatalf("Next yields %v, which is not contained", x)
 				}
+				if x.Is4In6() {
+					t.Fatalf("Next yields the IPv4-mapped %v", x)
+				}
 			}
+			if got := ivExpand(r.Intervals()); !slices.Equal(got, walk) {
+				t.Fatalf("Intervals() = %v, want the Next walk %v", r.Intervals(), walk)
+			}
+		}
+		if s := r.String(); len(s) > 2*stringBudget {
+			t.Fatalf("String() is %d bytes long", len(s))
 		}
 	})
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
@@ -26,16 +26,35 @@ import (
 	"github.com/vmipam/vmipam/ipam"
 )
 
-// ippoolMinPendingTTL is the shortest spec.pendingTTL accepted.
-const ippoolMinPendingTTL = 30 * time.Second
+// ippoolMinPendingTTL is the shortest spec.pendingTTL accepted: the API
+// server's default request timeout, during which a create the webhook has
+// admitted may still be stored.
+const ippoolMinPendingTTL = 60 * time.Second
 
-// ippoolMaxRemovedWarnings bounds the warnings about addresses leaving a
-// pool: the API server truncates long lists of warnings anyway.
-const ippoolMaxRemovedWarnings = 5
+// Bounds on what one response says, so that it stays small however many
+// addresses two pools share: the API server and kubectl print it whole, and
+// truncate long lists of warnings.
+const (
+	ippoolMaxRangeErrors     = 64
+	ippoolMaxRemovedWarnings = 5
+	ippoolMaxOverlapErrors   = 8
+	ippoolMaxSharedShown     = 4
+)
+
+// ippoolCheckEvery is how many steps of work (ranges, exclusions and
+// shared runs) pass between two looks at the request's context.
+const ippoolCheckEvery = 4096
 
 // ippoolGroupKind names IPPools in denial messages, as kubectl prints them:
 // IPPool.vmipam.io "x" is invalid: ...
 var ippoolGroupKind = schema.GroupKind{Group: vmipamv1.GroupVersion.Group, Kind: "IPPool"}
+
+// The kind and resource the webhook serves; a review of anything else is a
+// misrouting by the webhook configuration.
+var (
+	ippoolGVK = metav1.GroupVersionKind{Group: vmipamv1.GroupVersion.Group, Version: vmipamv1.GroupVersion.Version, Kind: "IPPool"}
+	ippoolGVR = metav1.GroupVersionResource{Group: vmipamv1.GroupVersion.Group, Version: vmipamv1.GroupVersion.Version, Resource: "ippools"}
+)
 
 // +kubebuilder:webhook:path=/validate-vmipam-io-v1alpha1-ippool,mutating=false,failurePolicy=fail,sideEffects=None,groups=vmipam.io,resources=ippools,verbs=create;update,versions=v1alpha1,name=vippool.vmipam.io,admissionReviewVersions=v1,timeoutSeconds=5
 // +kubebuilder:rbac:groups=vmipam.io,resources=ippools,verbs=get;list;watch
@@ -65,8 +84,13 @@ func NewIPPoolValidator(reader client.Reader, scheme *runtime.Scheme) *IPPoolVal
 
 // Handle admits or denies one IPPool CREATE or UPDATE; other operations
 // are allowed. A denial carries a 422 Invalid status listing every bad
-// field, as the API server's own validation would.
+// field, as the API server's own validation would; a review of another kind,
+// resource or a subresource is refused with 400, and one whose request ended
+// before validation finished with 504.
 func (v *IPPoolValidator) Handle(ctx context.Context, req admission.Request) admission.Response {
+	if err := ippoolMisrouted(req); err != nil {
+		return admission.Errored(http.StatusBadRequest, err)
+	}
 	if req.Operation != admissionv1.Create && req.Operation != admissionv1.Update {
 		return admission.Allowed("")
 	}
@@ -89,145 +113,283 @@ func (v *IPPoolValidator) Handle(ctx context.Context, req admission.Request) adm
 	}
 	var others vmipamv1.IPPoolList
 	if err := v.Reader.List(ctx, &others); err != nil {
+		if ctx.Err() != nil {
+			return ippoolTimedOut(ctx, pool)
+		}
 		logf.FromContext(ctx).Error(err, "Listing IPPools to validate one", "ippool", pool.Name)
 		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("list IPPools: %w", err))
 	}
-	if errs := ValidateIPPool(pool, others.Items); len(errs) > 0 {
+	errs, ranges := ippoolValidate(ctx, pool, others.Items)
+	if ctx.Err() != nil {
+		return ippoolTimedOut(ctx, pool)
+	}
+	if len(errs) > 0 {
 		status := apierrors.NewInvalid(ippoolGroupKind, pool.Name, errs).Status()
 		return admission.Response{AdmissionResponse: admissionv1.AdmissionResponse{Allowed: false, Result: &status}}
 	}
 	resp := admission.Allowed("")
 	if old != nil {
-		resp = resp.WithWarnings(ippoolUpdateWarnings(old, pool)...)
+		warnings := ippoolUpdateWarnings(ctx, old, ranges)
+		if ctx.Err() != nil {
+			return ippoolTimedOut(ctx, pool)
+		}
+		resp = resp.WithWarnings(warnings...)
 	}
 	return resp
 }
 
+// ippoolMisrouted refuses a review the webhook does not serve, naming what
+// it does serve, so that a wrong rule in the webhook configuration shows.
+func ippoolMisrouted(req admission.Request) error {
+	if req.Kind == ippoolGVK && req.Resource == ippoolGVR && req.SubResource == "" {
+		return nil
+	}
+	sub := ""
+	if req.SubResource != "" {
+		sub = "/" + req.SubResource
+	}
+	kind := func(k metav1.GroupVersionKind) string {
+		return schema.GroupVersion{Group: k.Group, Version: k.Version}.String() + " " + k.Kind
+	}
+	return fmt.Errorf("vmipam's IPPool validating webhook serves %s.%s/%s (kind %s), not %s.%s/%s%s (kind %s): check the webhook configuration's rules",
+		ippoolGVR.Resource, ippoolGVR.Group, ippoolGVR.Version, kind(ippoolGVK),
+		req.Resource.Resource, req.Resource.Group, req.Resource.Version, sub, kind(req.Kind))
+}
+
+// ippoolTimedOut answers a review whose request ended while it was being
+// validated: the API server has given up on it, and nothing was admitted.
+func ippoolTimedOut(ctx context.Context, pool *vmipamv1.IPPool) admission.Response {
+	err := context.Cause(ctx)
+	logf.FromContext(ctx).Info("Giving up validating an IPPool: its admission request ended", "ippool", pool.Name, "cause", err.Error())
+	return admission.Errored(http.StatusGatewayTimeout, fmt.Errorf(
+		"validate IPPool %q: the admission request ended before validation finished (%w); nothing was admitted: retry", pool.Name, err))
+}
+
 // ValidateIPPool returns every problem of pool, given the other IPPools of
 // the cluster (pool itself among them, matched by name, is ignored). It
-// reads nothing, so it can be tested without an API server.
-func ValidateIPPool(pool *vmipamv1.IPPool, others []vmipamv1.IPPool) field.ErrorList {
+// reads nothing, so it can be tested without an API server. It looks at ctx
+// as it goes; once ctx is done it stops and returns a single internal error
+// saying so.
+func ValidateIPPool(ctx context.Context, pool *vmipamv1.IPPool, others []vmipamv1.IPPool) field.ErrorList {
+	errs, _ := ippoolValidate(ctx, pool, others)
+	return errs
+}
+
+// ippoolValidate is ValidateIPPool, also returning the pool's ranges when
+// they parse.
+func ippoolValidate(ctx context.Context, pool *vmipamv1.IPPool, others []vmipamv1.IPPool) (field.ErrorList, *ipam.Ranges) {
 	spec := field.NewPath("spec")
-	var errs field.ErrorList
-	errs = append(errs, ippoolValidateRanges(spec, pool.Spec.Ranges)...)
-	errs = append(errs, ippoolValidateOverlaps(spec.Child("ranges"), pool, others)...)
-	errs = append(errs, ippoolValidateDefault(spec.Child("default"), pool, others)...)
+	stopped := func() field.ErrorList {
+		return field.ErrorList{field.InternalError(spec, fmt.Errorf(
+			"validation stopped before it finished, because the admission request ended (%w); the pool was not checked: retry", context.Cause(ctx)))}
+	}
+	if ctx.Err() != nil {
+		return stopped(), nil
+	}
+	sorted := ippoolSortedOthers(pool, others)
+	ranges, errs := ippoolValidateRanges(spec, pool.Spec.Ranges)
+	errs = append(errs, ippoolValidateOverlaps(&ippoolDeadline{ctx: ctx}, spec.Child("ranges"), pool, ranges, sorted)...)
+	errs = append(errs, ippoolValidateDefault(spec.Child("default"), pool, sorted)...)
 	errs = append(errs, ippoolValidateTiming(spec, &pool.Spec)...)
+	if p := pool.Spec.MaxPendingPerNamespace; p != nil && *p < 1 {
+		errs = append(errs, field.Invalid(spec.Child("maxPendingPerNamespace"), *p,
+			"must be at least 1: it bounds the reservations of one namespace that wait for their VirtualMachine to be stored; "+
+				"leave it out for an eighth of the pool's usable addresses, and at least 64"))
+	}
+	if a := pool.Spec.AllowedNamespaces; a != nil {
+		errs = append(errs, ippoolValidateAllowedNamespaces(spec.Child("allowedNamespaces"), a)...)
+	}
 	if w := pool.Spec.Watermarks; w != nil {
 		errs = append(errs, ippoolValidateWatermarks(spec.Child("watermarks"), w)...)
 	}
 	if sel := pool.Spec.NamespaceSelector; sel != nil {
-		if _, err := metav1.LabelSelectorAsSelector(sel); err != nil {
-			errs = append(errs, field.Invalid(spec.Child("namespaceSelector"), sel,
-				fmt.Sprintf("not a valid label selector: %v", err)))
-		}
+		errs = append(errs, ippoolValidateSelector(spec.Child("namespaceSelector"), sel)...)
 	}
-	return errs
+	if ctx.Err() != nil {
+		return stopped(), nil
+	}
+	return errs, ranges
 }
 
-// ippoolValidateRanges runs the allocator's own parser, so that the webhook
-// accepts exactly the ranges the allocator can build, and moves its errors
-// under spec.
-func ippoolValidateRanges(spec *field.Path, ranges []vmipamv1.IPRange) field.ErrorList {
+// ippoolDeadline looks at the request's context every ippoolCheckEvery
+// steps of work, so that a validation the API server has given up on stops
+// instead of burning CPU.
+type ippoolDeadline struct {
+	ctx   context.Context
+	steps int
+}
+
+// spend counts n steps and reports whether to stop.
+func (d *ippoolDeadline) spend(n int) bool {
+	if d.steps += n; d.steps < ippoolCheckEvery {
+		return false
+	}
+	d.steps = 0
+	return d.ctx.Err() != nil
+}
+
+// ippoolRangeSpecs turns the API's ranges into the allocator's.
+func ippoolRangeSpecs(ranges []vmipamv1.IPRange) []ipam.RangeSpec {
 	specs := make([]ipam.RangeSpec, len(ranges))
 	for i, r := range ranges {
 		specs[i] = ipam.RangeSpec{CIDR: r.CIDR, First: r.First, Last: r.Last, Exclude: r.Exclude}
 	}
-	_, err := ipam.ParseRanges(specs)
+	return specs
+}
+
+// ippoolValidateRanges runs the allocator's own parser, so that the webhook
+// accepts exactly the ranges the allocator can build, and moves its errors
+// under spec. It returns the ranges when they parse.
+func ippoolValidateRanges(spec *field.Path, ranges []vmipamv1.IPRange) (*ipam.Ranges, field.ErrorList) {
+	r, err := ipam.ParseRanges(ippoolRangeSpecs(ranges))
 	if err == nil {
-		return nil
+		return r, nil
 	}
 	var ferrs ipam.FieldErrors
 	if !errors.As(err, &ferrs) {
-		return field.ErrorList{field.InternalError(spec.Child("ranges"), fmt.Errorf("parse ranges: %w", err))}
+		return nil, field.ErrorList{field.InternalError(spec.Child("ranges"), fmt.Errorf("parse ranges: %w", err))}
 	}
-	errs := make(field.ErrorList, 0, len(ferrs))
-	for _, fe := range ferrs {
-		path, ok := ippoolFieldPath(spec, fe.Field())
-		detail := fe.Detail
-		if !ok {
-			path, detail = spec, fe.Field()+": "+detail
+	errs := make(field.ErrorList, 0, min(len(ferrs), ippoolMaxRangeErrors+1))
+	for i, fe := range ferrs {
+		if i == ippoolMaxRangeErrors {
+			errs = append(errs, field.Invalid(spec.Child("ranges"), field.OmitValueType{},
+				fmt.Sprintf("and %d more problems in the ranges, not listed", len(ferrs)-i)))
+			break
 		}
+		path := ippoolFieldPath(spec, fe.Path)
 		switch {
-		case fe.Value == "" && strings.Contains(detail, "required"):
-			errs = append(errs, field.Required(path, detail))
+		case fe.Type == ipam.ErrorTypeRequired:
+			errs = append(errs, field.Required(path, fe.Detail))
 		case fe.Value == "":
-			errs = append(errs, field.Invalid(path, field.OmitValueType{}, detail))
+			errs = append(errs, field.Invalid(path, field.OmitValueType{}, fe.Detail))
 		default:
-			errs = append(errs, field.Invalid(path, fe.Value, detail))
+			errs = append(errs, field.Invalid(path, fe.Value, fe.Detail))
 		}
 	}
-	return errs
+	return nil, errs
 }
 
-// ippoolFieldPath turns an ipam field such as "ranges[1].exclude[0]" into a
-// path under root. It reports false for anything it cannot read, rather
-// than guess.
-func ippoolFieldPath(root *field.Path, s string) (*field.Path, bool) {
-	path := root
-	for seg := range strings.SplitSeq(s, ".") {
-		name, rest, _ := strings.Cut(seg, "[")
-		if name == "" {
-			return nil, false
-		}
-		path = path.Child(name)
-		if len(seg) > len(name) {
-			rest = "[" + rest
-		}
-		for rest != "" {
-			end := strings.IndexByte(rest, ']')
-			if rest[0] != '[' || end < 0 {
-				return nil, false
-			}
-			if n, err := strconv.Atoi(rest[1:end]); err == nil && n >= 0 {
-				path = path.Index(n)
-			} else {
-				path = path.Key(rest[1:end])
-			}
-			rest = rest[end+1:]
+// ippoolFieldPath puts an allocator path such as ranges[1].exclude[0] under
+// root.
+func ippoolFieldPath(root *field.Path, p ipam.Path) *field.Path {
+	for _, s := range p {
+		root = root.Child(s.Field)
+		if s.Indexed {
+			root = root.Index(s.Index)
 		}
 	}
-	return path, true
+	return root
+}
+
+// ippoolPart is some of a pool's ranges as the allocator reads them, and
+// the index of the first of them in the pool's spec.
+type ippoolPart struct {
+	ranges *ipam.Ranges
+	first  int
+}
+
+// ippoolParts returns the pool's ranges to check against other pools: all
+// of them when they parse, else each range that parses alone, so that an
+// overlap is reported together with the pool's other mistakes.
+func ippoolParts(pool *vmipamv1.IPPool, ranges *ipam.Ranges) []ippoolPart {
+	if ranges != nil {
+		return []ippoolPart{{ranges: ranges}}
+	}
+	var parts []ippoolPart
+	for i, s := range ippoolRangeSpecs(pool.Spec.Ranges) {
+		if r, err := ipam.ParseRanges([]ipam.RangeSpec{s}); err == nil {
+			parts = append(parts, ippoolPart{ranges: r, first: i})
+		}
+	}
+	return parts
+}
+
+// ippoolShared is what one range of the pool shares with one range of
+// another pool.
+type ippoolShared struct {
+	index      int // of the pool's range
+	other      *vmipamv1.IPPool
+	otherIndex int
+	runs       []string // the first ippoolMaxSharedShown
+	n          int
 }
 
 // ippoolValidateOverlaps reports every range of pool that shares an
-// address with a range of another pool. It compares the addresses handed
-// out, so two pools may split one subnet with first/last; exclusions do not
-// count, since a pool may drop them later.
-func ippoolValidateOverlaps(ranges *field.Path, pool *vmipamv1.IPPool, others []vmipamv1.IPPool) field.ErrorList {
-	sorted := ippoolSortedOthers(pool, others)
-	var errs field.ErrorList
-	for i, r := range pool.Spec.Ranges {
-		sp, ok := ippoolRangeSpan(r)
-		if !ok {
-			continue // ipam has reported it
+// address with a range of another pool: the addresses handed out, so two
+// pools may split one subnet with first/last or by excluding each other's
+// part. Another pool whose ranges do not parse is skipped: its allocator
+// cannot build it either, so it hands nothing out, and its own next update
+// is checked against this pool. The first ippoolMaxOverlapErrors pairs of
+// ranges are listed, then how many more there are.
+func ippoolValidateOverlaps(d *ippoolDeadline, path *field.Path, pool *vmipamv1.IPPool, ranges *ipam.Ranges, sorted []*vmipamv1.IPPool) field.ErrorList {
+	parts := ippoolParts(pool, ranges)
+	if len(parts) == 0 {
+		return nil
+	}
+	var listed []*ippoolShared
+	var unlisted ippoolShared
+	more := 0
+	for _, other := range sorted {
+		steps := 1
+		for _, r := range other.Spec.Ranges {
+			steps += 1 + len(r.Exclude)
 		}
-		for _, other := range sorted {
-			for _, or := range other.Spec.Ranges {
-				osp, ok := ippoolRangeSpan(or)
-				if !ok {
-					continue
+		if d.spend(steps) {
+			return nil
+		}
+		or, err := ipam.ParseRanges(ippoolRangeSpecs(other.Spec.Ranges))
+		if err != nil {
+			continue
+		}
+		for _, part := range parts {
+			var cur *ippoolShared
+			// The runs one pair of ranges shares come one after another:
+			// each range is one stretch of addresses.
+			for o := range part.ranges.Overlaps(or) {
+				if d.spend(1) {
+					return nil
 				}
-				shared, ok := sp.intersect(osp)
-				if !ok {
-					continue
+				i := part.first + o.Range
+				if cur == nil || cur.index != i || cur.otherIndex != o.OtherRange {
+					if len(listed) < ippoolMaxOverlapErrors {
+						cur = &ippoolShared{index: i, other: other, otherIndex: o.OtherRange}
+						listed = append(listed, cur)
+					} else {
+						unlisted, cur = ippoolShared{index: i, otherIndex: o.OtherRange}, &unlisted
+						more++
+					}
 				}
-				errs = append(errs, field.Invalid(ranges.Index(i).Child("cidr"), r.CIDR,
-					fmt.Sprintf("overlaps range %s of IPPool %q (shared: %s); pools must not share addresses: narrow one of them with first/last or use another subnet",
-						or.CIDR, other.Name, shared)))
+				if cur.n++; cur.n <= ippoolMaxSharedShown && cur != &unlisted {
+					cur.runs = append(cur.runs, o.String())
+				}
 			}
 		}
+	}
+	slices.SortStableFunc(listed, func(a, b *ippoolShared) int { return a.index - b.index })
+	var errs field.ErrorList
+	for _, s := range listed {
+		shared := strings.Join(s.runs, ", ")
+		if s.n > len(s.runs) {
+			shared += fmt.Sprintf(" and %d more", s.n-len(s.runs))
+		}
+		errs = append(errs, field.Invalid(path.Index(s.index).Child("cidr"), pool.Spec.Ranges[s.index].CIDR,
+			fmt.Sprintf("overlaps range %s of IPPool %q (shared: %s); pools must not share addresses: narrow one of them with first/last, exclude the shared addresses from one, or use another subnet",
+				strings.TrimSpace(s.other.Spec.Ranges[s.otherIndex].CIDR), s.other.Name, shared)))
+	}
+	if more > 0 {
+		errs = append(errs, field.Invalid(path, field.OmitValueType{},
+			fmt.Sprintf("and %d more pairs of a range of this pool and a range of another IPPool share addresses, not listed", more)))
 	}
 	return errs
 }
 
 // ippoolValidateDefault allows spec.default on at most one pool.
-func ippoolValidateDefault(path *field.Path, pool *vmipamv1.IPPool, others []vmipamv1.IPPool) field.ErrorList {
+func ippoolValidateDefault(path *field.Path, pool *vmipamv1.IPPool, sorted []*vmipamv1.IPPool) field.ErrorList {
 	if !pool.Spec.Default {
 		return nil
 	}
 	var names []string
-	for _, other := range ippoolSortedOthers(pool, others) {
+	for _, other := range sorted {
 		if other.Spec.Default {
 			names = append(names, strconv.Quote(other.Name))
 		}
@@ -240,23 +402,52 @@ func ippoolValidateDefault(path *field.Path, pool *vmipamv1.IPPool, others []vmi
 			strings.Join(names, ", ")))}
 }
 
-// ippoolValidateTiming checks cooldown and pendingTTL. Zero means the
-// allocator's default for both, which is what a Go client sends when it
-// leaves them unset.
+// ippoolValidateTiming checks cooldown and pendingTTL. Only a missing field
+// takes the default: a cooldown of 0s means none, and a pendingTTL of 0s is
+// too short.
 func ippoolValidateTiming(spec *field.Path, s *vmipamv1.IPPoolSpec) field.ErrorList {
 	var errs field.ErrorList
 	if s.Cooldown != nil && s.Cooldown.Duration < 0 {
-		d := s.Cooldown.Duration
-		errs = append(errs, field.Invalid(spec.Child("cooldown"), d.String(),
-			fmt.Sprintf("must not be negative; it is how long a released address rests before reuse, for example %s", ipam.DefaultCooldown)))
+		errs = append(errs, field.Invalid(spec.Child("cooldown"), s.Cooldown.Duration.String(),
+			fmt.Sprintf("must not be negative: it is how long a released address rests before reuse; 0s means no cooldown, and leaving the field out takes the default, %s",
+				ipam.DefaultCooldown)))
 	}
-	if d := s.PendingTTL.Duration; d != 0 && d < ippoolMinPendingTTL {
-		errs = append(errs, field.Invalid(spec.Child("pendingTTL"), d.String(),
-			fmt.Sprintf("must be at least %s, and should exceed the API server's request timeout (60s by default): an address reserved at admission "+
-				"waits this long for its VirtualMachine to be stored, and the create request may still be in flight; the default is %s",
-				ippoolMinPendingTTL, ipam.DefaultPendingTTL)))
+	if s.PendingTTL != nil && s.PendingTTL.Duration < ippoolMinPendingTTL {
+		errs = append(errs, field.Invalid(spec.Child("pendingTTL"), s.PendingTTL.Duration.String(),
+			fmt.Sprintf("must be at least 60s, the API server's default request timeout; an address reserved at admission waits this long for its VirtualMachine "+
+				"to be stored, and the create may still be in flight (the default is %s)", ipam.DefaultPendingTTL)))
 	}
 	return errs
+}
+
+// ippoolValidateAllowedNamespaces checks the namespaces allowed to draw from
+// the pool: some must be named or selected.
+func ippoolValidateAllowedNamespaces(path *field.Path, a *vmipamv1.NamespaceRestriction) field.ErrorList {
+	if len(a.Names) == 0 && a.Selector == nil {
+		return field.ErrorList{field.Required(path,
+			"name namespaces in names or give a selector; to allow every namespace, leave allowedNamespaces out")}
+	}
+	var errs field.ErrorList
+	seen := make(map[string]bool, len(a.Names))
+	for i, n := range a.Names {
+		if msgs := validation.IsDNS1123Label(n); len(msgs) > 0 {
+			errs = append(errs, field.Invalid(path.Child("names").Index(i), n, "not a namespace name: "+strings.Join(msgs, "; ")))
+		} else if seen[n] {
+			errs = append(errs, field.Duplicate(path.Child("names").Index(i), n))
+		}
+		seen[n] = true
+	}
+	if a.Selector != nil {
+		errs = append(errs, ippoolValidateSelector(path.Child("selector"), a.Selector)...)
+	}
+	return errs
+}
+
+func ippoolValidateSelector(path *field.Path, sel *metav1.LabelSelector) field.ErrorList {
+	if _, err := metav1.LabelSelectorAsSelector(sel); err != nil {
+		return field.ErrorList{field.Invalid(path, sel, fmt.Sprintf("not a valid label selector: %v", err))}
+	}
+	return nil
 }
 
 // ippoolValidateWatermarks checks the free-list bounds the allocator needs:
@@ -296,156 +487,29 @@ func ippoolSortedOthers(pool *vmipamv1.IPPool, others []vmipamv1.IPPool) []*vmip
 	return out
 }
 
-// ippoolUpdateWarnings tells the user which addresses an update takes out of
-// the pool. It is a warning, not a denial: shrinking a pool is legitimate,
-// but the VirtualMachines holding those addresses keep them.
-func ippoolUpdateWarnings(old, pool *vmipamv1.IPPool) []string {
-	removed := ippoolUsable(old.Spec.Ranges)
-	for _, sp := range ippoolUsable(pool.Spec.Ranges) {
-		removed = ippoolSubtract(removed, sp)
+// ippoolUpdateWarnings tells the user which addresses an update to ranges
+// takes out of the pool. It is a warning, not a denial: shrinking a pool is
+// legitimate, but the VirtualMachines holding those addresses keep them. An
+// old spec that does not parse handed nothing out, so it takes nothing.
+func ippoolUpdateWarnings(ctx context.Context, old *vmipamv1.IPPool, ranges *ipam.Ranges) []string {
+	was, err := ipam.ParseRanges(ippoolRangeSpecs(old.Spec.Ranges))
+	if err != nil {
+		return nil
 	}
+	d := &ippoolDeadline{ctx: ctx}
 	var warnings []string
-	for i, sp := range removed {
-		if i == ippoolMaxRemovedWarnings {
-			warnings = append(warnings, fmt.Sprintf("spec.ranges: the update takes %d more address spans out of the pool", len(removed)-i))
-			break
+	n := 0
+	for iv := range was.Difference(ranges) {
+		if d.spend(1) {
+			return nil
 		}
-		warnings = append(warnings, fmt.Sprintf(
-			"spec.ranges: the update takes %s out of the pool; VirtualMachines that hold these addresses keep them, but vmipam no longer hands them out", sp))
+		if n++; n <= ippoolMaxRemovedWarnings {
+			warnings = append(warnings, fmt.Sprintf(
+				"spec.ranges: the update takes %s out of the pool; VirtualMachines that hold these addresses keep them, but vmipam no longer hands them out", iv))
+		}
+	}
+	if n > ippoolMaxRemovedWarnings {
+		warnings = append(warnings, fmt.Sprintf("spec.ranges: the update takes %d more address spans out of the pool", n-ippoolMaxRemovedWarnings))
 	}
 	return warnings
-}
-
-// ippoolSpan is the contiguous addresses [lo, hi] of one family.
-type ippoolSpan struct{ lo, hi netip.Addr }
-
-func (s ippoolSpan) String() string {
-	if s.lo == s.hi {
-		return s.lo.String()
-	}
-	return s.lo.String() + "-" + s.hi.String()
-}
-
-// intersect returns the addresses s and t share, and false if none.
-func (s ippoolSpan) intersect(t ippoolSpan) (ippoolSpan, bool) {
-	if s.lo.Is4() != t.lo.Is4() || s.lo.Compare(t.hi) > 0 || t.lo.Compare(s.hi) > 0 {
-		return ippoolSpan{}, false
-	}
-	out := s
-	if t.lo.Compare(out.lo) > 0 {
-		out.lo = t.lo
-	}
-	if t.hi.Compare(out.hi) < 0 {
-		out.hi = t.hi
-	}
-	return out, true
-}
-
-// ippoolRangeSpan returns the addresses a range hands out before its
-// exclusions, by the rules of ipam.ParseRanges: the network address, and the
-// broadcast address of an IPv4 subnet, are skipped unless the subnet is a
-// /31, /32, /127 or /128. It reports false for a range ipam would refuse.
-func ippoolRangeSpan(r vmipamv1.IPRange) (ippoolSpan, bool) {
-	p, err := netip.ParsePrefix(strings.TrimSpace(r.CIDR))
-	if err != nil || p.Addr().Zone() != "" || p.Addr().Is4In6() || p.Masked() != p {
-		return ippoolSpan{}, false
-	}
-	sp := ippoolSpan{lo: p.Addr(), hi: ippoolLastAddr(p)}
-	if p.Addr().BitLen()-p.Bits() >= 2 {
-		sp.lo = sp.lo.Next()
-		if p.Addr().Is4() {
-			sp.hi = sp.hi.Prev()
-		}
-	}
-	usable, ok := sp, true
-	narrow := func(raw string, to *netip.Addr) {
-		if raw == "" {
-			return
-		}
-		a, err := netip.ParseAddr(strings.TrimSpace(raw))
-		if err != nil || a.Is4() != p.Addr().Is4() || a.Compare(usable.lo) < 0 || a.Compare(usable.hi) > 0 {
-			ok = false
-			return
-		}
-		*to = a
-	}
-	narrow(r.First, &sp.lo)
-	narrow(r.Last, &sp.hi)
-	if !ok || sp.lo.Compare(sp.hi) > 0 {
-		return ippoolSpan{}, false
-	}
-	return sp, true
-}
-
-// ippoolLastAddr returns the highest address of the masked prefix p.
-func ippoolLastAddr(p netip.Prefix) netip.Addr {
-	b := p.Addr().AsSlice()
-	for i := range b {
-		switch inPrefix := p.Bits() - 8*i; {
-		case inPrefix <= 0:
-			b[i] = 0xff
-		case inPrefix < 8:
-			b[i] |= 0xff >> inPrefix
-		}
-	}
-	a, _ := netip.AddrFromSlice(b)
-	return a
-}
-
-// ippoolUsable returns the addresses the ranges hand out, exclusions
-// removed; ranges that do not parse are skipped.
-func ippoolUsable(ranges []vmipamv1.IPRange) []ippoolSpan {
-	var out []ippoolSpan
-	for _, r := range ranges {
-		sp, ok := ippoolRangeSpan(r)
-		if !ok {
-			continue
-		}
-		pieces := []ippoolSpan{sp}
-		for _, x := range r.Exclude {
-			if xs, ok := ippoolExcludeSpan(x); ok {
-				pieces = ippoolSubtract(pieces, xs)
-			}
-		}
-		out = append(out, pieces...)
-	}
-	return out
-}
-
-// ippoolExcludeSpan reads an exclusion: a CIDR or a single address.
-func ippoolExcludeSpan(x string) (ippoolSpan, bool) {
-	x = strings.TrimSpace(x)
-	if strings.Contains(x, "/") {
-		p, err := netip.ParsePrefix(x)
-		if err != nil || p.Masked() != p {
-			return ippoolSpan{}, false
-		}
-		return ippoolSpan{lo: p.Addr(), hi: ippoolLastAddr(p)}, true
-	}
-	a, err := netip.ParseAddr(x)
-	if err != nil {
-		return ippoolSpan{}, false
-	}
-	return ippoolSpan{lo: a, hi: a}, true
-}
-
-// ippoolSubtract returns spans without the addresses of x.
-func ippoolSubtract(spans []ippoolSpan, x ippoolSpan) []ippoolSpan {
-	var out []ippoolSpan
-	for _, s := range spans {
-		cut, ok := s.intersect(x)
-		if !ok {
-			out = append(out, s)
-			continue
-		}
-		// cut.lo > s.lo means cut.lo has a predecessor, and cut.hi < s.hi a
-		// successor, so Prev and Next cannot run off the address space.
-		if cut.lo.Compare(s.lo) > 0 {
-			out = append(out, ippoolSpan{lo: s.lo, hi: cut.lo.Prev()})
-		}
-		if cut.hi.Compare(s.hi) < 0 {
-			out = append(out, ippoolSpan{lo: cut.hi.Next(), hi: s.hi})
-		}
-	}
-	return out
 }

@@ -4,8 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
-	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -14,12 +14,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/ipam"
 )
 
 // ippoolTestPool returns a pool named name with ranges, the others fields
@@ -141,7 +143,7 @@ func TestValidateIPPoolRanges(t *testing.T) {
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
 			pool := ippoolTestPool("a", tc.ranges...)
-			ippoolCheckErrs(t, ValidateIPPool(&pool, nil), tc.want)
+			ippoolCheckErrs(t, ValidateIPPool(t.Context(), &pool, nil), tc.want)
 		})
 	}
 }
@@ -201,10 +203,54 @@ func TestValidateIPPoolOthers(t *testing.T) {
 			pool:   ippoolTestPool("a", ippoolCIDR("10.0.0.0/25")),
 			others: []vmipamv1.IPPool{ippoolTestPool("b", ippoolCIDR("10.0.0.127/32"), ippoolCIDR("10.0.0.0/32"))},
 		},
-		"exclusions do not make room for another pool": {
+		"exclusions make room for another pool": {
 			pool:   ippoolTestPool("a", vmipamv1.IPRange{CIDR: "10.0.0.0/24", Exclude: []string{"10.0.0.128/25"}}),
 			others: []vmipamv1.IPPool{ippoolTestPool("b", ippoolCIDR("10.0.0.128/25"))},
-			want:   []ippoolWantErr{{"spec.ranges[0].cidr", `overlaps range 10.0.0.128/25 of IPPool "b"`}},
+		},
+		"one subnet split by excluding each other's part": {
+			pool: ippoolTestPool("a", vmipamv1.IPRange{CIDR: "10.0.0.0/24", Exclude: []string{"10.0.0.64/26", "10.0.0.200"}}),
+			others: []vmipamv1.IPPool{
+				ippoolTestPool("b", vmipamv1.IPRange{CIDR: "10.0.0.0/24", Exclude: []string{"10.0.0.0/26", "10.0.0.128/25"}}),
+				ippoolTestPool("c", vmipamv1.IPRange{CIDR: "10.0.0.200/32"}),
+			},
+		},
+		"exclusions leave shared runs": {
+			pool: ippoolTestPool("a", vmipamv1.IPRange{CIDR: "10.0.0.0/24", Exclude: []string{"10.0.0.64/26"}}),
+			others: []vmipamv1.IPPool{
+				ippoolTestPool("b", vmipamv1.IPRange{CIDR: "10.0.0.0/24", Exclude: []string{"10.0.0.1", "10.0.0.3/32", "10.0.0.128/25"}}),
+			},
+			want: []ippoolWantErr{{"spec.ranges[0].cidr",
+				`overlaps range 10.0.0.0/24 of IPPool "b" (shared: 10.0.0.2, 10.0.0.4-10.0.0.63); pools must not share addresses: narrow one of them with first/last, exclude the shared addresses from one, or use another subnet`}},
+		},
+		"many shared runs, the first four listed": {
+			pool: ippoolTestPool("a", ippoolCIDR("10.0.0.0/24")),
+			others: []vmipamv1.IPPool{
+				ippoolTestPool("b", vmipamv1.IPRange{CIDR: "10.0.0.0/24", Exclude: []string{"10.0.0.2", "10.0.0.4", "10.0.0.6", "10.0.0.8", "10.0.0.10/31", "10.0.0.12/30", "10.0.0.16/28", "10.0.0.32/27", "10.0.0.64/26", "10.0.0.128/25"}}),
+			},
+			want: []ippoolWantErr{{"spec.ranges[0].cidr", `(shared: 10.0.0.1, 10.0.0.3, 10.0.0.5, 10.0.0.7 and 1 more)`}},
+		},
+		"many overlapping pairs, the first eight listed": {
+			pool: ippoolTestPool("a", ippoolCIDR("10.0.0.0/24"), ippoolCIDR("10.0.1.0/24")),
+			others: []vmipamv1.IPPool{
+				ippoolTestPool("b", ippoolCIDR("10.0.1.0/28"), ippoolCIDR("10.0.1.16/28"), ippoolCIDR("10.0.1.32/28"), ippoolCIDR("10.0.1.48/28")),
+				ippoolTestPool("c", ippoolCIDR("10.0.0.0/28"), ippoolCIDR("10.0.0.16/28"), ippoolCIDR("10.0.0.32/28"), ippoolCIDR("10.0.0.48/28"),
+					ippoolCIDR("10.0.0.64/28"), ippoolCIDR("10.0.0.80/28"), ippoolCIDR("10.0.0.96/28")),
+			},
+			want: []ippoolWantErr{
+				{"spec.ranges[0].cidr", `range 10.0.0.0/28 of IPPool "c"`},
+				{"spec.ranges[0].cidr", `range 10.0.0.16/28 of IPPool "c"`},
+				{"spec.ranges[0].cidr", `range 10.0.0.32/28 of IPPool "c"`},
+				{"spec.ranges[0].cidr", `range 10.0.0.48/28 of IPPool "c"`},
+				{"spec.ranges[1].cidr", `range 10.0.1.0/28 of IPPool "b"`},
+				{"spec.ranges[1].cidr", `range 10.0.1.16/28 of IPPool "b"`},
+				{"spec.ranges[1].cidr", `range 10.0.1.32/28 of IPPool "b"`},
+				{"spec.ranges[1].cidr", `range 10.0.1.48/28 of IPPool "b"`},
+				{"spec.ranges", "and 3 more pairs of a range of this pool and a range of another IPPool share addresses, not listed"},
+			},
+		},
+		"ipv4 and ipv6 equal as numbers do not overlap": {
+			pool:   ippoolTestPool("a", ippoolCIDR("10.0.0.0/24")),
+			others: []vmipamv1.IPPool{ippoolTestPool("b", ippoolCIDR("::a00:0/120"))},
 		},
 		"overlaps two pools, reported by name": {
 			pool: ippoolTestPool("a", ippoolCIDR("10.0.0.0/16")),
@@ -224,6 +270,16 @@ func TestValidateIPPoolOthers(t *testing.T) {
 		"other pool with a broken range is skipped": {
 			pool:   ippoolTestPool("a", ippoolCIDR("10.0.0.0/24")),
 			others: []vmipamv1.IPPool{ippoolTestPool("b", ippoolCIDR("10.0.0.0/33"))},
+		},
+		"other pool that does not parse is skipped whole": {
+			// Its allocator cannot build it either, so it hands nothing
+			// out; its next update is checked against this pool.
+			pool:   ippoolTestPool("a", ippoolCIDR("10.0.0.0/24")),
+			others: []vmipamv1.IPPool{ippoolTestPool("b", ippoolCIDR("10.0.0.0/25"), ippoolCIDR("10.0.1.0/33"))},
+		},
+		"other pool with an IPv4-mapped spelling is skipped": {
+			pool:   ippoolTestPool("a", ippoolCIDR("10.0.0.0/24")),
+			others: []vmipamv1.IPPool{ippoolTestPool("b", ippoolCIDR("::ffff:10.0.0.0/120"))},
 		},
 		"first default": {
 			pool:   defaultPool("a", "10.0.0.0/24"),
@@ -245,7 +301,7 @@ func TestValidateIPPoolOthers(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			ippoolCheckErrs(t, ValidateIPPool(&tc.pool, tc.others), tc.want)
+			ippoolCheckErrs(t, ValidateIPPool(t.Context(), &tc.pool, tc.others), tc.want)
 		})
 	}
 }
@@ -261,7 +317,12 @@ func TestValidateIPPoolSettings(t *testing.T) {
 		"everything set and sane": {
 			spec: func(s *vmipamv1.IPPoolSpec) {
 				s.Cooldown = &metav1.Duration{Duration: 10 * time.Minute}
-				s.PendingTTL = metav1.Duration{Duration: 30 * time.Second}
+				s.PendingTTL = &metav1.Duration{Duration: 90 * time.Second}
+				s.MaxPendingPerNamespace = ptr.To[int32](1)
+				s.AllowedNamespaces = &vmipamv1.NamespaceRestriction{
+					Names:    []string{"team-a", "b"},
+					Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"vmipam.io/pool": "a"}},
+				}
 				s.Watermarks = &vmipamv1.Watermarks{Low: 0, Target: 4096, High: 4096}
 				s.NamespaceSelector = &metav1.LabelSelector{
 					MatchLabels:      map[string]string{"team": "a"},
@@ -269,17 +330,71 @@ func TestValidateIPPoolSettings(t *testing.T) {
 				}
 			},
 		},
+		"zero cooldown means none": {
+			spec: func(s *vmipamv1.IPPoolSpec) { s.Cooldown = &metav1.Duration{} },
+		},
 		"negative cooldown": {
 			spec: func(s *vmipamv1.IPPoolSpec) { s.Cooldown = &metav1.Duration{Duration: -time.Second} },
-			want: []ippoolWantErr{{"spec.cooldown", `Invalid value: "-1s": must not be negative`}},
+			want: []ippoolWantErr{{"spec.cooldown", `Invalid value: "-1s": must not be negative: it is how long a released address rests before reuse; 0s means no cooldown, and leaving the field out takes the default, 5m0s`}},
+		},
+		"pendingTTL of the API server's request timeout": {
+			spec: func(s *vmipamv1.IPPoolSpec) { s.PendingTTL = &metav1.Duration{Duration: time.Minute} },
 		},
 		"short pendingTTL": {
-			spec: func(s *vmipamv1.IPPoolSpec) { s.PendingTTL = metav1.Duration{Duration: 10 * time.Second} },
-			want: []ippoolWantErr{{"spec.pendingTTL", `Invalid value: "10s": must be at least 30s, and should exceed the API server's request timeout`}},
+			spec: func(s *vmipamv1.IPPoolSpec) { s.PendingTTL = &metav1.Duration{Duration: 59 * time.Second} },
+			want: []ippoolWantErr{{"spec.pendingTTL", `Invalid value: "59s": must be at least 60s, the API server's default request timeout; ` +
+				"an address reserved at admission waits this long for its VirtualMachine to be stored, and the create may still be in flight (the default is 2m0s)"}},
+		},
+		"zero pendingTTL": {
+			spec: func(s *vmipamv1.IPPoolSpec) { s.PendingTTL = &metav1.Duration{} },
+			want: []ippoolWantErr{{"spec.pendingTTL", `Invalid value: "0s": must be at least 60s`}},
 		},
 		"negative pendingTTL": {
-			spec: func(s *vmipamv1.IPPoolSpec) { s.PendingTTL = metav1.Duration{Duration: -time.Minute} },
-			want: []ippoolWantErr{{"spec.pendingTTL", "must be at least 30s"}},
+			spec: func(s *vmipamv1.IPPoolSpec) { s.PendingTTL = &metav1.Duration{Duration: -time.Minute} },
+			want: []ippoolWantErr{{"spec.pendingTTL", "must be at least 60s"}},
+		},
+		"zero maxPendingPerNamespace": {
+			spec: func(s *vmipamv1.IPPoolSpec) { s.MaxPendingPerNamespace = ptr.To[int32](0) },
+			want: []ippoolWantErr{{"spec.maxPendingPerNamespace", "Invalid value: 0: must be at least 1"}},
+		},
+		"negative maxPendingPerNamespace": {
+			spec: func(s *vmipamv1.IPPoolSpec) { s.MaxPendingPerNamespace = ptr.To[int32](-5) },
+			want: []ippoolWantErr{{"spec.maxPendingPerNamespace", "Invalid value: -5: must be at least 1: it bounds the reservations of one namespace"}},
+		},
+		"allowedNamespaces by name only": {
+			spec: func(s *vmipamv1.IPPoolSpec) {
+				s.AllowedNamespaces = &vmipamv1.NamespaceRestriction{Names: []string{"default"}}
+			},
+		},
+		"allowedNamespaces by selector only": {
+			spec: func(s *vmipamv1.IPPoolSpec) {
+				s.AllowedNamespaces = &vmipamv1.NamespaceRestriction{Selector: &metav1.LabelSelector{
+					MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "team", Operator: metav1.LabelSelectorOpExists}},
+				}}
+			},
+		},
+		"allowedNamespaces empty": {
+			spec: func(s *vmipamv1.IPPoolSpec) { s.AllowedNamespaces = &vmipamv1.NamespaceRestriction{Names: []string{}} },
+			want: []ippoolWantErr{{"spec.allowedNamespaces", "Required value: name namespaces in names or give a selector; to allow every namespace, leave allowedNamespaces out"}},
+		},
+		"allowedNamespaces names not namespaces": {
+			spec: func(s *vmipamv1.IPPoolSpec) {
+				s.AllowedNamespaces = &vmipamv1.NamespaceRestriction{Names: []string{"ok", "Team_A", "", "ok", strings.Repeat("x", 64)}}
+			},
+			want: []ippoolWantErr{
+				{"spec.allowedNamespaces.names[1]", `Invalid value: "Team_A": not a namespace name: a lowercase RFC 1123 label`},
+				{"spec.allowedNamespaces.names[2]", `Invalid value: "": not a namespace name`},
+				{"spec.allowedNamespaces.names[3]", `Duplicate value: "ok"`},
+				{"spec.allowedNamespaces.names[4]", "must be no more than 63 characters"},
+			},
+		},
+		"allowedNamespaces invalid selector": {
+			spec: func(s *vmipamv1.IPPoolSpec) {
+				s.AllowedNamespaces = &vmipamv1.NamespaceRestriction{Names: []string{"a"}, Selector: &metav1.LabelSelector{
+					MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "team", Operator: metav1.LabelSelectorOpIn}},
+				}}
+			},
+			want: []ippoolWantErr{{"spec.allowedNamespaces.selector", "not a valid label selector"}},
 		},
 		"negative low watermark": {
 			spec: func(s *vmipamv1.IPPoolSpec) { s.Watermarks = &vmipamv1.Watermarks{Low: -1, Target: 8, High: 16} },
@@ -320,7 +435,7 @@ func TestValidateIPPoolSettings(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			pool := ippoolTestPool("a", ippoolCIDR("10.0.0.0/24"))
 			tc.spec(&pool.Spec)
-			ippoolCheckErrs(t, ValidateIPPool(&pool, nil), tc.want)
+			ippoolCheckErrs(t, ValidateIPPool(t.Context(), &pool, nil), tc.want)
 		})
 	}
 }
@@ -333,8 +448,10 @@ func TestValidateIPPoolReportsEveryError(t *testing.T) {
 		ippoolCIDR("10.1.0.0/24"),
 	)
 	pool.Spec.Default = true
-	pool.Spec.PendingTTL = metav1.Duration{Duration: time.Second}
+	pool.Spec.PendingTTL = &metav1.Duration{Duration: time.Second}
 	pool.Spec.Cooldown = &metav1.Duration{Duration: -time.Minute}
+	pool.Spec.MaxPendingPerNamespace = ptr.To[int32](0)
+	pool.Spec.AllowedNamespaces = &vmipamv1.NamespaceRestriction{Names: []string{"NO"}}
 	pool.Spec.Watermarks = &vmipamv1.Watermarks{Low: 10, Target: 5, High: 1}
 	pool.Spec.NamespaceSelector = &metav1.LabelSelector{
 		MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "env", Operator: metav1.LabelSelectorOpExists, Values: []string{"x"}}},
@@ -342,14 +459,16 @@ func TestValidateIPPoolReportsEveryError(t *testing.T) {
 	others := []vmipamv1.IPPool{ippoolTestPool("b", ippoolCIDR("10.1.0.0/25"))}
 	others[0].Spec.Default = true
 
-	ippoolCheckErrs(t, ValidateIPPool(&pool, others), []ippoolWantErr{
+	ippoolCheckErrs(t, ValidateIPPool(t.Context(), &pool, others), []ippoolWantErr{
 		{"spec.ranges[0].first", "is after last"},
 		{"spec.ranges[1].cidr", "host bits are set"},
 		{"spec.ranges[2].exclude[0]", "outside the range's CIDR 10.2.0.0/24"},
 		{"spec.ranges[3].cidr", `overlaps range 10.1.0.0/25 of IPPool "b"`},
 		{"spec.default", `IPPool "b" is already the default`},
 		{"spec.cooldown", "must not be negative"},
-		{"spec.pendingTTL", "must be at least 30s"},
+		{"spec.pendingTTL", "must be at least 60s"},
+		{"spec.maxPendingPerNamespace", "must be at least 1"},
+		{"spec.allowedNamespaces.names[0]", "not a namespace name"},
 		{"spec.watermarks.low", "must not exceed target (5)"},
 		{"spec.watermarks.high", "must be at least target (5)"},
 		{"spec.namespaceSelector", "not a valid label selector"},
@@ -358,60 +477,18 @@ func TestValidateIPPoolReportsEveryError(t *testing.T) {
 
 func TestIPPoolFieldPath(t *testing.T) {
 	tests := map[string]struct {
-		in   string
+		in   ipam.Path
 		want string
-		ok   bool
 	}{
-		"top level":      {in: "ranges", want: "spec.ranges", ok: true},
-		"indexed child":  {in: "ranges[0].first", want: "spec.ranges[0].first", ok: true},
-		"nested index":   {in: "ranges[1].exclude[12]", want: "spec.ranges[1].exclude[12]", ok: true},
-		"key":            {in: "labels[team]", want: "spec.labels[team]", ok: true},
-		"empty":          {in: ""},
-		"empty segment":  {in: "ranges..cidr"},
-		"unclosed index": {in: "ranges[1.cidr"},
-		"junk after ]":   {in: "ranges[1]x.cidr"},
+		"top level":     {in: ipam.Path{}.Child("ranges"), want: "spec.ranges"},
+		"indexed child": {in: ipam.Path{}.Child("ranges").Index(0).Child("first"), want: "spec.ranges[0].first"},
+		"nested index":  {in: ipam.Path{}.Child("ranges").Index(1).Child("exclude").Index(12), want: "spec.ranges[1].exclude[12]"},
+		"empty":         {in: nil, want: "spec"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			got, ok := ippoolFieldPath(field.NewPath("spec"), tc.in)
-			if ok != tc.ok {
-				t.Fatalf("ok = %v, want %v", ok, tc.ok)
-			}
-			if ok && got.String() != tc.want {
-				t.Errorf("got %q, want %q", got.String(), tc.want)
-			}
-		})
-	}
-}
-
-func TestIPPoolRangeSpan(t *testing.T) {
-	tests := map[string]struct {
-		r    vmipamv1.IPRange
-		want string // "" when the range does not parse
-	}{
-		"IPv4 subnet":           {r: ippoolCIDR("10.0.0.0/24"), want: "10.0.0.1-10.0.0.254"},
-		"IPv4 /30":              {r: ippoolCIDR("10.0.0.0/30"), want: "10.0.0.1-10.0.0.2"},
-		"IPv4 point to point":   {r: ippoolCIDR("10.0.0.0/31"), want: "10.0.0.0-10.0.0.1"},
-		"IPv4 host":             {r: ippoolCIDR("10.0.0.9/32"), want: "10.0.0.9"},
-		"IPv4 everything":       {r: ippoolCIDR("0.0.0.0/0"), want: "0.0.0.1-255.255.255.254"},
-		"IPv6 subnet keeps top": {r: ippoolCIDR("fd00::/64"), want: "fd00::1-fd00::ffff:ffff:ffff:ffff"},
-		"IPv6 /127":             {r: ippoolCIDR("fd00::/127"), want: "fd00::-fd00::1"},
-		"IPv6 everything":       {r: ippoolCIDR("::/0"), want: "::1-ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"},
-		"narrowed":              {r: vmipamv1.IPRange{CIDR: "10.0.0.0/24", First: " 10.0.0.10", Last: "10.0.0.20"}, want: "10.0.0.10-10.0.0.20"},
-		"first is network":      {r: vmipamv1.IPRange{CIDR: "10.0.0.0/24", First: "10.0.0.0"}},
-		"first other family":    {r: vmipamv1.IPRange{CIDR: "10.0.0.0/24", First: "::ffff:10.0.0.5"}},
-		"first after last":      {r: vmipamv1.IPRange{CIDR: "10.0.0.0/24", First: "10.0.0.9", Last: "10.0.0.8"}},
-		"host bits":             {r: ippoolCIDR("10.0.0.1/24")},
-		"zoned":                 {r: ippoolCIDR("fe80::%eth0/64")},
-	}
-	for name, tc := range tests {
-		t.Run(name, func(t *testing.T) {
-			sp, ok := ippoolRangeSpan(tc.r)
-			if ok != (tc.want != "") {
-				t.Fatalf("ok = %v, want %v (span %v)", ok, tc.want != "", sp)
-			}
-			if ok && sp.String() != tc.want {
-				t.Errorf("got %s, want %s", sp, tc.want)
+			if got := ippoolFieldPath(field.NewPath("spec"), tc.in).String(); got != tc.want {
+				t.Errorf("got %q, want %q", got, tc.want)
 			}
 		})
 	}
@@ -476,11 +553,24 @@ func TestIPPoolUpdateWarnings(t *testing.T) {
 				"the update takes 3 more address spans out of the pool",
 			},
 		},
+		"old spec that does not parse": {
+			old: []vmipamv1.IPRange{ippoolCIDR("10.0.0.0/24"), ippoolCIDR("10.0.0.0/25")},
+			new: []vmipamv1.IPRange{ippoolCIDR("10.0.1.0/24")},
+		},
+		"top of the IPv6 space": {
+			old:  []vmipamv1.IPRange{ippoolCIDR("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ff00/120")},
+			new:  []vmipamv1.IPRange{{CIDR: "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ff00/120", Exclude: []string{"ffff:ffff:ffff:ffff:ffff:ffff:ffff:fff0/124"}}},
+			want: []string{"takes ffff:ffff:ffff:ffff:ffff:ffff:ffff:fff0-ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff out"},
+		},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
 			old, pool := ippoolTestPool("a", tc.old...), ippoolTestPool("a", tc.new...)
-			got := ippoolUpdateWarnings(&old, &pool)
+			errs, ranges := ippoolValidate(t.Context(), &pool, nil)
+			if len(errs) > 0 {
+				t.Fatalf("new pool invalid: %v", errs)
+			}
+			got := ippoolUpdateWarnings(t.Context(), &old, ranges)
 			if len(got) != len(tc.want) {
 				t.Fatalf("got %d warnings, want %d: %q", len(got), len(tc.want), got)
 			}
@@ -493,18 +583,6 @@ func TestIPPoolUpdateWarnings(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-func TestIPPoolSubtractAtAddressSpaceEdges(t *testing.T) {
-	all := ippoolSpan{lo: netip.MustParseAddr("::"), hi: netip.MustParseAddr("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff")}
-	got := ippoolSubtract([]ippoolSpan{all}, ippoolSpan{lo: all.lo, hi: netip.MustParseAddr("::ff")})
-	got = ippoolSubtract(got, ippoolSpan{lo: netip.MustParseAddr("ffff::"), hi: all.hi})
-	if len(got) != 1 || got[0].String() != "::100-fffe:ffff:ffff:ffff:ffff:ffff:ffff:ffff" {
-		t.Errorf("got %v", got)
-	}
-	if got := ippoolSubtract([]ippoolSpan{all}, all); len(got) != 0 {
-		t.Errorf("subtracting everything left %v", got)
 	}
 }
 
@@ -539,17 +617,26 @@ func TestIPPoolValidatorHandle(t *testing.T) {
 	retuned.Spec.Cooldown = &metav1.Duration{Duration: time.Minute}
 	relabelled := *overlapping.DeepCopy()
 	relabelled.Labels = map[string]string{"team": "a"}
+	vmKind := metav1.GroupVersionKind{Group: "vmipam.io", Version: "v1alpha1", Kind: "VirtualMachine"}
+	vmResource := metav1.GroupVersionResource{Group: "vmipam.io", Version: "v1alpha1", Resource: "virtualmachines"}
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	const serves = "vmipam's IPPool validating webhook serves ippools.vmipam.io/v1alpha1 (kind vmipam.io/v1alpha1 IPPool), not "
 
 	tests := map[string]struct {
-		op         admissionv1.Operation
-		obj, old   *vmipamv1.IPPool
-		raw        []byte // overrides obj
-		listErr    error
-		allowed    bool
-		code       int32
-		msg        []string
-		causeField string
-		warnings   []string
+		op          admissionv1.Operation
+		obj, old    *vmipamv1.IPPool
+		raw         []byte // overrides obj
+		kind        *metav1.GroupVersionKind
+		resource    *metav1.GroupVersionResource
+		subResource string
+		ctx         context.Context
+		listErr     error
+		allowed     bool
+		code        int32
+		msg         []string
+		causeField  string
+		warnings    []string
 	}{
 		"create valid": {
 			op: admissionv1.Create, obj: &valid, allowed: true, code: http.StatusOK,
@@ -592,6 +679,34 @@ func TestIPPoolValidatorHandle(t *testing.T) {
 			op: admissionv1.Create, obj: &valid, listErr: errors.New("cache not synced"),
 			code: http.StatusInternalServerError, msg: []string{"list IPPools: cache not synced"},
 		},
+		"another kind": {
+			op: admissionv1.Create, obj: &valid, kind: &vmKind, resource: &vmResource, code: http.StatusBadRequest,
+			msg: []string{serves + "virtualmachines.vmipam.io/v1alpha1 (kind vmipam.io/v1alpha1 VirtualMachine): check the webhook configuration's rules"},
+		},
+		"another kind, on delete too": {
+			op: admissionv1.Delete, old: &valid, kind: &vmKind, resource: &vmResource, code: http.StatusBadRequest,
+			msg: []string{serves + "virtualmachines.vmipam.io/v1alpha1"},
+		},
+		"another version of the kind": {
+			op: admissionv1.Create, obj: &valid, kind: &metav1.GroupVersionKind{Group: "vmipam.io", Version: "v1beta1", Kind: "IPPool"}, code: http.StatusBadRequest,
+			msg: []string{serves + "ippools.vmipam.io/v1alpha1 (kind vmipam.io/v1beta1 IPPool)"},
+		},
+		"another resource": {
+			op: admissionv1.Create, obj: &valid, resource: &metav1.GroupVersionResource{Group: "vmipam.io", Version: "v1alpha1", Resource: "ipblocks"},
+			code: http.StatusBadRequest, msg: []string{serves + "ipblocks.vmipam.io/v1alpha1 (kind vmipam.io/v1alpha1 IPPool)"},
+		},
+		"a subresource": {
+			op: admissionv1.Update, obj: &narrowed, old: &valid, subResource: "status", code: http.StatusBadRequest,
+			msg: []string{serves + "ippools.vmipam.io/v1alpha1/status (kind vmipam.io/v1alpha1 IPPool)"},
+		},
+		"request already ended": {
+			op: admissionv1.Create, obj: &valid, ctx: cancelled, code: http.StatusGatewayTimeout,
+			msg: []string{`validate IPPool "a": the admission request ended before validation finished (context canceled); nothing was admitted`},
+		},
+		"request ended while listing": {
+			op: admissionv1.Create, obj: &valid, ctx: cancelled, listErr: context.Canceled, code: http.StatusGatewayTimeout,
+			msg: []string{"the admission request ended before validation finished"},
+		},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -606,15 +721,26 @@ func TestIPPoolValidatorHandle(t *testing.T) {
 			v := NewIPPoolValidator(builder.Build(), ippoolTestScheme(t))
 			req := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
 				Operation: tc.op, Object: ippoolRaw(t, tc.obj), OldObject: ippoolRaw(t, tc.old),
+				Kind: ippoolGVK, Resource: ippoolGVR, SubResource: tc.subResource,
 			}}
+			if tc.kind != nil {
+				req.Kind = *tc.kind
+			}
+			if tc.resource != nil {
+				req.Resource = *tc.resource
+			}
 			if tc.raw != nil {
 				req.Object = runtime.RawExtension{Raw: tc.raw}
 			}
 			if tc.obj != nil {
 				req.Name = tc.obj.Name
 			}
+			ctx := t.Context()
+			if tc.ctx != nil {
+				ctx = tc.ctx
+			}
 
-			resp := v.Handle(t.Context(), req)
+			resp := v.Handle(ctx, req)
 
 			if resp.Allowed != tc.allowed {
 				t.Fatalf("allowed = %v, want %v (%+v)", resp.Allowed, tc.allowed, resp.Result)
@@ -645,4 +771,103 @@ func TestIPPoolValidatorHandle(t *testing.T) {
 			}
 		})
 	}
+}
+
+// ippoolCountingCtx is a context whose Err reports nil for its first ok
+// calls and context.Canceled after, counting them: a request that ends in
+// the middle of a validation.
+type ippoolCountingCtx struct {
+	context.Context
+	ok, calls int
+}
+
+func (c *ippoolCountingCtx) Err() error {
+	if c.calls++; c.calls > c.ok {
+		return context.Canceled
+	}
+	return nil
+}
+
+// TestValidateIPPoolDeadline checks that validation looks at the request's
+// context as it goes, and stops once it is done.
+func TestValidateIPPoolDeadline(t *testing.T) {
+	// 40 other pools at the CRD's limits, copies of one (they overlap
+	// each other, which is not this pool's business): a look at the
+	// context each.
+	pool := ippoolAtLimits("big", 0, 0)
+	other := ippoolAtLimits("", 1, 0)
+	others := make([]vmipamv1.IPPool, 40)
+	for i := range others {
+		others[i] = other
+		others[i].Name = fmt.Sprintf("other-%02d", i)
+	}
+	t.Run("looks at the context in its loops", func(t *testing.T) {
+		ctx := &ippoolCountingCtx{Context: t.Context(), ok: 1 << 30}
+		if errs := ValidateIPPool(ctx, &pool, others); len(errs) != 0 {
+			t.Fatalf("errors: %v", errs)
+		}
+		if ctx.calls < 40 {
+			t.Errorf("validation against 40 pools at the limits looked at the context %d times", ctx.calls)
+		}
+	})
+	t.Run("stops when the request ends", func(t *testing.T) {
+		ctx := &ippoolCountingCtx{Context: t.Context(), ok: 3}
+		errs := ValidateIPPool(ctx, &pool, others)
+		ippoolCheckErrs(t, errs, []ippoolWantErr{{"spec",
+			"Internal error: validation stopped before it finished, because the admission request ended (context canceled); the pool was not checked: retry"}})
+		if ctx.calls > 6 {
+			t.Errorf("validation went on after the request ended: %d looks at the context", ctx.calls)
+		}
+	})
+	t.Run("ended before it starts", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel()
+		ippoolCheckErrs(t, ValidateIPPool(ctx, &pool, others), []ippoolWantErr{{"spec", "validation stopped before it finished"}})
+	})
+}
+
+// TestValidateIPPoolBounded checks that what a denial says stays small,
+// however many mistakes or shared addresses there are.
+func TestValidateIPPoolBounded(t *testing.T) {
+	t.Run("range errors", func(t *testing.T) {
+		r := vmipamv1.IPRange{CIDR: "10.0.0.0/24"}
+		for i := range 300 {
+			r.Exclude = append(r.Exclude, fmt.Sprintf("10.0.1.%d", i%256))
+		}
+		pool := ippoolTestPool("a", r)
+		errs := ValidateIPPool(t.Context(), &pool, nil)
+		if len(errs) != ippoolMaxRangeErrors+1 {
+			t.Fatalf("%d errors, want %d", len(errs), ippoolMaxRangeErrors+1)
+		}
+		if errs[0].Field != "spec.ranges[0].exclude[0]" || errs[63].Field != "spec.ranges[0].exclude[63]" {
+			t.Errorf("first errors at %s ... %s", errs[0].Field, errs[63].Field)
+		}
+		if last := errs[len(errs)-1]; last.Field != "spec.ranges" || !strings.Contains(last.Error(), "and 236 more problems in the ranges, not listed") {
+			t.Errorf("last error %v", last)
+		}
+	})
+	t.Run("overlaps with many pools at the limits", func(t *testing.T) {
+		pool := ippoolAtLimits("big", 0, 0)
+		other := ippoolAtLimits("", 0, 1)
+		others := make([]vmipamv1.IPPool, 20)
+		for i := range others {
+			others[i] = other
+			others[i].Name = fmt.Sprintf("other-%02d", i)
+		}
+		errs := ValidateIPPool(t.Context(), &pool, others)
+		if len(errs) != ippoolMaxOverlapErrors+1 {
+			t.Fatalf("%d errors, want %d:\n%s", len(errs), ippoolMaxOverlapErrors+1, ippoolFormatErrs(errs))
+		}
+		if n := len(ippoolFormatErrs(errs)); n > 8<<10 {
+			t.Errorf("the errors take %d bytes:\n%s", n, ippoolFormatErrs(errs))
+		}
+		// Every range of the pool shares runs with the same range of each
+		// other pool: 64 × 20 pairs, 8 listed.
+		if last := errs[len(errs)-1].Error(); !strings.Contains(last, fmt.Sprintf("and %d more pairs", 64*20-ippoolMaxOverlapErrors)) {
+			t.Errorf("last error %s", last)
+		}
+		if first := errs[0].Error(); !strings.Contains(first, `spec.ranges[0].cidr: Invalid value: "10.0.0.0/21": overlaps range 10.0.0.0/21 of IPPool "other-00" (shared: 10.0.0.8-10.0.0.9, 10.0.0.12-10.0.0.17, 10.0.0.20-10.0.0.25, 10.0.0.28-10.0.0.33 and 252 more)`) {
+			t.Errorf("first error %s", first)
+		}
+	})
 }
