@@ -85,3 +85,11 @@ func addrWidth(a netip.Addr) int {
 	}
 	return 128
 }
+
+// Canonical returns the one spelling of a that vmipam compares: an
+// IPv4-mapped IPv6 address (::ffff:10.0.0.5) becomes the IPv4 address, and
+// a zone is dropped. Every address that enters the Manager passes through
+// it, so that no second spelling can hold an address twice.
+func Canonical(a netip.Addr) netip.Addr {
+	return a.Unmap().WithZone("")
+}

@@ -54,7 +54,7 @@ func BenchmarkAllocateRelease(b *testing.B) {
 	toks := tokens(4096)
 	op := func(i int) {
 		tok := toks[i&4095]
-		a, err := m.Allocate(ctx, tok)
+		a, err := m.Allocate(ctx, Reservation{Token: tok})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -101,7 +101,7 @@ func BenchmarkAllocateParallel(b *testing.B) {
 		}
 		for i := 0; pb.Next(); i++ {
 			tok := toks[i&1023]
-			a, err := m.Allocate(ctx, tok)
+			a, err := m.Allocate(ctx, Reservation{Token: tok})
 			if err != nil {
 				b.Error(err)
 				return
@@ -220,4 +220,55 @@ func storeSize(b *testing.B, s *MemoryStore) (total, largest, objects int) {
 		largest = max(largest, len(raw))
 	}
 	return total, largest, len(blocks)
+}
+
+// BenchmarkFull12 is a /12 pool whose every usable address is allocated:
+// a failing Allocate, a Lookup, and a Snapshot (what a metrics scrape or a
+// status write takes), each alone and while failing allocations run
+// concurrently. None may walk the pool (goal: microseconds).
+func BenchmarkFull12(b *testing.B) {
+	ctx := context.Background()
+	clk := &benchClock{}
+	m := benchManager(b, "10.0.0.0/12", clk, NewMemoryStore())
+	n := int(m.Ranges().Size())
+	live := liveOn("10.0.0.0", n)
+	if _, err := m.Recover(ctx, live); err != nil {
+		b.Fatal(err)
+	}
+	if c := m.Snapshot(); c.Allocated != n {
+		b.Fatalf("recovered %+v, want %d allocated", c, n)
+	}
+	a := live[n/2].Addr
+	b.Run("failing Allocate", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := m.Allocate(ctx, Reservation{Token: "one too many"}); err == nil {
+				b.Fatal("allocated from a full pool")
+			}
+		}
+	})
+	b.Run("Snapshot", func(b *testing.B) {
+		for b.Loop() {
+			m.Snapshot()
+		}
+	})
+	b.Run("Lookup while allocations fail", func(b *testing.B) {
+		stop := make(chan struct{})
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+					_, _ = m.Allocate(ctx, Reservation{Token: "one too many"})
+				}
+			}
+		}()
+		for b.Loop() {
+			m.Lookup(a)
+		}
+		close(stop)
+		<-done
+	})
 }

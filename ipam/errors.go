@@ -28,6 +28,9 @@ var (
 	ErrStoreConflict = errors.New("store version conflict")
 	// ErrInvalid marks a configuration error; see FieldErrors.
 	ErrInvalid = errors.New("invalid configuration")
+	// ErrTooManyPending means a namespace holds as many pending
+	// reservations as the pool allows it; see PendingLimitError.
+	ErrTooManyPending = errors.New("too many pending reservations")
 )
 
 // ExhaustedError says why a pool cannot hand out an address and when one
@@ -74,8 +77,14 @@ type AddressError struct {
 func (e *AddressError) Error() string {
 	switch e.State {
 	case StateAllocated:
+		if e.Owner.Ref != "" {
+			return fmt.Sprintf("address %s is allocated to %s (UID %s)", e.Addr, e.Owner.Ref, e.Owner.UID)
+		}
 		return fmt.Sprintf("address %s is allocated to the virtual machine with UID %s", e.Addr, e.Owner.UID)
 	case StatePending:
+		if e.Owner.Ref != "" {
+			return fmt.Sprintf("address %s is reserved for %s, being created (token %s)", e.Addr, e.Owner.Ref, e.Owner.Token)
+		}
 		return fmt.Sprintf("address %s is reserved for another virtual machine being created (token %s)", e.Addr, e.Owner.Token)
 	case StateCooldown:
 		return fmt.Sprintf("address %s was released recently and cools down until %s", e.Addr, e.Until.UTC().Format(time.RFC3339))
@@ -85,3 +94,22 @@ func (e *AddressError) Error() string {
 
 // Unwrap returns the sentinel the error matches.
 func (e *AddressError) Unwrap() error { return e.Reason }
+
+// PendingLimitError refuses a reservation because its namespace already
+// holds as many pending reservations in the pool as it may.
+type PendingLimitError struct {
+	Pool, Namespace string
+	Limit           int
+}
+
+func (e *PendingLimitError) Error() string {
+	ns := e.Namespace
+	if ns == "" {
+		ns = "(cluster scope)"
+	}
+	return fmt.Sprintf("namespace %s already has %d reservations in pool %q waiting for their objects to be stored, the most one namespace may have; "+
+		"retry once they are stored, or raise the pool's limit per namespace", ns, e.Limit, e.Pool)
+}
+
+// Is reports whether target is ErrTooManyPending.
+func (e *PendingLimitError) Is(target error) bool { return target == ErrTooManyPending }

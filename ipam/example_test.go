@@ -35,10 +35,10 @@ func Example() {
 	}
 
 	// The webhook reserves an address under a fresh token...
-	a, _ := m.Allocate(ctx, "token-1")
+	a, _ := m.Allocate(ctx, ipam.Reservation{Token: "token-1"})
 	fmt.Println("reserved", a)
 	// ...the controller binds it once the cluster has stored the machine...
-	if _, err := m.Bind("token-1", "uid-1"); err != nil {
+	if _, err := m.Bind(ipam.Owner{Token: "token-1", UID: "uid-1"}); err != nil {
 		panic(err)
 	}
 	// ...and releases it when the machine is deleted.
@@ -49,7 +49,7 @@ func Example() {
 	fmt.Println(a, state, "until", until.Format(time.TimeOnly))
 
 	// A static request for the cooling address is refused with the reason.
-	err = m.Reserve(ctx, "token-2", a)
+	err = m.Reserve(ctx, ipam.Reservation{Token: "token-2"}, a)
 	fmt.Println(errors.Is(err, ipam.ErrCoolingDown), err)
 	// Output:
 	// reserved 10.0.0.1
@@ -76,10 +76,10 @@ func ExampleExhaustedError() {
 		Store: ipam.NewMemoryStore(), Clock: clock,
 	})
 	_, _ = m.Recover(ctx, nil)
-	a, _ := m.Allocate(ctx, "a")
-	_, _ = m.Allocate(ctx, "b")
+	a, _ := m.Allocate(ctx, ipam.Reservation{Token: "a"})
+	_, _ = m.Allocate(ctx, ipam.Reservation{Token: "b"})
 	_ = m.Release(a, ipam.Owner{Token: "a"})
-	_, err := m.Allocate(ctx, "c")
+	_, err := m.Allocate(ctx, ipam.Reservation{Token: "c"})
 	var ex *ipam.ExhaustedError
 	fmt.Println(errors.As(err, &ex), ex.NextFree.Format(time.TimeOnly))
 	fmt.Println(err)

@@ -64,10 +64,10 @@ func newRecovered(t *testing.T, st Store, clk *fakeClock, cooldown time.Duration
 // garbage collector does: release, and flush unless the release is durable.
 func lifetime(t *testing.T, m *Manager, a netip.Addr) {
 	t.Helper()
-	if err := m.Reserve(t.Context(), "tok", a); err != nil {
+	if err := m.Reserve(t.Context(), Reservation{Token: "tok"}, a); err != nil {
 		t.Fatalf("reserve %s: %v", a, err)
 	}
-	if _, err := m.Bind("tok", "uid"); err != nil {
+	if _, err := m.Bind(Owner{Token: "tok", UID: "uid"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := m.Release(a, Owner{UID: "uid", Token: "tok"}); err != nil {
@@ -86,7 +86,7 @@ func notReusedAfterCrash(t *testing.T, st Store, clk *fakeClock, a netip.Addr) {
 	t.Helper()
 	m2 := newRecovered(t, st, clk, 10*time.Minute)
 	clk.Step(time.Second)
-	if err := m2.Reserve(t.Context(), "other", a); err == nil {
+	if err := m2.Reserve(t.Context(), Reservation{Token: "other"}, a); err == nil {
 		t.Errorf("%s was reserved again 1s after its release and a crash, inside its 10m cooldown", a)
 	}
 }
@@ -119,10 +119,10 @@ func TestReleaseDuringGiveBack(t *testing.T) {
 	if !victim.IsValid() {
 		t.Fatal("no address being given back")
 	}
-	if err := m.Reserve(t.Context(), "tok", victim); err != nil {
+	if err := m.Reserve(t.Context(), Reservation{Token: "tok"}, victim); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.Bind("tok", "uid"); err != nil {
+	if _, err := m.Bind(Owner{Token: "tok", UID: "uid"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := m.Release(victim, Owner{UID: "uid", Token: "tok"}); err != nil {
@@ -151,7 +151,7 @@ func TestGiveBackWhoseReplyWasLost(t *testing.T) {
 	}{
 		{"released", func(t *testing.T, m *Manager, a netip.Addr) { lifetime(t, m, a) }},
 		{"pending", func(t *testing.T, m *Manager, a netip.Addr) {
-			if err := m.Reserve(t.Context(), "tok", a); err != nil {
+			if err := m.Reserve(t.Context(), Reservation{Token: "tok"}, a); err != nil {
 				t.Fatalf("reserve %s: %v", a, err)
 			}
 			if err := m.Flush(t.Context()); err != nil {
@@ -177,7 +177,7 @@ func TestGiveBackWhoseReplyWasLost(t *testing.T) {
 			tt.act(t, m, a)
 			m2 := newRecovered(t, gs.MemoryStore, clk, 10*time.Minute)
 			clk.Step(time.Second)
-			if err := m2.Reserve(t.Context(), "other", a); err == nil {
+			if err := m2.Reserve(t.Context(), Reservation{Token: "other"}, a); err == nil {
 				t.Errorf("%s %s before a crash was reserved again a second after it", a, tt.name)
 			}
 		})
@@ -187,14 +187,14 @@ func TestGiveBackWhoseReplyWasLost(t *testing.T) {
 func TestClosedManagerRefusesChanges(t *testing.T) {
 	clk := newFakeClock()
 	m := newRecovered(t, NewMemoryStore(), clk, time.Minute)
-	a, err := m.Allocate(t.Context(), "tok")
+	a, err := m.Allocate(t.Context(), Reservation{Token: "tok"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.Allocate(t.Context(), "pending"); err != nil {
+	if _, err := m.Allocate(t.Context(), Reservation{Token: "pending"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.Bind("tok", "uid"); err != nil {
+	if _, err := m.Bind(Owner{Token: "tok", UID: "uid"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := m.Flush(t.Context()); err != nil {
@@ -204,7 +204,7 @@ func TestClosedManagerRefusesChanges(t *testing.T) {
 	writes := m.Stats().StoreWrites
 	for name, change := range map[string]func() error{
 		"release": func() error { return m.Release(a, Owner{UID: "uid"}) },
-		"bind":    func() error { _, err := m.Bind("pending", "uid-2"); return err },
+		"bind":    func() error { _, err := m.Bind(Owner{Token: "pending", UID: "uid-2"}); return err },
 		"adopt":   func() error { return m.Adopt(addr("10.0.0.200"), Owner{UID: "uid-3"}) },
 	} {
 		if err := change(); !errors.Is(err, ErrNotReady) {
@@ -228,11 +228,11 @@ func TestRebuildKeepsUnwrittenCooldowns(t *testing.T) {
 	clk := newFakeClock()
 	st := NewMemoryStore()
 	m := newRecovered(t, st, clk, time.Hour)
-	a, err := m.Allocate(t.Context(), "tok")
+	a, err := m.Allocate(t.Context(), Reservation{Token: "tok"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.Bind("tok", "uid"); err != nil {
+	if _, err := m.Bind(Owner{Token: "tok", UID: "uid"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := m.Flush(t.Context()); err != nil {
@@ -250,7 +250,7 @@ func TestRebuildKeepsUnwrittenCooldowns(t *testing.T) {
 	}
 	shorter := newRecovered(t, st, clk, time.Minute)
 	clk.Step(10 * time.Minute)
-	if err := shorter.Reserve(t.Context(), "other", a); err == nil {
+	if err := shorter.Reserve(t.Context(), Reservation{Token: "other"}, a); err == nil {
 		t.Errorf("%s, released with a 1h cooldown, was reserved again 10m later after the cooldown was shortened", a)
 	}
 }

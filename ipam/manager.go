@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/bits"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -37,9 +36,12 @@ const (
 	StateCooldown
 	// stateReturning: being given back to the store.
 	stateReturning
+	// stateSurplus: out of cooldown while the free list is full, waiting
+	// to be given back to the store; free to hand out until then.
+	stateSurplus
 )
 
-var stateNames = [...]string{"unclaimed", "free", "pending", "allocated", "cooldown", "returning"}
+var stateNames = [...]string{"unclaimed", "free", "pending", "allocated", "cooldown", "returning", "surplus"}
 
 func (s State) String() string {
 	if int(s) < len(stateNames) {
@@ -54,6 +56,25 @@ func (s State) String() string {
 type Owner struct {
 	Token string
 	UID   string
+	// Ref names the holder in messages, such as "team-a/db-1"; optional.
+	Ref string
+}
+
+// Reservation describes who asks for an address at admission.
+type Reservation struct {
+	// Token is fresh for every admission; it keys the reservation until
+	// the machine is stored and bound.
+	Token string
+	// Namespace is where the machine will be stored: pending reservations
+	// are bounded per namespace, and the proof that a lapsed reservation
+	// was never stored (see Unused) looks there.
+	Namespace string
+	// Ref names the machine in messages: namespace/name, or the
+	// generateName prefix when the name is not known yet.
+	Ref string
+	// Admission identifies the admission request that made the
+	// reservation, for Reenter; empty means it cannot be re-entered.
+	Admission string
 }
 
 // Config configures a Manager.
@@ -65,12 +86,16 @@ type Config struct {
 	Holder string
 	// Ranges are the pool's usable addresses.
 	Ranges *Ranges
-	// Cooldown is how long a released address rests before reuse.
+	// Cooldown is how long a released address rests before reuse; zero
+	// means no rest at all.
 	Cooldown time.Duration
 	// PendingTTL bounds how long a reservation may wait for its virtual
 	// machine to appear before it is expired into cooldown. It must exceed
-	// the API server's request timeout.
+	// the API server's request timeout. Zero means DefaultPendingTTL.
 	PendingTTL time.Duration
+	// MaxPendingPerNamespace bounds the pending reservations of one
+	// namespace; zero means no bound.
+	MaxPendingPerNamespace int
 	// LowWatermark, TargetFree and HighWatermark bound the local free list:
 	// below low the Manager claims up to target; above high it returns
 	// addresses down to target.
@@ -83,7 +108,8 @@ type Config struct {
 	ObserveAllocation func(d time.Duration, err error)
 }
 
-// Defaults for Config fields left zero.
+// Defaults for Config fields left zero, and for the pools that leave them
+// unset.
 const (
 	DefaultCooldown      = 5 * time.Minute
 	DefaultPendingTTL    = 2 * time.Minute
@@ -91,6 +117,14 @@ const (
 	DefaultTargetFree    = 128
 	DefaultHighWatermark = 512
 )
+
+// DefaultMaxPendingPerNamespace is the bound on one namespace's pending
+// reservations for a pool of usable addresses that sets none: an eighth of
+// the pool, and at least 64, so that one namespace's failing creates
+// cannot drain a small pool while bursts in a large one are not refused.
+func DefaultMaxPendingPerNamespace(usable uint64) int {
+	return int(min(max(usable/8, 64), 1<<30))
+}
 
 // maxStoreRetries bounds re-reads after a store conflict.
 const maxStoreRetries = 5
@@ -106,6 +140,10 @@ type entry struct {
 	owner Owner
 	// at is when a pending reservation was made, or when a cooldown ends.
 	at time.Time
+	// ns and admission are a pending reservation's namespace and
+	// admission; sealed once it can no longer be re-entered.
+	ns, admission string
+	sealed        bool
 	// changed is the Manager's sequence number at the entry's last change
 	// of owner or state, so Resync can tell changes newer than its list.
 	changed    uint64
@@ -122,6 +160,9 @@ type blockState struct {
 	// gen counts local changes that the persisted block does not reflect;
 	// written is the gen of the last successful write.
 	gen, written uint64
+	// ours counts this Manager's entries in the block; elsewhere, the
+	// addresses other holders claim in persisted.
+	ours, elsewhere int
 }
 
 func (b *blockState) dirty() bool { return b.gen != b.written }
@@ -141,17 +182,23 @@ type Counts struct {
 type Stats struct {
 	Allocations, Releases, Exhausted, Conflicts, ExpiredPendings uint64
 	Rebalances, RebalanceFailures, StoreConflicts, StoreWrites   uint64
+	// PendingLimited counts reservations refused by the bound per
+	// namespace; Unused, lapsed reservations returned without a cooldown
+	// because no object was stored with them.
+	PendingLimited, Unused uint64
 }
 
 type stats struct {
 	allocations, releases, exhausted, conflicts, expired  atomic.Uint64
 	rebalances, rebalanceFailures, storeConflicts, writes atomic.Uint64
+	pendingLimited, unused                                atomic.Uint64
 }
 
 // Manager hands out the addresses of one pool. It keeps a free list of
 // addresses claimed in the store between two watermarks, so that the common
 // allocation touches memory only, and persists claims and cooldowns in
-// batches. All methods are safe for concurrent use.
+// batches. All methods are safe for concurrent use, and every address they
+// take is compared in its canonical form (see Canonical).
 type Manager struct {
 	cfg   Config
 	clock Clock
@@ -164,7 +211,17 @@ type Manager struct {
 	free     list
 	pending  list
 	cooldown list
+	surplus  list
 	blocks   map[netip.Prefix]*blockState
+	// returning counts entries being given back; elsewhere sums the
+	// blocks' elsewhere; pendingNS counts pending reservations per
+	// namespace. All are kept as the state changes, so that counting and
+	// the exhausted path walk nothing.
+	returning, elsewhere int
+	pendingNS            map[string]int
+	// unstored holds the reservations that lapsed without their machine
+	// being seen, by address, until Unused or Used settles them.
+	unstored map[netip.Addr]Unstored
 	// cursor is where the search for never-claimed addresses resumes, so
 	// they are handed out in range order.
 	cursor netip.Addr
@@ -204,17 +261,17 @@ func NewManager(cfg Config) (*Manager, error) {
 	if cfg.Store == nil {
 		bad("store", "", "a store is required")
 	}
-	if cfg.Cooldown == 0 {
-		cfg.Cooldown = DefaultCooldown
-	}
 	if cfg.PendingTTL == 0 {
 		cfg.PendingTTL = DefaultPendingTTL
 	}
 	if cfg.Cooldown < 0 {
-		bad("cooldown", cfg.Cooldown.String(), "must not be negative")
+		bad("cooldown", cfg.Cooldown.String(), "must not be negative; zero means no cooldown")
 	}
 	if cfg.PendingTTL < 0 {
 		bad("pendingTTL", cfg.PendingTTL.String(), "must not be negative")
+	}
+	if cfg.MaxPendingPerNamespace < 0 {
+		bad("maxPendingPerNamespace", fmt.Sprint(cfg.MaxPendingPerNamespace), "must not be negative; zero means no bound")
 	}
 	if cfg.LowWatermark == 0 && cfg.TargetFree == 0 && cfg.HighWatermark == 0 {
 		cfg.LowWatermark, cfg.TargetFree, cfg.HighWatermark = DefaultLowWatermark, DefaultTargetFree, DefaultHighWatermark
@@ -232,15 +289,22 @@ func NewManager(cfg Config) (*Manager, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = systemClock{}
 	}
-	return &Manager{
-		cfg:     cfg,
-		clock:   cfg.Clock,
-		entries: map[netip.Addr]*entry{},
-		byToken: map[string]*entry{},
-		blocks:  map[netip.Prefix]*blockState{},
-		cursor:  cfg.Ranges.First(),
-		kickC:   make(chan struct{}, 1),
-	}, nil
+	m := &Manager{cfg: cfg, clock: cfg.Clock, kickC: make(chan struct{}, 1)}
+	m.reset(0)
+	return m, nil
+}
+
+// reset empties the Manager's state, sized for about n entries.
+func (m *Manager) reset(n int) {
+	m.entries = make(map[netip.Addr]*entry, n)
+	m.byToken = make(map[string]*entry, n)
+	m.free, m.pending, m.cooldown, m.surplus = list{}, list{}, list{}, list{}
+	m.blocks = map[netip.Prefix]*blockState{}
+	m.returning, m.elsewhere = 0, 0
+	m.pendingNS = map[string]int{}
+	m.unstored = map[netip.Addr]Unstored{}
+	m.cursor = m.cfg.Ranges.First()
+	m.noClaimableUntil = time.Time{}
 }
 
 // Pool returns the pool's name.
@@ -265,22 +329,22 @@ func (m *Manager) Ready() bool {
 	return m.ready
 }
 
-// Allocate hands out an address for a reservation token. It is idempotent:
-// the same token gets the same address while its reservation or allocation
+// Allocate hands out an address for a reservation. It is idempotent: the
+// same token gets the same address while its reservation or allocation
 // lasts. It claims from the store synchronously only when the free list is
 // empty; ctx bounds that wait.
-func (m *Manager) Allocate(ctx context.Context, token string) (netip.Addr, error) {
+func (m *Manager) Allocate(ctx context.Context, r Reservation) (netip.Addr, error) {
 	start := m.clock.Now()
-	a, err := m.allocate(ctx, token, start)
+	a, err := m.allocate(ctx, r, start)
 	if m.cfg.ObserveAllocation != nil {
 		m.cfg.ObserveAllocation(m.clock.Now().Sub(start), err)
 	}
 	return a, err
 }
 
-func (m *Manager) allocate(ctx context.Context, token string, now time.Time) (netip.Addr, error) {
-	if token == "" {
-		return netip.Addr{}, fmt.Errorf("allocate from pool %q: %w", m.cfg.Pool, &FieldError{Path: Path{{Field: "token"}}, Type: ErrorTypeRequired, Detail: "a reservation token is required"})
+func (m *Manager) allocate(ctx context.Context, r Reservation, now time.Time) (netip.Addr, error) {
+	if r.Token == "" {
+		return netip.Addr{}, fmt.Errorf("allocate from pool %q: %w", m.cfg.Pool, errTokenRequired)
 	}
 	for attempt := 0; ; attempt++ {
 		m.mu.Lock()
@@ -289,13 +353,23 @@ func (m *Manager) allocate(ctx context.Context, token string, now time.Time) (ne
 			return netip.Addr{}, fmt.Errorf("allocate from pool %q: %w", m.cfg.Pool, ErrNotReady)
 		}
 		m.advance(now)
-		if e := m.byToken[token]; e != nil {
+		if e := m.byToken[r.Token]; e != nil {
 			m.mu.Unlock()
 			return e.addr, nil
 		}
-		if e := m.free.head; e != nil {
+		if err := m.pendingLimitLocked(r.Namespace); err != nil {
+			m.mu.Unlock()
+			return netip.Addr{}, fmt.Errorf("allocate from pool %q: %w", m.cfg.Pool, err)
+		}
+		e := m.free.head
+		if e != nil {
 			m.free.remove(e)
-			m.setPending(e, token, now)
+		} else if e = m.surplus.head; e != nil {
+			// Better than a claim: it is ours already.
+			m.surplus.remove(e)
+		}
+		if e != nil {
+			m.setPending(e, r, now)
 			low := m.free.n < m.cfg.LowWatermark
 			m.mu.Unlock()
 			m.stats.allocations.Add(1)
@@ -304,7 +378,9 @@ func (m *Manager) allocate(ctx context.Context, token string, now time.Time) (ne
 			}
 			return e.addr, nil
 		}
-		if attempt == maxClaimRounds {
+		if attempt == maxClaimRounds || m.claimableLocked() == 0 {
+			// Nothing is left to claim: say so without scanning, however
+			// large the pool.
 			err := m.exhaustedLocked()
 			m.mu.Unlock()
 			m.stats.exhausted.Add(1)
@@ -324,15 +400,26 @@ func (m *Manager) allocate(ctx context.Context, token string, now time.Time) (ne
 	}
 }
 
-// Reserve hands out a specific address for a reservation token, as for a
-// virtual machine that asks for a static address. It is refused while the
-// address is pending, allocated or cooling down, with an AddressError that
-// says who holds it or until when it cools down. An address this Manager
-// has not claimed yet is claimed synchronously.
-func (m *Manager) Reserve(ctx context.Context, token string, addr netip.Addr) error {
+// claimableLocked is how many addresses no holder has claimed, as far as
+// the blocks read so far tell: zero means a claim would find nothing.
+func (m *Manager) claimableLocked() uint64 {
+	taken := uint64(len(m.entries)) + uint64(m.elsewhere)
+	if taken >= m.cfg.Ranges.Size() {
+		return 0
+	}
+	return m.cfg.Ranges.Size() - taken
+}
+
+// Reserve hands out a specific address for a reservation, as for a virtual
+// machine that asks for a static address. It is refused while the address
+// is pending, allocated or cooling down, with an AddressError that says who
+// holds it or until when it cools down. An address this Manager has not
+// claimed yet is claimed synchronously.
+func (m *Manager) Reserve(ctx context.Context, r Reservation, addr netip.Addr) error {
 	now := m.clock.Now()
-	if token == "" {
-		return fmt.Errorf("reserve %s in pool %q: %w", addr, m.cfg.Pool, &FieldError{Path: Path{{Field: "token"}}, Type: ErrorTypeRequired, Detail: "a reservation token is required"})
+	addr = Canonical(addr)
+	if r.Token == "" {
+		return fmt.Errorf("reserve %s in pool %q: %w", addr, m.cfg.Pool, errTokenRequired)
 	}
 	if !m.cfg.Ranges.Contains(addr) {
 		return fmt.Errorf("reserve %s in pool %q (usable: %s): %w", addr, m.cfg.Pool, m.cfg.Ranges, ErrOutOfRange)
@@ -344,36 +431,34 @@ func (m *Manager) Reserve(ctx context.Context, token string, addr netip.Addr) er
 			return fmt.Errorf("reserve %s in pool %q: %w", addr, m.cfg.Pool, ErrNotReady)
 		}
 		m.advance(now)
-		if e := m.byToken[token]; e != nil {
+		if e := m.byToken[r.Token]; e != nil {
 			m.mu.Unlock()
 			if e.addr == addr {
 				return nil
 			}
-			return fmt.Errorf("reserve %s in pool %q: token %s already holds %s: %w", addr, m.cfg.Pool, token, e.addr, ErrConflict)
+			return fmt.Errorf("reserve %s in pool %q: token %s already holds %s: %w", addr, m.cfg.Pool, r.Token, e.addr, ErrConflict)
 		}
 		e := m.entries[addr]
 		if e != nil {
-			switch e.state {
-			case StateFree:
-				m.free.remove(e)
-			case stateReturning:
-				// Being given back: keep it. The return's completion
-				// sees the new state and claims it again.
-			case StateCooldown:
-				err := &AddressError{Addr: addr, Reason: ErrCoolingDown, State: e.state, Until: e.at}
-				m.mu.Unlock()
-				return fmt.Errorf("reserve in pool %q: %w", m.cfg.Pool, err)
-			default:
-				err := &AddressError{Addr: addr, Reason: ErrInUse, State: e.state, Owner: e.owner}
+			if err := m.takeLocked(e); err != nil {
 				m.mu.Unlock()
 				return fmt.Errorf("reserve in pool %q: %w", m.cfg.Pool, err)
 			}
-			m.setPending(e, token, now)
+			if err := m.pendingLimitLocked(r.Namespace); err != nil {
+				m.putBackLocked(e)
+				m.mu.Unlock()
+				return fmt.Errorf("reserve %s in pool %q: %w", addr, m.cfg.Pool, err)
+			}
+			m.setPending(e, r, now)
 			m.mu.Unlock()
 			m.stats.allocations.Add(1)
 			return nil
 		}
+		err := m.pendingLimitLocked(r.Namespace)
 		m.mu.Unlock()
+		if err != nil {
+			return fmt.Errorf("reserve %s in pool %q: %w", addr, m.cfg.Pool, err)
+		}
 		if attempt > 0 {
 			return fmt.Errorf("reserve %s in pool %q: %w", addr, m.cfg.Pool, ErrConflict)
 		}
@@ -383,38 +468,113 @@ func (m *Manager) Reserve(ctx context.Context, token string, addr netip.Addr) er
 	}
 }
 
-func (m *Manager) setPending(e *entry, token string, now time.Time) {
-	m.touch(e)
-	e.state = StatePending
-	e.owner = Owner{Token: token}
-	e.at = now
-	m.pending.pushBack(e)
-	m.byToken[token] = e
+// takeLocked takes e out of whatever free list holds it, for a
+// reservation, or says why it cannot be had.
+func (m *Manager) takeLocked(e *entry) error {
+	switch e.state {
+	case StateFree:
+		m.free.remove(e)
+	case stateSurplus:
+		m.surplus.remove(e)
+	case stateReturning:
+		// Being given back: keep it. The return's completion sees the new
+		// state and claims it again.
+		m.returning--
+	case StateCooldown:
+		return &AddressError{Addr: e.addr, Reason: ErrCoolingDown, State: e.state, Until: e.at}
+	default:
+		return &AddressError{Addr: e.addr, Reason: ErrInUse, State: e.state, Owner: e.owner}
+	}
+	return nil
 }
 
-// Bind binds a pending reservation to the UID of the virtual machine the
-// cluster stored for it. Binding again to the same UID is a no-op.
-func (m *Manager) Bind(token, uid string) (netip.Addr, error) {
+// putBackLocked undoes takeLocked for a reservation that was refused.
+func (m *Manager) putBackLocked(e *entry) {
+	switch e.state {
+	case StateFree:
+		m.free.pushBack(e)
+	case stateSurplus:
+		m.surplus.pushBack(e)
+	case stateReturning:
+		m.returning++
+	}
+}
+
+// CanReserve says, without changing anything, whether Reserve of addr
+// would be refused because of the address's state: for a dry run.
+func (m *Manager) CanReserve(addr netip.Addr) error {
+	addr = Canonical(addr)
+	if !m.cfg.Ranges.Contains(addr) {
+		return fmt.Errorf("reserve %s in pool %q (usable: %s): %w", addr, m.cfg.Pool, m.cfg.Ranges, ErrOutOfRange)
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.ready {
-		return netip.Addr{}, fmt.Errorf("bind token %s in pool %q: %w", token, m.cfg.Pool, ErrNotReady)
+		return fmt.Errorf("reserve %s in pool %q: %w", addr, m.cfg.Pool, ErrNotReady)
 	}
 	m.advance(m.clock.Now())
-	e := m.byToken[token]
+	e := m.entries[addr]
 	if e == nil {
-		return netip.Addr{}, fmt.Errorf("bind token %s to %s in pool %q: %w", token, uid, m.cfg.Pool, ErrUnknownToken)
+		return nil
+	}
+	switch e.state {
+	case StateCooldown:
+		return &AddressError{Addr: e.addr, Reason: ErrCoolingDown, State: e.state, Until: e.at}
+	case StatePending, StateAllocated:
+		return &AddressError{Addr: e.addr, Reason: ErrInUse, State: e.state, Owner: e.owner}
+	}
+	return nil
+}
+
+func (m *Manager) setPending(e *entry, r Reservation, now time.Time) {
+	m.touch(e)
+	e.state = StatePending
+	e.owner = Owner{Token: r.Token, Ref: r.Ref}
+	e.ns, e.admission, e.sealed = r.Namespace, r.Admission, r.Admission == ""
+	e.at = now
+	m.pending.pushBack(e)
+	m.pendingNS[e.ns]++
+	m.byToken[r.Token] = e
+}
+
+// leavePending takes e out of the pending list and its namespace's count.
+func (m *Manager) leavePending(e *entry) {
+	m.pending.remove(e)
+	if n := m.pendingNS[e.ns] - 1; n > 0 {
+		m.pendingNS[e.ns] = n
+	} else {
+		delete(m.pendingNS, e.ns)
+	}
+	e.ns, e.admission, e.sealed = "", "", false
+}
+
+// Bind binds the pending reservation of o.Token to the machine the cluster
+// stored for it, o.UID (o.Ref names it in messages). Binding again to the
+// same UID is a no-op.
+func (m *Manager) Bind(o Owner) (netip.Addr, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.ready {
+		return netip.Addr{}, fmt.Errorf("bind token %s in pool %q: %w", o.Token, m.cfg.Pool, ErrNotReady)
+	}
+	m.advance(m.clock.Now())
+	e := m.byToken[o.Token]
+	if e == nil {
+		return netip.Addr{}, fmt.Errorf("bind token %s to %s in pool %q: %w", o.Token, o.UID, m.cfg.Pool, ErrUnknownToken)
 	}
 	switch {
 	case e.state == StatePending:
-		m.pending.remove(e)
+		m.leavePending(e)
 		m.touch(e)
 		e.state = StateAllocated
-		e.owner.UID = uid
+		e.owner.UID = o.UID
+		if o.Ref != "" {
+			e.owner.Ref = o.Ref
+		}
 		e.at = time.Time{}
-	case e.owner.UID != uid:
+	case e.owner.UID != o.UID:
 		m.stats.conflicts.Add(1)
-		return netip.Addr{}, fmt.Errorf("bind token %s in pool %q: %w", token, m.cfg.Pool,
+		return netip.Addr{}, fmt.Errorf("bind token %s in pool %q: %w", o.Token, m.cfg.Pool,
 			&AddressError{Addr: e.addr, Reason: ErrConflict, State: e.state, Owner: e.owner})
 	}
 	return e.addr, nil
@@ -428,6 +588,7 @@ func (m *Manager) Bind(token, uid string) (netip.Addr, error) {
 // and Adopt refuse the same way, so that nothing changes a closed Manager
 // and a late Flush of it writes nothing stale.
 func (m *Manager) Release(addr netip.Addr, owner Owner) error {
+	addr = Canonical(addr)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.ready {
@@ -438,6 +599,11 @@ func (m *Manager) Release(addr netip.Addr, owner Owner) error {
 	m.advance(now)
 	e := m.entries[addr]
 	if e == nil || (e.state != StatePending && e.state != StateAllocated) {
+		if e != nil && owner.Token != "" {
+			// The machine of a lapsed reservation was stored after all:
+			// its address keeps the whole cooldown.
+			m.usedLocked(addr, owner.Token)
+		}
 		return nil
 	}
 	if !owns(e, owner) {
@@ -462,6 +628,7 @@ func owns(e *entry, o Owner) bool {
 // pending reservation of another token is displaced: if its machine ever
 // appears, adopting it reports the conflict.
 func (m *Manager) Adopt(addr netip.Addr, owner Owner) error {
+	addr = Canonical(addr)
 	if !m.cfg.Ranges.Contains(addr) {
 		return fmt.Errorf("adopt %s in pool %q (usable: %s): %w", addr, m.cfg.Pool, m.cfg.Ranges, ErrOutOfRange)
 	}
@@ -478,8 +645,7 @@ func (m *Manager) adoptLocked(addr netip.Addr, owner Owner) error {
 	e := m.entries[addr]
 	switch {
 	case e == nil:
-		e = &entry{addr: addr}
-		m.entries[addr] = e
+		e = m.addEntry(addr, StateAllocated)
 		// Claimed without the store's say: persist it with the next flush.
 		m.markDirty(addr)
 	case e.state == StateAllocated:
@@ -489,12 +655,16 @@ func (m *Manager) adoptLocked(addr netip.Addr, owner Owner) error {
 		m.stats.conflicts.Add(1)
 		return fmt.Errorf("adopt in pool %q: %w", m.cfg.Pool, &AddressError{Addr: addr, Reason: ErrConflict, State: e.state, Owner: e.owner})
 	case e.state == StatePending:
-		m.pending.remove(e)
+		m.leavePending(e)
 		if e.owner.Token != owner.Token {
 			delete(m.byToken, e.owner.Token)
 		}
 	case e.state == StateFree:
 		m.free.remove(e)
+	case e.state == stateSurplus:
+		m.surplus.remove(e)
+	case e.state == stateReturning:
+		m.returning--
 	case e.state == StateCooldown:
 		m.cooldown.remove(e)
 		m.markDirty(addr)
@@ -539,28 +709,52 @@ func (m *Manager) advance(now time.Time) int {
 	for e := m.pending.head; e != nil && !now.Before(e.at.Add(m.cfg.PendingTTL)); e = m.pending.head {
 		// The cooldown runs from the moment the reservation lapsed, not
 		// from when this walk noticed, so expiry does not depend on load.
-		m.toCooldown(e, e.at.Add(m.cfg.PendingTTL))
+		deadline := e.at.Add(m.cfg.PendingTTL)
+		u := Unstored{Addr: e.addr, Token: e.owner.Token, Namespace: e.ns, Deadline: deadline}
+		m.toCooldown(e, deadline)
+		// Kept until the caller proves that no machine was stored with
+		// the reservation, or finds one: see Unused.
+		m.unstored[u.Addr] = u
 		expired++
 	}
 	if expired > 0 {
 		m.stats.expired.Add(uint64(expired))
 	}
+	kick := false
 	for e := m.cooldown.head; e != nil && !now.Before(e.at); e = m.cooldown.head {
 		m.cooldown.remove(e)
-		e.state = StateFree
+		m.touch(e)
 		e.at = time.Time{}
-		m.free.pushBack(e)
+		kick = m.rest(e) || kick
 	}
-	if m.free.n > m.cfg.HighWatermark {
+	if kick || m.free.n > m.cfg.HighWatermark {
 		m.Kick()
 	}
 	return expired
 }
 
+// rest puts an address that left its cooldown, or was never used, where it
+// waits for its next owner: the free list, or, when the free list already
+// holds its target or the address is alone in its block (a static request
+// in a large pool), the surplus that Rebalance gives back to the store, so
+// that scattered claims and their blocks do not linger: the free list is
+// refilled densely, in range order, instead. It reports whether the
+// surplus grew.
+func (m *Manager) rest(e *entry) bool {
+	if m.free.n >= m.cfg.TargetFree || m.blocks[BlockOf(e.addr)].ours == 1 {
+		e.state = stateSurplus
+		m.surplus.pushBack(e)
+		return true
+	}
+	e.state = StateFree
+	m.free.pushBack(e)
+	return false
+}
+
 func (m *Manager) toCooldown(e *entry, now time.Time) {
 	m.touch(e)
 	if e.state == StatePending {
-		m.pending.remove(e)
+		m.leavePending(e)
 	}
 	if e.owner.Token != "" && m.byToken[e.owner.Token] == e {
 		delete(m.byToken, e.owner.Token)
@@ -572,10 +766,14 @@ func (m *Manager) toCooldown(e *entry, now time.Time) {
 	m.markDirty(e.addr)
 }
 
-// touch records a change of e's owner or state.
+// touch records a change of e's owner or state, which settles any lapsed
+// reservation of its address.
 func (m *Manager) touch(e *entry) {
 	m.seq++
 	e.changed = m.seq
+	if len(m.unstored) > 0 {
+		delete(m.unstored, e.addr)
+	}
 }
 
 // Mark returns a point in the Manager's history: pass it to Resync with a
@@ -586,15 +784,40 @@ func (m *Manager) Mark() uint64 {
 	return m.seq
 }
 
-// markDirty records that addr's block must be written again.
-func (m *Manager) markDirty(addr netip.Addr) {
+// blockFor returns the state of addr's block, creating it (not loaded).
+func (m *Manager) blockFor(addr netip.Addr) *blockState {
 	p := BlockOf(addr)
 	b := m.blocks[p]
 	if b == nil {
 		b = &blockState{persisted: Block{Prefix: p}}
 		m.blocks[p] = b
 	}
-	b.gen++
+	return b
+}
+
+// addEntry creates the entry of a newly held address, in state st and in
+// no list.
+func (m *Manager) addEntry(addr netip.Addr, st State) *entry {
+	e := &entry{addr: addr, state: st}
+	m.entries[addr] = e
+	m.blockFor(addr).ours++
+	return e
+}
+
+// removeEntry forgets an address this Manager no longer holds.
+func (m *Manager) removeEntry(e *entry) {
+	delete(m.entries, e.addr)
+	if b := m.blocks[BlockOf(e.addr)]; b != nil {
+		b.ours--
+	}
+	if len(m.unstored) > 0 {
+		delete(m.unstored, e.addr)
+	}
+}
+
+// markDirty records that addr's block must be written again.
+func (m *Manager) markDirty(addr netip.Addr) {
+	m.blockFor(addr).gen++
 }
 
 // Kick asks Run to rebalance soon; it never blocks.
@@ -607,6 +830,7 @@ func (m *Manager) Kick() {
 
 // Lookup reports the state of addr and its owner or cooldown deadline.
 func (m *Manager) Lookup(addr netip.Addr) (State, Owner, time.Time) {
+	addr = Canonical(addr)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.advance(m.clock.Now())
@@ -614,14 +838,14 @@ func (m *Manager) Lookup(addr netip.Addr) (State, Owner, time.Time) {
 	if e == nil {
 		return StateUnclaimed, Owner{}, time.Time{}
 	}
-	if e.state == stateReturning {
+	if e.state == stateReturning || e.state == stateSurplus {
 		return StateFree, Owner{}, time.Time{}
 	}
 	return e.state, e.owner, e.at
 }
 
 // Snapshot returns the counts per state, taken under the lock so they add
-// up.
+// up. It walks nothing: the counts are kept as the state changes.
 func (m *Manager) Snapshot() Counts {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -633,30 +857,31 @@ func (m *Manager) countsLocked() Counts {
 	c := Counts{
 		Usable:   m.cfg.Ranges.Size(),
 		Claimed:  len(m.entries),
-		Free:     m.free.n,
+		Free:     m.free.n + m.surplus.n + m.returning,
 		Pending:  m.pending.n,
 		Cooldown: m.cooldown.n,
 	}
-	returning := 0
-	for _, e := range m.entries {
-		if e.state == stateReturning {
-			returning++
-		}
-	}
-	// Addresses on their way back to the store still count as free.
-	c.Free += returning
 	c.Allocated = c.Claimed - c.Free - c.Pending - c.Cooldown
-	for _, b := range m.blocks {
-		for h, bm := range b.persisted.Claims {
-			if h == m.cfg.Holder {
-				continue
-			}
-			for _, w := range bm {
-				c.ClaimedElsewhere += bits.OnesCount64(w)
-			}
+	c.ClaimedElsewhere = m.elsewhere
+	return c
+}
+
+// Settles returns when the last pending reservation and the last cooldown
+// of the moment will have ended at the latest, or zero when there is none.
+func (m *Manager) Settles() time.Time {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.advance(m.clock.Now())
+	var t time.Time
+	if e := m.cooldown.tail; e != nil {
+		t = e.at
+	}
+	if e := m.pending.tail; e != nil {
+		if u := e.at.Add(m.cfg.PendingTTL + m.cfg.Cooldown); u.After(t) {
+			t = u
 		}
 	}
-	return c
+	return t
 }
 
 // Stats returns the Manager's counters.
@@ -666,6 +891,7 @@ func (m *Manager) Stats() Stats {
 		Allocations: s.allocations.Load(), Releases: s.releases.Load(), Exhausted: s.exhausted.Load(),
 		Conflicts: s.conflicts.Load(), ExpiredPendings: s.expired.Load(), Rebalances: s.rebalances.Load(),
 		RebalanceFailures: s.rebalanceFailures.Load(), StoreConflicts: s.storeConflicts.Load(), StoreWrites: s.writes.Load(),
+		PendingLimited: s.pendingLimited.Load(), Unused: s.unused.Load(),
 	}
 }
 

@@ -17,11 +17,11 @@ func TestAllocateOrderAndIdempotence(t *testing.T) {
 	want := []string{"10.0.0.1", "10.0.0.2", "10.0.0.4", "10.0.0.5"}
 	for i, w := range want {
 		tok := string(rune('a' + i))
-		got, err := m.Allocate(ctx, tok)
+		got, err := m.Allocate(ctx, Reservation{Token: tok})
 		if err != nil || got != addr(w) {
 			t.Fatalf("Allocate(%s) = %s, %v; want %s (never-used addresses in range order)", tok, got, err, w)
 		}
-		again, err := m.Allocate(ctx, tok)
+		again, err := m.Allocate(ctx, Reservation{Token: tok})
 		if err != nil || again != got {
 			t.Fatalf("Allocate(%s) again = %s, %v; want %s", tok, again, err, got)
 		}
@@ -35,8 +35,8 @@ func TestReuseOrderFollowsRelease(t *testing.T) {
 	ctx := t.Context()
 	for i := range 6 {
 		tok := string(rune('a' + i))
-		a, _ := m.Allocate(ctx, tok)
-		if _, err := m.Bind(tok, "uid-"+tok); err != nil {
+		a, _ := m.Allocate(ctx, Reservation{Token: tok})
+		if _, err := m.Bind(Owner{Token: tok, UID: "uid-" + tok}); err != nil {
 			t.Fatal(err)
 		}
 		_ = a
@@ -48,12 +48,12 @@ func TestReuseOrderFollowsRelease(t *testing.T) {
 		}
 		clk.Step(time.Second)
 	}
-	if _, err := m.Allocate(ctx, "early"); !errors.Is(err, ErrExhausted) {
+	if _, err := m.Allocate(ctx, Reservation{Token: "early"}); !errors.Is(err, ErrExhausted) {
 		t.Fatalf("Allocate inside every cooldown: err = %v, want ErrExhausted", err)
 	}
 	clk.Step(time.Minute)
 	for i, w := range []string{"10.0.0.4", "10.0.0.2", "10.0.0.6"} {
-		got, err := m.Allocate(ctx, "late"+string(rune('0'+i)))
+		got, err := m.Allocate(ctx, Reservation{Token: "late" + string(rune('0'+i))})
 		if err != nil || got != addr(w) {
 			t.Fatalf("reuse %d = %s, %v; want %s (released longest ago first)", i, got, err, w)
 		}
@@ -63,9 +63,9 @@ func TestReuseOrderFollowsRelease(t *testing.T) {
 func TestCooldownNeverShortened(t *testing.T) {
 	m, clk, _ := newTestManager(t, testPool{cidr: "10.0.0.0/30", cooldown: time.Hour})
 	ctx := t.Context()
-	a, _ := m.Allocate(ctx, "a")
-	b, _ := m.Allocate(ctx, "b")
-	if _, err := m.Bind("a", "uid-a"); err != nil {
+	a, _ := m.Allocate(ctx, Reservation{Token: "a"})
+	b, _ := m.Allocate(ctx, Reservation{Token: "b"})
+	if _, err := m.Bind(Owner{Token: "a", UID: "uid-a"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := m.Release(a, Owner{UID: "uid-a"}); err != nil {
@@ -73,7 +73,7 @@ func TestCooldownNeverShortened(t *testing.T) {
 	}
 	for _, step := range []time.Duration{time.Minute, 30 * time.Minute, 28*time.Minute + 59*time.Second} {
 		clk.Step(step)
-		got, err := m.Allocate(ctx, "c"+step.String())
+		got, err := m.Allocate(ctx, Reservation{Token: "c" + step.String()})
 		if err == nil {
 			t.Fatalf("after %s got %s, want exhaustion while %s cools down (b holds %s)", step, got, a, b)
 		}
@@ -83,7 +83,7 @@ func TestCooldownNeverShortened(t *testing.T) {
 		}
 	}
 	clk.Step(time.Second)
-	if got, err := m.Allocate(ctx, "d"); err != nil || got != a {
+	if got, err := m.Allocate(ctx, Reservation{Token: "d"}); err != nil || got != a {
 		t.Fatalf("after the cooldown: %s, %v; want %s", got, err, a)
 	}
 }
@@ -110,7 +110,7 @@ func TestReserve(t *testing.T) {
 		"allocated to another": {
 			setup: func(t *testing.T, m *Manager, _ *fakeClock) {
 				mustAllocate(t, m, "other")
-				if _, err := m.Bind("other", "uid-1"); err != nil {
+				if _, err := m.Bind(Owner{Token: "other", UID: "uid-1"}); err != nil {
 					t.Fatal(err)
 				}
 			},
@@ -129,7 +129,7 @@ func TestReserve(t *testing.T) {
 		},
 		"same token, same address again": {
 			setup: func(t *testing.T, m *Manager, _ *fakeClock) {
-				if err := m.Reserve(t.Context(), "tok", addr("10.0.0.7")); err != nil {
+				if err := m.Reserve(t.Context(), Reservation{Token: "tok"}, addr("10.0.0.7")); err != nil {
 					t.Fatal(err)
 				}
 			},
@@ -147,7 +147,7 @@ func TestReserve(t *testing.T) {
 			if tc.setup != nil {
 				tc.setup(t, m, clk)
 			}
-			err := m.Reserve(t.Context(), "tok", addr(tc.addr))
+			err := m.Reserve(t.Context(), Reservation{Token: "tok"}, addr(tc.addr))
 			if tc.wantErr == nil {
 				if err != nil {
 					t.Fatalf("Reserve: %v", err)
@@ -166,7 +166,7 @@ func TestReserve(t *testing.T) {
 
 func mustAllocate(t *testing.T, m *Manager, tok string) netip.Addr {
 	t.Helper()
-	a, err := m.Allocate(t.Context(), tok)
+	a, err := m.Allocate(t.Context(), Reservation{Token: tok})
 	if err != nil {
 		t.Fatalf("Allocate(%s): %v", tok, err)
 	}
@@ -180,27 +180,27 @@ func TestBindReleaseAdopt(t *testing.T) {
 		state   State
 	}{
 		"bind pending": {
-			run:   func(m *Manager, _ netip.Addr) error { _, err := m.Bind("tok", "uid"); return err },
+			run:   func(m *Manager, _ netip.Addr) error { _, err := m.Bind(Owner{Token: "tok", UID: "uid"}); return err },
 			state: StateAllocated,
 		},
 		"bind twice, same uid": {
 			run: func(m *Manager, _ netip.Addr) error {
-				_, _ = m.Bind("tok", "uid")
-				_, err := m.Bind("tok", "uid")
+				_, _ = m.Bind(Owner{Token: "tok", UID: "uid"})
+				_, err := m.Bind(Owner{Token: "tok", UID: "uid"})
 				return err
 			},
 			state: StateAllocated,
 		},
 		"bind twice, other uid": {
 			run: func(m *Manager, _ netip.Addr) error {
-				_, _ = m.Bind("tok", "uid")
-				_, err := m.Bind("tok", "uid2")
+				_, _ = m.Bind(Owner{Token: "tok", UID: "uid"})
+				_, err := m.Bind(Owner{Token: "tok", UID: "uid2"})
 				return err
 			},
 			wantErr: ErrConflict, state: StateAllocated,
 		},
 		"bind unknown token": {
-			run:     func(m *Manager, _ netip.Addr) error { _, err := m.Bind("nope", "uid"); return err },
+			run:     func(m *Manager, _ netip.Addr) error { _, err := m.Bind(Owner{Token: "nope", UID: "uid"}); return err },
 			wantErr: ErrUnknownToken, state: StatePending,
 		},
 		"release pending by token": {
@@ -213,7 +213,7 @@ func TestBindReleaseAdopt(t *testing.T) {
 		},
 		"release allocated, twice": {
 			run: func(m *Manager, a netip.Addr) error {
-				_, _ = m.Bind("tok", "uid")
+				_, _ = m.Bind(Owner{Token: "tok", UID: "uid"})
 				if err := m.Release(a, Owner{UID: "uid"}); err != nil {
 					return err
 				}
@@ -223,7 +223,7 @@ func TestBindReleaseAdopt(t *testing.T) {
 		},
 		"release allocated with wrong uid": {
 			run: func(m *Manager, a netip.Addr) error {
-				_, _ = m.Bind("tok", "uid")
+				_, _ = m.Bind(Owner{Token: "tok", UID: "uid"})
 				return m.Release(a, Owner{UID: "other", Token: "tok"})
 			},
 			wantErr: ErrConflict, state: StateAllocated,
@@ -237,7 +237,7 @@ func TestBindReleaseAdopt(t *testing.T) {
 				if err := m.Adopt(a, Owner{UID: "live"}); err != nil {
 					return err
 				}
-				if _, err := m.Bind("tok", "late"); !errors.Is(err, ErrUnknownToken) {
+				if _, err := m.Bind(Owner{Token: "tok", UID: "late"}); !errors.Is(err, ErrUnknownToken) {
 					return errors.New("displaced token still bindable")
 				}
 				return nil
@@ -253,7 +253,7 @@ func TestBindReleaseAdopt(t *testing.T) {
 		},
 		"adopt an address allocated to another uid": {
 			run: func(m *Manager, a netip.Addr) error {
-				_, _ = m.Bind("tok", "uid")
+				_, _ = m.Bind(Owner{Token: "tok", UID: "uid"})
 				return m.Adopt(a, Owner{UID: "uid2"})
 			},
 			wantErr: ErrConflict, state: StateAllocated,
@@ -297,7 +297,7 @@ func TestPendingExpiry(t *testing.T) {
 	if want := newFakeClock().Now().Add(90 * time.Second); st != StateCooldown || !until.Equal(want) {
 		t.Fatalf("after expiry: %s until %s, want cooldown until %s", st, until, want)
 	}
-	if _, err := m.Bind("tok", "uid"); !errors.Is(err, ErrUnknownToken) {
+	if _, err := m.Bind(Owner{Token: "tok", UID: "uid"}); !errors.Is(err, ErrUnknownToken) {
 		t.Fatalf("Bind after expiry: %v, want ErrUnknownToken", err)
 	}
 	if got := m.Stats().ExpiredPendings; got != 1 {
@@ -376,7 +376,7 @@ func TestNoStoreIOUnderLock(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	done := make(chan error)
-	go func() { _, err := m.Allocate(t.Context(), "during"); done <- err }()
+	go func() { _, err := m.Allocate(t.Context(), Reservation{Token: "during"}); done <- err }()
 	select {
 	case err := <-done:
 		if err != nil {
@@ -419,7 +419,7 @@ func TestNotReadyUntilRecovered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.Allocate(t.Context(), "a"); !errors.Is(err, ErrNotReady) {
+	if _, err := m.Allocate(t.Context(), Reservation{Token: "a"}); !errors.Is(err, ErrNotReady) {
 		t.Fatalf("Allocate before Recover: %v, want ErrNotReady", err)
 	}
 	if _, err := m.Recover(t.Context(), nil); err != nil {
@@ -446,10 +446,10 @@ func TestRecover(t *testing.T) {
 	a := mustAllocate(t, m1, "a") // .1, will be live
 	b := mustAllocate(t, m1, "b") // .2, pending at the crash
 	c := mustAllocate(t, m1, "c") // .3, released and flushed
-	if _, err := m1.Bind("a", "uid-a"); err != nil {
+	if _, err := m1.Bind(Owner{Token: "a", UID: "uid-a"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m1.Bind("c", "uid-c"); err != nil {
+	if _, err := m1.Bind(Owner{Token: "c", UID: "uid-c"}); err != nil {
 		t.Fatal(err)
 	}
 	cfg.Cooldown = time.Hour // a shorter cooldown never shortens a persisted one; a longer one persisted wins
@@ -532,7 +532,7 @@ func TestRebalanceFailureCounted(t *testing.T) {
 	st.mu.Lock()
 	st.fail = errors.New("etcd is down")
 	st.mu.Unlock()
-	_, err := m.Allocate(t.Context(), "a")
+	_, err := m.Allocate(t.Context(), Reservation{Token: "a"})
 	if err == nil || !strings.Contains(err.Error(), "etcd is down") {
 		t.Fatalf("Allocate with a failing store and an empty free list: %v", err)
 	}
@@ -578,7 +578,7 @@ func TestConcurrentAllocations(t *testing.T) {
 		wg.Go(func() {
 			for i := range 200 {
 				tok := string(rune('A'+g)) + "-" + string(rune('0'+i%10)) + string(rune('a'+i/10))
-				a, err := m.Allocate(ctx, tok)
+				a, err := m.Allocate(ctx, Reservation{Token: tok})
 				if err != nil {
 					t.Error(err)
 					return
@@ -613,7 +613,7 @@ func TestResync(t *testing.T) {
 	b := mustAllocate(t, m, "b")
 	p := mustAllocate(t, m, "p") // pending: left alone
 	for tok, uid := range map[string]string{"a": "uid-a", "b": "uid-b"} {
-		if _, err := m.Bind(tok, uid); err != nil {
+		if _, err := m.Bind(Owner{Token: tok, UID: uid}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -623,7 +623,7 @@ func TestResync(t *testing.T) {
 	// and it must keep its address.
 	asOf := m.Mark()
 	late := mustAllocate(t, m, "e")
-	if _, err := m.Bind("e", "uid-e"); err != nil {
+	if _, err := m.Bind(Owner{Token: "e", UID: "uid-e"}); err != nil {
 		t.Fatal(err)
 	}
 	rep := m.Resync([]Holding{
@@ -647,7 +647,7 @@ func TestResync(t *testing.T) {
 func TestClose(t *testing.T) {
 	m, _, _ := newTestManager(t, testPool{cidr: "10.0.0.0/28"})
 	m.Close()
-	if _, err := m.Allocate(t.Context(), "a"); !errors.Is(err, ErrNotReady) {
+	if _, err := m.Allocate(t.Context(), Reservation{Token: "a"}); !errors.Is(err, ErrNotReady) {
 		t.Fatalf("Allocate after Close: %v", err)
 	}
 }
@@ -655,11 +655,11 @@ func TestClose(t *testing.T) {
 func TestDurable(t *testing.T) {
 	m, _, _ := newTestManager(t, testPool{cidr: "10.0.0.0/28", low: 1, target: 2, high: 4})
 	ctx := t.Context()
-	allocated, err := m.Allocate(ctx, "a")
+	allocated, err := m.Allocate(ctx, Reservation{Token: "a"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.Bind("a", "uid-a"); err != nil {
+	if _, err := m.Bind(Owner{Token: "a", UID: "uid-a"}); err != nil {
 		t.Fatal(err)
 	}
 	bypassed := addr("10.0.0.12")

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"math/bits"
 	"net/netip"
 	"slices"
 	"strings"
@@ -34,6 +36,8 @@ type harness struct {
 	holder  map[netip.Addr]string   // address -> token of the reservation or machine holding it
 	// notBefore is the earliest time an address may be handed out again.
 	notBefore map[netip.Addr]time.Time
+	// stale keeps lapsed-reservation records seen, to try again later.
+	stale []Unstored
 }
 
 type reservation struct {
@@ -45,6 +49,10 @@ type reservation struct {
 	// bypassed: the machine skipped the webhook; the Manager never saw
 	// its token (the model's key only).
 	bypassed bool
+	// ns and admission are the reservation's; sealed once it may no
+	// longer be re-entered.
+	ns, admission string
+	sealed        bool
 }
 
 // faultyStore fails or conflicts on demand.
@@ -57,6 +65,19 @@ type faultyStore struct {
 }
 
 var errInjected = errors.New("injected store failure")
+
+func (s *faultyStore) Delete(ctx context.Context, p netip.Prefix, version string) error {
+	if s.failPuts > 0 {
+		s.failPuts--
+		if s.lostReplies {
+			if err := s.MemoryStore.Delete(ctx, p, version); err != nil {
+				return err
+			}
+		}
+		return errInjected
+	}
+	return s.MemoryStore.Delete(ctx, p, version)
+}
 
 func (s *faultyStore) Put(ctx context.Context, b Block) (string, error) {
 	if s.failPuts > 0 {
@@ -80,7 +101,7 @@ var harnessPools = [][]RangeSpec{
 	{{CIDR: "255.255.255.248/29"}, {CIDR: "ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffc/126"}}, // the top of both families
 }
 
-func newHarness(pool int, cooldown, ttl time.Duration, low, target, high int) (*harness, error) {
+func newHarness(pool int, cooldown, ttl time.Duration, low, target, high, maxPending int) (*harness, error) {
 	r, err := ParseRanges(harnessPools[pool%len(harnessPools)])
 	if err != nil {
 		return nil, err
@@ -96,7 +117,7 @@ func newHarness(pool int, cooldown, ttl time.Duration, low, target, high int) (*
 	h.faulty = &faultyStore{MemoryStore: h.store}
 	h.cfg = Config{
 		Pool: "p", Holder: "h", Ranges: r, Cooldown: cooldown, PendingTTL: ttl,
-		LowWatermark: low, TargetFree: target, HighWatermark: high,
+		LowWatermark: low, TargetFree: target, HighWatermark: high, MaxPendingPerNamespace: maxPending,
 		Store: h.faulty, Clock: h.clock,
 	}
 	return h, h.restart(0)
@@ -135,7 +156,7 @@ func (h *harness) restart(stored uint32) error {
 			if r.bypassed {
 				o.Token = ""
 			}
-			live = append(live, Holding{Addr: r.addr, Owner: o})
+			live = append(live, Holding{Addr: spell(r.addr, uint32(len(live))), Owner: o})
 		}
 	}
 	rep, err := h.m.Recover(context.Background(), live)
@@ -180,6 +201,47 @@ func (h *harness) settle() {
 	}
 }
 
+// spell writes a in one of its spellings: as it is, IPv4-mapped, or with
+// a zone. The Manager must treat every one as the same address.
+func spell(a netip.Addr, k uint32) netip.Addr {
+	switch k % 4 {
+	case 1:
+		if a.Is4() {
+			return netip.AddrFrom16(a.As16())
+		}
+		return a.WithZone("eth0")
+	case 2:
+		if a.Is4() {
+			return netip.AddrFrom16(a.As16()).WithZone("1")
+		}
+		return a.WithZone("2")
+	}
+	return a
+}
+
+// pendingIn counts the reservations of ns the Manager must hold pending.
+func (h *harness) pendingIn(ns string) int {
+	n := 0
+	for _, r := range h.reserva {
+		if r.ns == ns && r.uid == "" && !r.bypassed && r.epoch == h.epoch && h.mayAppear(r) {
+			n++
+		}
+	}
+	return n
+}
+
+// limited checks a refusal for the pending bound, or the lack of one.
+func (h *harness) limited(ns string, err error) error {
+	n := h.pendingIn(ns)
+	switch {
+	case errors.Is(err, ErrTooManyPending) && (h.cfg.MaxPendingPerNamespace == 0 || n < h.cfg.MaxPendingPerNamespace):
+		return fmt.Errorf("refused for too many pending in %s with %d pending, limit %d: %w", ns, n, h.cfg.MaxPendingPerNamespace, err)
+	case err == nil && h.cfg.MaxPendingPerNamespace > 0 && n >= h.cfg.MaxPendingPerNamespace:
+		return fmt.Errorf("handed out past the pending limit %d in %s (%d pending)", h.cfg.MaxPendingPerNamespace, ns, n)
+	}
+	return nil
+}
+
 // handedOut checks and records an address handed out to a new token.
 func (h *harness) handedOut(tok string, a netip.Addr) error {
 	if !h.ranges.Contains(a) {
@@ -200,19 +262,26 @@ func (h *harness) handedOut(tok string, a netip.Addr) error {
 func (h *harness) step(op byte, arg uint32) error {
 	ctx := context.Background()
 	h.settle()
-	switch op % 16 {
-	case 0, 1, 2: // allocate for a new token
+	switch op % 20 {
+	case 0, 1, 2, 19: // allocate for a new token
 		h.seq++
 		tok := fmt.Sprintf("t%d", h.seq)
-		a, err := h.m.Allocate(ctx, tok)
-		h.logf("allocate %s -> %s %v", tok, a, err)
+		ns := fmt.Sprintf("ns%d", arg%2)
+		a, err := h.m.Allocate(ctx, Reservation{Token: tok, Namespace: ns, Admission: "adm-" + tok})
+		h.logf("allocate %s in %s -> %s %v", tok, ns, a, err)
+		if err := h.limited(ns, err); err != nil {
+			return err
+		}
 		if err != nil {
-			if errors.Is(err, ErrExhausted) || errors.Is(err, errInjected) || errors.Is(err, ErrStoreConflict) {
+			if errors.Is(err, ErrExhausted) || errors.Is(err, errInjected) || errors.Is(err, ErrStoreConflict) || errors.Is(err, ErrTooManyPending) {
 				return nil
 			}
 			return fmt.Errorf("allocate: unexpected error %w", err)
 		}
-		return h.handedOut(tok, a)
+		if err := h.handedOut(tok, a); err != nil {
+			return err
+		}
+		h.reserva[tok].ns, h.reserva[tok].admission = ns, "adm-"+tok
 	case 3: // reinvoked allocation for an existing token
 		toks := h.tokens()
 		if len(toks) == 0 {
@@ -227,7 +296,7 @@ func (h *harness) step(op byte, arg uint32) error {
 			// cooldown); the webhook never re-asks for it.
 			return nil
 		}
-		a, err := h.m.Allocate(ctx, r.token)
+		a, err := h.m.Allocate(ctx, Reservation{Token: r.token})
 		h.logf("reallocate %s -> %s %v", r.token, a, err)
 		if err == nil && a != r.addr {
 			return fmt.Errorf("allocate not idempotent: token %s had %s, got %s", r.token, r.addr, a)
@@ -237,19 +306,29 @@ func (h *harness) step(op byte, arg uint32) error {
 			return fmt.Errorf("reallocate of bound token %s: %w", r.token, err)
 		}
 		return nil
-	case 4: // static request
+	case 4: // static request, in any spelling of the address
 		h.seq++
 		tok := fmt.Sprintf("s%d", h.seq)
 		a := h.usable[int(arg)%len(h.usable)]
-		err := h.m.Reserve(ctx, tok, a)
-		h.logf("reserve %s %s -> %v", tok, a, err)
+		ns := fmt.Sprintf("ns%d", arg>>8%2)
+		sp := spell(a, arg>>4)
+		err := h.m.Reserve(ctx, Reservation{Token: tok, Namespace: ns, Admission: "adm-" + tok}, sp)
+		h.logf("reserve %s %s in %s -> %v", tok, sp, ns, err)
+		if errors.Is(err, ErrTooManyPending) || err == nil {
+			if err := h.limited(ns, err); err != nil {
+				return err
+			}
+		}
 		if err != nil {
-			if errors.Is(err, ErrInUse) || errors.Is(err, ErrCoolingDown) || errors.Is(err, errInjected) || errors.Is(err, ErrStoreConflict) {
+			if errors.Is(err, ErrInUse) || errors.Is(err, ErrCoolingDown) || errors.Is(err, errInjected) || errors.Is(err, ErrStoreConflict) || errors.Is(err, ErrTooManyPending) {
 				return nil
 			}
 			return fmt.Errorf("reserve: unexpected error %w", err)
 		}
-		return h.handedOut(tok, a)
+		if err := h.handedOut(tok, a); err != nil {
+			return err
+		}
+		h.reserva[tok].ns, h.reserva[tok].admission = ns, "adm-"+tok
 	case 5, 6: // a machine is stored: bind its token, or adopt after a restart
 		var cand []*reservation
 		for _, tok := range h.tokens() {
@@ -263,10 +342,10 @@ func (h *harness) step(op byte, arg uint32) error {
 		r := cand[int(arg)%len(cand)]
 		h.seq++
 		uid := fmt.Sprintf("uid-%d", h.seq)
-		a, err := h.m.Bind(r.token, uid)
+		a, err := h.m.Bind(Owner{Token: r.token, UID: uid})
 		h.logf("bind %s %s -> %s %v", r.token, uid, a, err)
 		if errors.Is(err, ErrUnknownToken) {
-			err = h.m.Adopt(r.addr, Owner{Token: r.token, UID: uid})
+			err = h.m.Adopt(spell(r.addr, arg>>3), Owner{Token: r.token, UID: uid})
 			a = r.addr
 			h.logf("adopt %s %s -> %v", r.addr, uid, err)
 		}
@@ -286,29 +365,22 @@ func (h *harness) step(op byte, arg uint32) error {
 		uid := uids[int(arg)%len(uids)]
 		a := h.live[uid]
 		tok := h.holder[a]
-		err := h.m.Release(a, Owner{UID: uid, Token: tok})
+		// As the garbage collector does before the machine may go: a
+		// release that is crash-safe when it returns. A failure is
+		// retried (the finalizer stays), and the faulty store fails at
+		// most three writes in a row.
+		var err error
+		for i := range 5 {
+			if err = h.m.ReleaseDurable(ctx, spell(a, arg>>uint(2*i)), Owner{UID: uid, Token: tok}); err == nil {
+				break
+			}
+		}
 		h.logf("release %s %s -> %v", a, uid, err)
 		if err != nil {
 			return fmt.Errorf("release: %w", err)
 		}
 		if err := h.m.Release(a, Owner{UID: uid, Token: tok}); err != nil {
 			return fmt.Errorf("release is not idempotent: %w", err)
-		}
-		// As the garbage collector does before the machine may go: flush
-		// unless the release is already crash-safe. A failed flush is
-		// retried (the finalizer stays), and the faulty store fails at
-		// most three puts in a row.
-		if !h.m.Durable(a) {
-			var err error
-			for range 5 {
-				if err = h.m.Flush(ctx); err == nil {
-					break
-				}
-			}
-			h.logf("flush for release of %s -> %v", a, err)
-			if err != nil {
-				return fmt.Errorf("flush for release of %s: %w", a, err)
-			}
 		}
 		delete(h.live, uid)
 		delete(h.reserva, tok)
@@ -353,10 +425,113 @@ func (h *harness) step(op byte, arg uint32) error {
 		asOf := h.m.Mark()
 		var live []Holding
 		for uid, a := range h.live {
-			live = append(live, Holding{Addr: a, Owner: Owner{UID: uid, Token: h.holder[a]}})
+			live = append(live, Holding{Addr: spell(a, arg>>uint(len(live)%8)), Owner: Owner{UID: uid, Token: h.holder[a]}})
 		}
 		if rep := h.m.Resync(live, asOf); rep.Released != 0 || rep.Adopted != 0 || len(rep.Conflicts) != 0 {
 			return fmt.Errorf("resync of a consistent state changed it: %+v", rep)
+		}
+	case 16: // the webhook is invoked again within an admission, or a token was copied
+		return h.reenter(arg)
+	case 17: // the validating webhook ends an admission
+		toks := h.tokens()
+		if len(toks) == 0 {
+			return nil
+		}
+		r := h.reserva[toks[int(arg)%len(toks)]]
+		h.m.Seal(r.token)
+		h.logf("seal %s", r.token)
+		r.sealed = true
+	case 18: // the proof that a lapsed reservation was never stored
+		return h.prove(arg)
+	}
+	return h.check()
+}
+
+// reenter asks the Manager to trust a token as this admission's own. It
+// must agree exactly when the reservation is pending in this Manager, made
+// by the same admission for the same address, and not sealed; then it is
+// sealed.
+func (h *harness) reenter(arg uint32) error {
+	toks := h.tokens()
+	if len(toks) == 0 {
+		return nil
+	}
+	r := h.reserva[toks[int(arg)%len(toks)]]
+	adm, a := r.admission, r.addr
+	switch arg >> 8 % 4 {
+	case 1:
+		adm = "another admission"
+	case 2:
+		a = h.usable[int(arg>>12)%len(h.usable)]
+	}
+	want := adm != "" && adm == r.admission && a == r.addr && r.uid == "" && !r.bypassed && r.epoch == h.epoch && h.mayAppear(r) && !r.sealed
+	got := h.m.Reenter(r.token, adm, spell(a, arg>>16))
+	h.logf("reenter %s %s %s -> %t", r.token, adm, a, got)
+	if got != want {
+		return fmt.Errorf("Reenter(%s, %q, %s) = %t, want %t (reservation %+v)", r.token, adm, a, got, want, *r)
+	}
+	if got {
+		r.sealed = true
+	}
+	return h.check()
+}
+
+// prove plays the caller that proves lapsed reservations unused: honestly,
+// from the model's knowledge of what was stored, or too early, or with a
+// stale record; the Manager must free an address without its cooldown only
+// on an honest proof.
+func (h *harness) prove(arg uint32) error {
+	us := h.m.Unstored()
+	h.stale = append(h.stale, us...)
+	if len(h.stale) > 64 {
+		h.stale = h.stale[len(h.stale)-64:]
+	}
+	if len(us) == 0 {
+		return nil
+	}
+	now := h.clock.Now()
+	switch arg % 3 {
+	case 0: // too early: a read that began at the deadline proves nothing
+		u := us[int(arg>>2)%len(us)]
+		if h.m.Unused(u, u.Deadline) {
+			return fmt.Errorf("Unused(%+v) with a read at the deadline succeeded", u)
+		}
+	case 1: // a record from before a crash, or settled since
+		u := h.stale[int(arg>>2)%len(h.stale)]
+		live := false
+		for _, v := range us {
+			live = live || v == u
+		}
+		if !live && h.m.Unused(u, now) {
+			return fmt.Errorf("Unused of a stale record %+v succeeded", u)
+		}
+	default:
+		for _, u := range us {
+			if now.Before(u.Deadline) {
+				return fmt.Errorf("Unstored lists %+v before its deadline (now %s)", u, now.Format(time.TimeOnly))
+			}
+			if !now.After(u.Deadline) {
+				continue
+			}
+			if r := h.reserva[u.Token]; r != nil && (r.uid != "" || h.mayAppear(r)) {
+				return fmt.Errorf("Unstored lists %+v, whose machine was stored or may still be", u)
+			}
+			stored := false
+			for _, a := range h.live {
+				stored = stored || a == u.Addr
+			}
+			if stored {
+				h.m.Used(u)
+				h.logf("used %s %s", u.Addr, u.Token)
+				continue
+			}
+			if !h.m.Unused(u, now) {
+				return fmt.Errorf("Unused(%+v) of an honest proof at %s refused", u, now.Format(time.TimeOnly))
+			}
+			h.logf("unused %s %s", u.Addr, u.Token)
+			// Never given to a machine: free at once.
+			h.settle()
+			delete(h.notBefore, u.Addr)
 		}
 	}
 	return h.check()
@@ -375,7 +550,7 @@ func (h *harness) bypass(arg uint32) error {
 	}
 	h.seq++
 	uid, tok := fmt.Sprintf("uid-%d", h.seq), fmt.Sprintf("b%d", h.seq)
-	err := h.m.Adopt(a, Owner{UID: uid})
+	err := h.m.Adopt(spell(a, arg>>5), Owner{UID: uid})
 	h.logf("bypass: adopt %s %s -> %v", a, uid, err)
 	if err != nil {
 		return fmt.Errorf("adopt of bypassing machine %s on %s: %w", uid, a, err)
@@ -400,10 +575,63 @@ func (h *harness) check() error {
 		return fmt.Errorf("allocated %d, model has %d live machines: %+v", c.Allocated, len(h.live), c)
 	}
 	for uid, a := range h.live {
-		st, o, _ := h.m.Lookup(a)
+		st, o, _ := h.m.Lookup(spell(a, uint32(len(uid))))
 		if st != StateAllocated || o.UID != uid {
 			return fmt.Errorf("live machine %s has %s, manager says %s owned by %+v", uid, a, st, o)
 		}
+	}
+	return h.checkKept()
+}
+
+// checkKept recounts what the Manager keeps counted as its state changes
+// (the lists, the addresses being returned, the pending reservations per
+// namespace, each block's own and others' claims) and fails on any drift.
+func (h *harness) checkKept() error {
+	m := h.m
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := map[State]int{}
+	ns := map[string]int{}
+	ours := map[netip.Prefix]int{}
+	for a, e := range m.entries {
+		if a != e.addr || Canonical(a) != a {
+			return fmt.Errorf("entry %s keyed by %s", e.addr, a)
+		}
+		n[e.state]++
+		if e.state == StatePending {
+			ns[e.ns]++
+		}
+		ours[BlockOf(a)]++
+	}
+	switch {
+	case n[StateFree] != m.free.n, n[stateSurplus] != m.surplus.n, n[StatePending] != m.pending.n,
+		n[StateCooldown] != m.cooldown.n, n[stateReturning] != m.returning:
+		return fmt.Errorf("kept counts drifted: states %v; lists free %d surplus %d pending %d cooldown %d returning %d",
+			n, m.free.n, m.surplus.n, m.pending.n, m.cooldown.n, m.returning)
+	case !maps.Equal(ns, m.pendingNS):
+		return fmt.Errorf("pending per namespace drifted: %v, kept %v", ns, m.pendingNS)
+	}
+	elsewhere := 0
+	for p, b := range m.blocks {
+		if b.ours != ours[p] {
+			return fmt.Errorf("block %s counts %d of ours, holds %d", p, b.ours, ours[p])
+		}
+		delete(ours, p)
+		others := 0
+		for hd, bm := range b.persisted.Claims {
+			if hd != m.cfg.Holder {
+				for _, w := range bm {
+					others += bits.OnesCount64(w)
+				}
+			}
+		}
+		if others != b.elsewhere {
+			return fmt.Errorf("block %s counts %d claimed elsewhere, holds %d", p, b.elsewhere, others)
+		}
+		elsewhere += others
+	}
+	if len(ours) > 0 || elsewhere != m.elsewhere {
+		return fmt.Errorf("entries in blocks the Manager forgot (%v), or claimed elsewhere drifted (%d, kept %d)", ours, elsewhere, m.elsewhere)
 	}
 	return nil
 }
@@ -427,7 +655,7 @@ func (h *harness) drain() error {
 	for {
 		h.seq++
 		tok := fmt.Sprintf("d%d", h.seq)
-		a, err := h.m.Allocate(ctx, tok)
+		a, err := h.m.Allocate(ctx, Reservation{Token: tok, Namespace: tok})
 		if errors.Is(err, ErrExhausted) {
 			break
 		}

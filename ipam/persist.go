@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/bits"
 	"net/netip"
 	"slices"
 	"time"
@@ -14,10 +15,11 @@ import (
 const rescanAfter = time.Second
 
 // Rebalance brings the free list back between the watermarks: below the low
-// watermark it claims up to the target, above the high one it returns
-// addresses down to the target. Each call makes at most one claiming or
-// returning write (plus re-reads on conflict); Run calls it again while the
-// free list stays out of bounds.
+// watermark it claims up to the target; above the high one it returns
+// addresses down to the target; and it gives back the surplus, addresses
+// out of cooldown that the free list had no room for. Each call makes at
+// most one claiming or returning write (plus re-reads on conflict); Run
+// calls it again while work is left.
 func (m *Manager) Rebalance(ctx context.Context) error {
 	m.mu.Lock()
 	if !m.ready {
@@ -25,7 +27,7 @@ func (m *Manager) Rebalance(ctx context.Context) error {
 		return nil
 	}
 	m.advance(m.clock.Now())
-	n := m.free.n
+	n, surplus := m.free.n, m.surplus.n
 	m.mu.Unlock()
 	var err error
 	switch {
@@ -37,9 +39,13 @@ func (m *Manager) Rebalance(ctx context.Context) error {
 			// The block ran out before the target: go on in the next.
 			m.Kick()
 		}
+	case surplus > 0:
+		m.stats.rebalances.Add(1)
+		err = m.giveBack(ctx, m.pickSurplusLocked)
+		m.Kick()
 	case n > m.cfg.HighWatermark:
 		m.stats.rebalances.Add(1)
-		err = m.giveBack(ctx, n-m.cfg.TargetFree)
+		err = m.giveBack(ctx, func() []*entry { return m.pickFreeTailLocked(n - m.cfg.TargetFree) })
 	default:
 		return nil
 	}
@@ -87,6 +93,7 @@ func (m *Manager) Flush(ctx context.Context) error {
 // stored claim: a restart would find it free, so its release must be
 // flushed before the machine that held it may go.
 func (m *Manager) Durable(addr netip.Addr) bool {
+	addr = Canonical(addr)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	bs := m.blocks[BlockOf(addr)]
@@ -95,6 +102,24 @@ func (m *Manager) Durable(addr netip.Addr) bool {
 	}
 	h, ok := bs.persisted.holderOf(blockOffset(addr))
 	return ok && h == m.cfg.Holder
+}
+
+// ReleaseDurable releases addr as Release does and returns once the release
+// survives a crash, so that the machine that held addr may go. Usually it
+// already does (see Durable) and this costs no write: the release waits for
+// the next batched flush. An address adopted since the last write, or one
+// whose block a give-back is rewriting, is flushed first.
+func (m *Manager) ReleaseDurable(ctx context.Context, addr netip.Addr, owner Owner) error {
+	if err := m.Release(addr, owner); err != nil {
+		return err
+	}
+	if m.Durable(addr) {
+		return nil
+	}
+	if err := m.Flush(ctx); err != nil {
+		return fmt.Errorf("persist release of %s in pool %q: %w", Canonical(addr), m.cfg.Pool, err)
+	}
+	return nil
 }
 
 // claim fills the free list up to target with never-claimed addresses in
@@ -133,9 +158,7 @@ func (m *Manager) claim(ctx context.Context, target int) (int, error) {
 		m.cursor = next
 		for _, a := range picks {
 			if m.entries[a] == nil {
-				e := &entry{addr: a, state: StateFree}
-				m.entries[a] = e
-				m.free.pushBack(e)
+				m.free.pushBack(m.addEntry(a, StateFree))
 			}
 		}
 		n := m.free.n
@@ -178,9 +201,7 @@ func (m *Manager) claimAddr(ctx context.Context, a netip.Addr) error {
 		}
 		m.mu.Lock()
 		if m.entries[a] == nil {
-			e := &entry{addr: a, state: StateFree}
-			m.entries[a] = e
-			m.free.pushBack(e)
+			m.free.pushBack(m.addEntry(a, StateFree))
 		}
 		m.mu.Unlock()
 		return nil
@@ -188,13 +209,11 @@ func (m *Manager) claimAddr(ctx context.Context, a netip.Addr) error {
 	return fmt.Errorf("claim address %s: %w after %d attempts", a, ErrStoreConflict, maxStoreRetries)
 }
 
-// giveBack returns up to n free addresses to the store, the ones freed most
-// recently (those idle the longest stay to be handed out first), taken from
-// one block so that it is a single write.
-func (m *Manager) giveBack(ctx context.Context, n int) error {
-	m.io.Lock()
-	defer m.io.Unlock()
-	m.mu.Lock()
+// pickFreeTailLocked takes up to n free addresses for a give-back: the
+// ones freed most recently (those idle the longest stay to be handed out
+// first), from the block of the free list's tail, so that it is a single
+// write.
+func (m *Manager) pickFreeTailLocked(n int) []*entry {
 	var picked []*entry
 	if t := m.free.tail; t != nil {
 		p := BlockOf(t.addr)
@@ -202,16 +221,47 @@ func (m *Manager) giveBack(ctx context.Context, n int) error {
 			prev := e.prev
 			if BlockOf(e.addr) == p {
 				m.free.remove(e)
-				e.state = stateReturning
 				picked = append(picked, e)
 			}
 			e = prev
 		}
 	}
+	return picked
+}
+
+// pickSurplusLocked takes the surplus addresses of the block of the
+// surplus's head, for one give-back write.
+func (m *Manager) pickSurplusLocked() []*entry {
+	var picked []*entry
+	if h := m.surplus.head; h != nil {
+		p := BlockOf(h.addr)
+		for e := h; e != nil; {
+			next := e.next
+			if BlockOf(e.addr) == p {
+				m.surplus.remove(e)
+				picked = append(picked, e)
+			}
+			e = next
+		}
+	}
+	return picked
+}
+
+// giveBack returns addresses to the store in one write: pick, called under
+// the lock, takes them (all of one block) out of their list.
+func (m *Manager) giveBack(ctx context.Context, pick func() []*entry) error {
+	m.io.Lock()
+	defer m.io.Unlock()
+	m.mu.Lock()
+	picked := pick()
 	if len(picked) == 0 {
 		m.mu.Unlock()
 		return nil
 	}
+	for _, e := range picked {
+		e.state = stateReturning
+	}
+	m.returning += len(picked)
 	p := BlockOf(picked[0].addr)
 	bs := m.blocks[p]
 	bs.returning = true
@@ -239,12 +289,15 @@ func (m *Manager) giveBack(ctx context.Context, n int) error {
 			// write dropped its claim, so claim it again.
 			m.markDirty(e.addr)
 		case err != nil:
-			delete(m.entries, e.addr)
+			m.returning--
+			m.removeEntry(e)
 			m.markDirty(e.addr)
 		default:
-			delete(m.entries, e.addr)
+			m.returning--
+			m.removeEntry(e)
 		}
 	}
+	m.forgetIfIdleLocked(p, bs)
 	return err
 }
 
@@ -284,42 +337,27 @@ func (m *Manager) pickLocked(want int) (p netip.Prefix, picks []netip.Addr, next
 					picks = append(picks, x)
 				}
 			}
-			next = x.Next()
-			if !next.IsValid() {
-				break
-			}
-			x, ok = r.Next(next)
+			// After, not Next(x.Next()): it steps from the top of IPv4
+			// into the IPv6 ranges and never onto an IPv4-mapped address.
+			x, ok = r.After(x)
 		}
 		if len(picks) > 0 {
-			if !next.IsValid() {
-				next = afterTop(p.Addr())
+			next = x
+			if !ok {
+				next = r.First()
 			}
 			return p, picks, next, false
 		}
-		if a = lastAddr(p).Next(); !a.IsValid() {
-			// Past the top of the family: IPv4 goes on into the IPv6
-			// ranges, IPv6 wraps around to the start.
-			if p.Addr().Is4() {
-				a = netip.IPv6Unspecified()
-			} else {
-				if wrapped {
-					break
-				}
-				wrapped, a = true, r.First()
+		if a, ok = r.After(lastAddr(p)); !ok {
+			// Past the last usable address: wrap around to the start.
+			if wrapped {
+				break
 			}
+			wrapped, a = true, r.First()
 		}
 	}
 	m.noClaimableUntil = now.Add(rescanAfter)
 	return p, nil, next, false
-}
-
-// afterTop is where the cursor goes after the highest address of a's
-// family: on into the IPv6 ranges after IPv4, back to the start after IPv6.
-func afterTop(a netip.Addr) netip.Addr {
-	if a.Is4() {
-		return netip.IPv6Unspecified()
-	}
-	return netip.IPv4Unspecified()
 }
 
 // load reads a block from the store into the cache. Local changes not yet
@@ -334,15 +372,38 @@ func (m *Manager) load(ctx context.Context, p netip.Prefix) error {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	bs := m.blocks[p]
-	if bs == nil {
-		bs = &blockState{}
-		m.blocks[p] = bs
-	}
-	bs.persisted, bs.loaded = b, true
+	bs := m.blockFor(p.Addr())
+	m.setPersistedLocked(bs, b)
+	bs.loaded = true
 	// New claims elsewhere may have freed or taken addresses.
 	m.noClaimableUntil = time.Time{}
 	return nil
+}
+
+// setPersistedLocked records b as what the store holds for bs, keeping the
+// count of addresses claimed elsewhere current.
+func (m *Manager) setPersistedLocked(bs *blockState, b Block) {
+	n := 0
+	for h, bm := range b.Claims {
+		if h == m.cfg.Holder {
+			continue
+		}
+		for _, w := range bm {
+			n += bits.OnesCount64(w)
+		}
+	}
+	m.elsewhere += n - bs.elsewhere
+	bs.persisted, bs.elsewhere = b, n
+}
+
+// forgetIfIdleLocked drops the state of a block that holds nothing and has
+// nothing left to write, so that the Manager's map shrinks back as the
+// store does.
+func (m *Manager) forgetIfIdleLocked(p netip.Prefix, bs *blockState) {
+	if bs.ours == 0 && !bs.dirty() && !bs.returning && bs.loaded && bs.persisted.Version == "" &&
+		len(bs.persisted.Claims) == 0 && len(bs.persisted.Cooldowns) == 0 && m.blocks[p] == bs {
+		delete(m.blocks, p)
+	}
 }
 
 // writeBlock writes block p as this Manager's state makes it, plus extra
@@ -363,24 +424,47 @@ func (m *Manager) writeBlock(ctx context.Context, p netip.Prefix, extra []netip.
 	gen := bs.gen
 	m.mu.Unlock()
 
+	if len(nb.Claims) == 0 && len(nb.Cooldowns) == 0 {
+		// Nobody claims anything here: the block goes, and with it the
+		// Manager's memory of it.
+		var err error
+		if nb.Version != "" {
+			err = m.cfg.Store.Delete(ctx, p, nb.Version)
+			m.stats.writes.Add(1)
+		}
+		if err != nil {
+			return m.writeFailed(ctx, p, fmt.Errorf("delete block %s of pool %q: %w", p, m.cfg.Pool, err))
+		}
+		m.mu.Lock()
+		m.setPersistedLocked(bs, Block{Prefix: p, Claims: map[string]*Bitmap{}})
+		bs.written = gen
+		m.forgetIfIdleLocked(p, bs)
+		m.mu.Unlock()
+		return nil
+	}
 	ver, err := m.cfg.Store.Put(ctx, nb)
 	m.stats.writes.Add(1)
 	if err != nil {
-		err = fmt.Errorf("write block %s of pool %q: %w", p, m.cfg.Pool, err)
-		if errors.Is(err, ErrStoreConflict) {
-			m.stats.storeConflicts.Add(1)
-			if lerr := m.load(ctx, p); lerr != nil {
-				return errors.Join(err, lerr)
-			}
-		}
-		return err
+		return m.writeFailed(ctx, p, fmt.Errorf("write block %s of pool %q: %w", p, m.cfg.Pool, err))
 	}
 	nb.Version = ver
 	m.mu.Lock()
-	bs.persisted = nb
+	m.setPersistedLocked(bs, nb)
 	bs.written = gen
 	m.mu.Unlock()
 	return nil
+}
+
+// writeFailed re-reads block p after a write lost a compare-and-swap, and
+// returns err for the caller to retry.
+func (m *Manager) writeFailed(ctx context.Context, p netip.Prefix, err error) error {
+	if errors.Is(err, ErrStoreConflict) {
+		m.stats.storeConflicts.Add(1)
+		if lerr := m.load(ctx, p); lerr != nil {
+			return errors.Join(err, lerr)
+		}
+	}
+	return err
 }
 
 // buildLocked derives the block to persist from memory: this holder's

@@ -12,8 +12,11 @@ import (
 // the invariants after every step and, at the end, that nothing leaked.
 func TestProperties(t *testing.T) {
 	sequences, steps := 2000, 200
-	if testing.Short() {
+	switch {
+	case testing.Short():
 		sequences = 200
+	case raceEnabled:
+		sequences = 600
 	}
 	for seed := range uint64(sequences) {
 		if s := os.Getenv("IPAM_SEED"); s != "" && s != fmt.Sprint(seed) {
@@ -23,8 +26,12 @@ func TestProperties(t *testing.T) {
 		low := rng.IntN(3)
 		target := low + 1 + rng.IntN(4)
 		high := target + rng.IntN(6)
+		maxPending := 0
+		if rng.IntN(2) == 0 {
+			maxPending = 1 + rng.IntN(4)
+		}
 		h, err := newHarness(rng.IntN(len(harnessPools)),
-			time.Duration(1+rng.IntN(60))*time.Second, time.Duration(1+rng.IntN(30))*time.Second, low, target, high)
+			time.Duration(rng.IntN(60))*time.Second, time.Duration(1+rng.IntN(30))*time.Second, low, target, high, maxPending)
 		if err != nil {
 			t.Fatalf("seed %d: %v", seed, err)
 		}
@@ -48,7 +55,7 @@ func FuzzOperations(f *testing.F) {
 		if len(data) < 2 {
 			return
 		}
-		h, err := newHarness(int(data[0]), 10*time.Second, 5*time.Second, int(data[1]%3), 3, 5)
+		h, err := newHarness(int(data[0]), 10*time.Second, 5*time.Second, int(data[1]%3), 3, 5, int(data[1]/3%4))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -6,7 +6,6 @@ import (
 	"math/bits"
 	"net/netip"
 	"slices"
-	"time"
 )
 
 // Holding is an address found on a live virtual machine.
@@ -48,19 +47,21 @@ func (m *Manager) Recover(ctx context.Context, live []Holding) (RecoveryReport, 
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.clock.Now()
-	m.entries = make(map[netip.Addr]*entry, len(live))
-	m.byToken = make(map[string]*entry, len(live))
-	m.free, m.pending, m.cooldown = list{}, list{}, list{}
-	m.blocks = make(map[netip.Prefix]*blockState, len(blocks))
-	m.cursor = m.cfg.Ranges.First()
-	m.noClaimableUntil = time.Time{}
+	m.reset(len(live))
 	for _, b := range blocks {
 		if b.Claims == nil {
 			b.Claims = map[string]*Bitmap{}
 		}
-		m.blocks[b.Prefix] = &blockState{persisted: b, loaded: true}
+		bs := m.blockFor(b.Prefix.Addr())
+		m.setPersistedLocked(bs, b)
+		bs.loaded = true
+		if len(b.Claims) == 0 && len(b.Cooldowns) == 0 {
+			// Left empty by an older version: the next flush deletes it.
+			bs.gen++
+		}
 	}
 	for _, h := range live {
+		h.Addr = Canonical(h.Addr)
 		if !m.cfg.Ranges.Contains(h.Addr) {
 			rep.OutOfRange = append(rep.OutOfRange, h)
 			continue
@@ -104,8 +105,8 @@ func (m *Manager) Recover(ctx context.Context, live []Holding) (RecoveryReport, 
 				} else {
 					bs.gen++
 				}
-				e := &entry{addr: a, state: StateCooldown, at: until}
-				m.entries[a] = e
+				e := m.addEntry(a, StateCooldown)
+				e.at = until
 				cooling = append(cooling, e)
 			}
 		}
@@ -152,6 +153,7 @@ func (m *Manager) Resync(live []Holding, asOf uint64) ResyncReport {
 	m.advance(now)
 	uids := make(map[string]bool, len(live))
 	for _, h := range live {
+		h.Addr = Canonical(h.Addr)
 		uids[h.Owner.UID] = true
 		if !m.cfg.Ranges.Contains(h.Addr) {
 			continue

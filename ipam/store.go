@@ -25,6 +25,11 @@ type Store interface {
 	// creates the block) and returns the new version. A stale version
 	// returns an error matching ErrStoreConflict and writes nothing.
 	Put(ctx context.Context, b Block) (string, error)
+	// Delete removes the block if its version is still version, so that a
+	// block nobody claims anything in leaves nothing behind. A stale
+	// version returns an error matching ErrStoreConflict and deletes
+	// nothing; a block already gone is no error.
+	Delete(ctx context.Context, prefix netip.Prefix, version string) error
 }
 
 // MemoryStore is a Store held in memory, for tests, examples and
@@ -77,6 +82,28 @@ func (s *MemoryStore) Put(_ context.Context, b Block) (string, error) {
 	b.Version = strconv.Itoa(s.seq)
 	s.blocks[b.Prefix] = b
 	return b.Version, nil
+}
+
+// Delete implements Store.
+func (s *MemoryStore) Delete(_ context.Context, prefix netip.Prefix, version string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cur, ok := s.blocks[prefix]
+	if !ok {
+		return nil
+	}
+	if cur.Version != version {
+		return fmt.Errorf("delete block %s at version %q (current %q): %w", prefix, version, cur.Version, ErrStoreConflict)
+	}
+	delete(s.blocks, prefix)
+	return nil
+}
+
+// Len returns how many blocks the store holds.
+func (s *MemoryStore) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.blocks)
 }
 
 // Touch bumps a block's version without changing it, as a concurrent writer

@@ -198,6 +198,24 @@ func (s *Store) Put(ctx context.Context, b ipam.Block) (string, error) {
 	return obj.ResourceVersion, nil
 }
 
+// Delete implements ipam.Store: it deletes the IPBlock of prefix if its
+// resourceVersion is still version. A block already gone is no error.
+func (s *Store) Delete(ctx context.Context, prefix netip.Prefix, version string) error {
+	name := BlockName(s.pool, prefix)
+	if err := checkPrefix(prefix); err != nil {
+		return fmt.Errorf("delete IPBlock %s: %w", name, err)
+	}
+	obj := &v1alpha1.IPBlock{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	err := s.c.Delete(ctx, obj, client.Preconditions{ResourceVersion: &version})
+	switch {
+	case err == nil, apierrors.IsNotFound(err):
+		return nil
+	case apierrors.IsConflict(err):
+		return fmt.Errorf("delete IPBlock %s at resourceVersion %s: %w: %w", name, version, ipam.ErrStoreConflict, err)
+	}
+	return fmt.Errorf("delete IPBlock %s: %w", name, err)
+}
+
 // decode turns an IPBlock of this pool into a Block versioned by its
 // resourceVersion.
 func (s *Store) decode(obj *v1alpha1.IPBlock) (ipam.Block, error) {

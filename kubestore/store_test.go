@@ -547,19 +547,19 @@ func TestManagerRecovery(t *testing.T) {
 	}
 	allocate := func(m *ipam.Manager, token string) netip.Addr {
 		t.Helper()
-		a, err := m.Allocate(ctx, token)
+		a, err := m.Allocate(ctx, ipam.Reservation{Token: token})
 		if err != nil {
 			t.Fatalf("Allocate(%s) = %v", token, err)
 		}
 		return a
 	}
 	bound := allocate(m1, "tok-bound")
-	if _, err := m1.Bind("tok-bound", "uid-bound"); err != nil {
+	if _, err := m1.Bind(ipam.Owner{Token: "tok-bound", UID: "uid-bound"}); err != nil {
 		t.Fatal(err)
 	}
 	pending := allocate(m1, "tok-pending") // handed out, its VM never stored
 	released := allocate(m1, "tok-released")
-	if _, err := m1.Bind("tok-released", "uid-released"); err != nil {
+	if _, err := m1.Bind(ipam.Owner{Token: "tok-released", UID: "uid-released"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := m1.Release(released, ipam.Owner{UID: "uid-released"}); err != nil {
@@ -702,7 +702,7 @@ func TestConcurrentManagers(t *testing.T) {
 					// The Manager retries conflicts a bounded number of
 					// times; a caller (the webhook's client) retries the rest.
 					for range 10 {
-						if a, err = m.Allocate(ctx, token); !errors.Is(err, ipam.ErrStoreConflict) {
+						if a, err = m.Allocate(ctx, ipam.Reservation{Token: token}); !errors.Is(err, ipam.ErrStoreConflict) {
 							break
 						}
 						mu.Lock()

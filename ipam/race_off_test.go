@@ -1,0 +1,5 @@
+//go:build !race
+
+package ipam
+
+const raceEnabled = false
