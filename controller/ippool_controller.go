@@ -2,27 +2,47 @@ package controller
 
 import (
 	"context"
+	"fmt"
+	"strings"
+	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	crcontroller "sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/ipam"
 	"github.com/vmipam/vmipam/pools"
 )
 
-// +kubebuilder:rbac:groups=vmipam.io,resources=ippools,verbs=get;list;watch
+// +kubebuilder:rbac:groups=vmipam.io,resources=ippools,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=vmipam.io,resources=ippools/status,verbs=get;update;patch
-// +kubebuilder:rbac:groups=vmipam.io,resources=ipblocks,verbs=get;list;watch;create;update
+// +kubebuilder:rbac:groups=vmipam.io,resources=ipblocks,verbs=get;list;watch;create;update;delete
 // +kubebuilder:rbac:groups=vmipam.io,resources=ippools/finalizers,verbs=update
 
+// maxNamedHolders bounds the objects an event about a pool being deleted
+// names.
+const maxNamedHolders = 5
+
 // IPPoolReconciler keeps an allocator in the Registry for every IPPool, at
-// the pool's current generation.
+// the pool's current generation, and protects a pool being deleted: it
+// keeps the pool (its finalizer) until no object holds or waits for one of
+// its addresses and its last cooldown has ended, so that deleting a pool
+// strands no VirtualMachine and a pool created again over the same ranges
+// cannot hand out an address inside its cooldown.
 type IPPoolReconciler struct {
 	Client   client.Client
 	Registry *pools.Registry
+	Recorder events.EventRecorder
+	// Clock defaults to the system clock; the cooldown wait reads it.
+	Clock ipam.Clock
 }
 
 // SetupWithManager registers the reconciler. Every replica runs it, since
@@ -30,7 +50,14 @@ type IPPoolReconciler struct {
 func (r *IPPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	needLeader := false
 	return ctrl.NewControllerManagedBy(mgr).
-		For(&vmipamv1.IPPool{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		For(&vmipamv1.IPPool{}, builder.WithPredicates(predicate.Or[client.Object](
+			predicate.GenerationChangedPredicate{},
+			predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+				// Deletion and finalizer changes, not status writes.
+				return e.ObjectOld.GetDeletionTimestamp().IsZero() != e.ObjectNew.GetDeletionTimestamp().IsZero() ||
+					len(e.ObjectOld.GetFinalizers()) != len(e.ObjectNew.GetFinalizers())
+			}},
+		))).
 		Named("ippool-allocators").
 		WithOptions(crcontroller.Options{NeedLeaderElection: &needLeader}).
 		Complete(r)
@@ -41,13 +68,87 @@ func (r *IPPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 	pool := &vmipamv1.IPPool{}
 	if err := r.Client.Get(ctx, req.NamespacedName, pool); err != nil {
 		if client.IgnoreNotFound(err) == nil {
-			r.Registry.Remove(req.Name)
+			return ctrl.Result{}, r.Registry.Remove(ctx, req.Name)
 		}
-		return ctrl.Result{}, client.IgnoreNotFound(err)
+		return ctrl.Result{}, err
 	}
 	if pool.DeletionTimestamp != nil {
-		r.Registry.Remove(pool.Name)
-		return ctrl.Result{}, nil
+		return r.deleting(ctx, pool)
+	}
+	if !controllerutil.ContainsFinalizer(pool, vmipamv1.PoolFinalizer) {
+		base := pool.DeepCopy()
+		controllerutil.AddFinalizer(pool, vmipamv1.PoolFinalizer)
+		if err := r.Client.Patch(ctx, pool, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+			return ctrl.Result{}, fmt.Errorf("add finalizer to IPPool %s: %w", pool.Name, err)
+		}
 	}
 	return ctrl.Result{}, r.Registry.Ensure(ctx, pool)
+}
+
+// deleting waits, for a pool being deleted, until nothing holds or waits
+// for its addresses, then lets it go.
+func (r *IPPoolReconciler) deleting(ctx context.Context, pool *vmipamv1.IPPool) (ctrl.Result, error) {
+	if !controllerutil.ContainsFinalizer(pool, vmipamv1.PoolFinalizer) {
+		return ctrl.Result{}, r.Registry.Remove(ctx, pool.Name)
+	}
+	// Keep serving releases, but hand out nothing new.
+	if err := r.Registry.Ensure(ctx, pool); err != nil {
+		return ctrl.Result{}, err
+	}
+	holders, err := r.Registry.Holders(ctx, pool.Name)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if len(holders) > 0 {
+		names := make([]string, 0, maxNamedHolders)
+		for _, h := range holders[:min(len(holders), maxNamedHolders)] {
+			names = append(names, pools.Ref(h.Namespace, h.Name))
+		}
+		more := ""
+		if len(holders) > maxNamedHolders {
+			more = fmt.Sprintf(" and %d more", len(holders)-maxNamedHolders)
+		}
+		r.event(pool, corev1.EventTypeNormal, "WaitingForHolders",
+			"Waiting for %d objects holding addresses of this pool to be deleted: %s%s", len(holders), strings.Join(names, ", "), more)
+		return ctrl.Result{RequeueAfter: 10 * time.Second}, nil
+	}
+	p := r.Registry.Get(pool.Name)
+	if p != nil {
+		c := p.Snapshot()
+		if c.Pending > 0 || c.Cooldown > 0 || c.Allocated > 0 {
+			until := ""
+			wait := 10 * time.Second
+			if next := p.Settles(); !next.IsZero() {
+				until = " (the last ends at " + next.UTC().Format(time.RFC3339) + ")"
+				wait = min(max(next.Sub(r.now()), time.Second), wait)
+			}
+			r.event(pool, corev1.EventTypeNormal, "WaitingForCooldown",
+				"No object holds an address of this pool; waiting for %d pending reservations and %d cooling-down addresses%s",
+				c.Pending, c.Cooldown, until)
+			return ctrl.Result{RequeueAfter: wait}, nil
+		}
+	}
+	if err := r.Registry.Remove(ctx, pool.Name); err != nil {
+		return ctrl.Result{}, err
+	}
+	logf.FromContext(ctx).Info("Releasing deleted IPPool", "ippool", pool.Name)
+	base := pool.DeepCopy()
+	controllerutil.RemoveFinalizer(pool, vmipamv1.PoolFinalizer)
+	if err := r.Client.Patch(ctx, pool, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(fmt.Errorf("remove finalizer of IPPool %s: %w", pool.Name, err))
+	}
+	return ctrl.Result{}, nil
+}
+
+func (r *IPPoolReconciler) now() time.Time {
+	if r.Clock != nil {
+		return r.Clock.Now()
+	}
+	return time.Now()
+}
+
+func (r *IPPoolReconciler) event(pool *vmipamv1.IPPool, typ, reason, note string, args ...any) {
+	if r.Recorder != nil {
+		r.Recorder.Eventf(pool, nil, typ, reason, "Delete", note, args...)
+	}
 }

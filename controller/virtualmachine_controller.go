@@ -86,7 +86,11 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 	case hasAddr:
 		pool = r.Registry.PoolFor(addr)
 	case obj.GetDeletionTimestamp() == nil:
-		if pool, err = r.Registry.Select(ctx, obj); err != nil {
+		named, err := r.Target.Pool(obj)
+		if err == nil {
+			pool, err = r.Registry.Select(ctx, obj.GetNamespace(), named)
+		}
+		if err != nil {
 			r.event(obj, corev1.EventTypeWarning, "NoPool", "Assign", "%v", err)
 			return ctrl.Result{RequeueAfter: time.Minute}, nil
 		}
@@ -107,33 +111,30 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 		}
 		return ctrl.Result{RequeueAfter: 10 * time.Second}, nil
 	}
-	m := pool.Manager
-	if !m.Ready() {
+	if !pool.Ready() {
 		return ctrl.Result{RequeueAfter: time.Second}, nil
 	}
-	owner := ipam.Owner{Token: ann[vmipamv1.TokenAnnotation], UID: string(obj.GetUID())}
+	owner := ipam.Owner{Token: ann[vmipamv1.TokenAnnotation], UID: string(obj.GetUID()), Ref: pools.Ref(obj.GetNamespace(), obj.GetName())}
 
 	if obj.GetDeletionTimestamp() != nil {
 		if !target.HasFinalizer(obj) {
 			return ctrl.Result{}, nil
 		}
 		if hasAddr {
-			log.V(1).Info("Releasing address", "address", addr, "pool", pool.Name)
-			if err := m.Release(addr, owner); errors.Is(err, ipam.ErrNotReady) {
+			log.V(1).Info("Releasing address", "address", addr, "pool", pool.Name())
+			// The object may go only once a crash could no longer free the
+			// address early; the pool returns when that holds, usually
+			// without a write of its own.
+			switch err := pool.Release(ctx, addr, owner); {
+			case errors.Is(err, ipam.ErrNotReady):
 				// The pool's allocator was rebuilt meanwhile: release
 				// into the new one.
 				return ctrl.Result{RequeueAfter: time.Second}, nil
-			} else if err != nil {
+			case errors.Is(err, ipam.ErrConflict):
 				// Someone else holds it: releasing would take it from them.
 				r.event(obj, corev1.EventTypeWarning, "ReleaseSkipped", "Release", "%v", err)
-			} else if !m.Durable(addr) {
-				// The object may go only once a crash could no longer free
-				// the address early. Usually its claim is stored and the
-				// release can wait for the next batched flush; an address
-				// adopted since the last write needs this one.
-				if err := m.Flush(ctx); err != nil {
-					return ctrl.Result{}, fmt.Errorf("persist release of %s: %w", addr, err)
-				}
+			case err != nil:
+				return ctrl.Result{}, err
 			}
 		}
 		if err := r.removeFinalizer(ctx, obj); err != nil {
@@ -142,8 +143,8 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 		if hasAddr {
 			// A log line, not an Event: an Event per object lifetime would
 			// double the API writes of a fleet of short-lived machines.
-			_, _, until := m.Lookup(addr)
-			log.V(1).Info("Released address", "address", addr, "pool", pool.Name, "coolsDownUntil", until)
+			_, _, until := pool.Lookup(addr)
+			log.V(1).Info("Released address", "address", addr, "pool", pool.Name(), "coolsDownUntil", until)
 		}
 		return ctrl.Result{}, nil
 	}
@@ -158,12 +159,12 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 			return ctrl.Result{}, fmt.Errorf("add finalizer: %w", err)
 		}
 	}
-	if st, o, _ := m.Lookup(addr); st == ipam.StateAllocated && o.UID == owner.UID {
+	if st, o, _ := pool.Lookup(addr); st == ipam.StateAllocated && o.UID == owner.UID {
 		return ctrl.Result{}, nil
 	}
 	if owner.Token != "" {
-		if _, err := m.Bind(owner.Token, owner.UID); err == nil {
-			log.V(1).Info("Bound address", "address", addr, "pool", pool.Name)
+		if _, err := pool.Bind(owner); err == nil {
+			log.V(1).Info("Bound address", "address", addr, "pool", pool.Name())
 			return ctrl.Result{}, nil
 		} else if errors.Is(err, ipam.ErrNotReady) {
 			return ctrl.Result{RequeueAfter: time.Second}, nil
@@ -173,16 +174,16 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 			owner.Token = ""
 		}
 	}
-	switch err := m.Adopt(addr, owner); {
+	switch err := pool.Adopt(addr, owner); {
 	case err == nil:
 		// Rare (an object that bypassed the webhook, or a lost
 		// reservation), so worth an Event.
-		r.event(obj, corev1.EventTypeNormal, "AddressAdopted", "Assign", "Adopted %s into IPPool %s", addr, pool.Name)
+		r.event(obj, corev1.EventTypeNormal, "AddressAdopted", "Assign", "Adopted %s into IPPool %s", addr, pool.Name())
 	case errors.Is(err, ipam.ErrNotReady):
 		// The pool's allocator was rebuilt meanwhile.
 		return ctrl.Result{RequeueAfter: time.Second}, nil
 	case errors.Is(err, ipam.ErrConflict):
-		log.Error(err, "Duplicate address", "address", addr, "pool", pool.Name)
+		log.Error(err, "Duplicate address", "address", addr, "pool", pool.Name())
 		pool.NoteConflict(err)
 		r.event(obj, corev1.EventTypeWarning, "DuplicateAddress", "Assign", "%v", err)
 	default:
@@ -196,7 +197,7 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 // a failed patch reserves the same address again.
 func (r *VMReconciler) assign(ctx context.Context, obj *unstructured.Unstructured, pool *pools.Pool) (ctrl.Result, error) {
 	token := "uid-" + string(obj.GetUID())
-	a, err := pool.Manager.Allocate(ctx, token)
+	a, err := pool.Allocate(ctx, ipam.Reservation{Token: token, Namespace: obj.GetNamespace(), Ref: pools.Ref(obj.GetNamespace(), obj.GetName())})
 	if err != nil {
 		r.event(obj, corev1.EventTypeWarning, "NoAddress", "Assign", "%v", err)
 		if errors.Is(err, ipam.ErrExhausted) {
@@ -205,7 +206,7 @@ func (r *VMReconciler) assign(ctx context.Context, obj *unstructured.Unstructure
 		return ctrl.Result{}, fmt.Errorf("allocate for %s: %w", client.ObjectKeyFromObject(obj), err)
 	}
 	base := obj.DeepCopy()
-	if err := r.Target.Stamp(obj, a.String(), pool.Name, token); err != nil {
+	if err := r.Target.Stamp(obj, a.String(), pool.Name(), token); err != nil {
 		return ctrl.Result{}, err
 	}
 	if err := r.Client.Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
@@ -235,7 +236,9 @@ func (r *VMReconciler) address(obj *unstructured.Unstructured) (netip.Addr, bool
 	if err != nil {
 		return netip.Addr{}, false, fmt.Errorf("%s: %q is not an IP address", r.Target.AddressPath(), addrs[0])
 	}
-	return a, true, nil
+	// However the object spells it (it may have bypassed the webhook), it
+	// holds this one address.
+	return ipam.Canonical(a), true, nil
 }
 
 func (r *VMReconciler) event(obj *unstructured.Unstructured, typ, reason, action, note string, args ...any) {

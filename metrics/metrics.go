@@ -95,6 +95,8 @@ var (
 		{prometheus.NewDesc("vmipam_store_writes_total", "Block writes to the API server.", []string{"pool"}, nil), func(s ipam.Stats) uint64 { return s.StoreWrites }},
 		{prometheus.NewDesc("vmipam_rebalances_total", "Free-list rebalances (claims or returns).", []string{"pool"}, nil), func(s ipam.Stats) uint64 { return s.Rebalances }},
 		{prometheus.NewDesc("vmipam_rebalance_failures_total", "Rebalances that failed.", []string{"pool"}, nil), func(s ipam.Stats) uint64 { return s.RebalanceFailures }},
+		{prometheus.NewDesc("vmipam_pending_limited_total", "Reservations refused because their namespace held as many pending reservations as the pool allows.", []string{"pool"}, nil), func(s ipam.Stats) uint64 { return s.PendingLimited }},
+		{prometheus.NewDesc("vmipam_unused_returns_total", "Lapsed reservations returned without a cooldown, proved never stored.", []string{"pool"}, nil), func(s ipam.Stats) uint64 { return s.Unused }},
 	}
 )
 
@@ -115,10 +117,10 @@ func (poolCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	for _, p := range reg.Pools() {
-		if !p.Manager.Ready() {
+		if !p.Ready() {
 			continue
 		}
-		c := p.Manager.Snapshot()
+		c := p.Snapshot()
 		for _, s := range []struct {
 			state string
 			v     float64
@@ -126,11 +128,11 @@ func (poolCollector) Collect(ch chan<- prometheus.Metric) {
 			{"allocated", float64(c.Allocated)}, {"pending", float64(c.Pending)}, {"free", float64(c.Free)},
 			{"cooldown", float64(c.Cooldown)}, {"claimed", float64(c.Claimed)}, {"usable", float64(c.Usable)},
 		} {
-			ch <- prometheus.MustNewConstMetric(addressesDesc, prometheus.GaugeValue, s.v, p.Name, s.state)
+			ch <- prometheus.MustNewConstMetric(addressesDesc, prometheus.GaugeValue, s.v, p.Name(), s.state)
 		}
-		st := p.Manager.Stats()
+		st := p.Stats()
 		for _, d := range counterDescs {
-			ch <- prometheus.MustNewConstMetric(d.desc, prometheus.CounterValue, float64(d.get(st)), p.Name)
+			ch <- prometheus.MustNewConstMetric(d.desc, prometheus.CounterValue, float64(d.get(st)), p.Name())
 		}
 	}
 }

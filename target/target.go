@@ -20,6 +20,9 @@ import (
 type Target struct {
 	// GVK is the kind.
 	GVK schema.GroupVersionKind
+	// Resource is the kind's plural resource name, as admission requests
+	// and messages name it.
+	Resource string
 	// AddressesField is the path of a string-list field holding the
 	// addresses ("spec.addresses"); AddressAnnotation, used when the field
 	// is empty, names an annotation holding one address instead.
@@ -32,8 +35,14 @@ type Target struct {
 // VirtualMachine is vmipam's reference kind.
 var VirtualMachine = Target{
 	GVK:            vmipamv1.GroupVersion.WithKind("VirtualMachine"),
+	Resource:       "virtualmachines",
 	AddressesField: []string{"spec", "addresses"},
 	PoolField:      []string{"spec", "ipPool"},
+}
+
+// GVR is the kind's group, version and resource.
+func (t Target) GVR() schema.GroupVersionResource {
+	return t.GVK.GroupVersion().WithResource(t.Resource)
 }
 
 // AddressPath is how the address's location is written in messages to the

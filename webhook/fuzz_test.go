@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
@@ -21,28 +22,40 @@ import (
 	"github.com/vmipam/vmipam/target"
 )
 
-// fuzzServers builds vmipam's three admission webhooks over one recovered
-// pool. The registry's store is a fake client: this test is about the
-// handlers' parsing, not persistence.
-func fuzzServers(f *testing.F) map[string]http.Handler {
-	f.Helper()
-	scheme := ippoolTestScheme(f)
+// newTestRegistry returns a registry with one recovered default pool over
+// cidr. Its store is a fake client: the tests that use it are about the
+// handlers, not persistence.
+func newTestRegistry(tb testing.TB, cidr string, mutate ...func(*vmipamv1.IPPool)) (*pools.Registry, *runtime.Scheme, client.Client) {
+	tb.Helper()
+	scheme := ippoolTestScheme(tb)
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		f.Fatal(err)
+		tb.Fatal(err)
 	}
 	pool := &vmipamv1.IPPool{
 		ObjectMeta: metav1.ObjectMeta{Name: "fuzz", UID: "uid-fuzz", Generation: 1},
-		Spec:       vmipamv1.IPPoolSpec{Default: true, Ranges: []vmipamv1.IPRange{{CIDR: "10.0.0.0/24"}}},
+		Spec:       vmipamv1.IPPoolSpec{Default: true, Ranges: []vmipamv1.IPRange{{CIDR: cidr}}},
+	}
+	for _, f := range mutate {
+		f(pool)
 	}
 	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(pool.DeepCopy()).Build()
 	reg := pools.NewRegistry(pools.Options{Client: c, APIReader: c, Target: target.VirtualMachine, Holder: "fuzz", RunInterval: time.Hour})
 	ctx, cancel := context.WithCancel(context.Background())
-	f.Cleanup(cancel)
+	tb.Cleanup(cancel)
 	go func() { _ = reg.Start(ctx) }()
 	if err := reg.Ensure(ctx, pool); err != nil {
-		f.Fatalf("recover the pool: %v", err)
+		tb.Fatalf("recover the pool: %v", err)
 	}
-	wrap := func(h admission.Handler) http.Handler { return &admission.Webhook{Handler: h} }
+	return reg, scheme, c
+}
+
+// fuzzServers builds vmipam's three admission webhooks over one recovered
+// pool, behind one admission server.
+func fuzzServers(f *testing.F) map[string]http.Handler {
+	f.Helper()
+	reg, scheme, c := newTestRegistry(f, "10.0.0.0/24")
+	srv := NewServer(Limits{})
+	wrap := func(h admission.Handler) http.Handler { return srv.Handler(h) }
 	return map[string]http.Handler{
 		"mutate":   wrap(&VMDefaulter{Registry: reg, Target: target.VirtualMachine}),
 		"validate": wrap(&VMValidator{Registry: reg, Target: target.VirtualMachine}),
@@ -67,7 +80,7 @@ func review(t testing.TB, op admissionv1.Operation, kind string, obj, old any, d
 		Request: &admissionv1.AdmissionRequest{
 			UID: "1", Operation: op, DryRun: &dryRun, Namespace: "default",
 			Kind:     metav1.GroupVersionKind{Group: "vmipam.io", Version: "v1alpha1", Kind: kind},
-			Resource: metav1.GroupVersionResource{Group: "vmipam.io", Version: "v1alpha1", Resource: resourceOf(kind)},
+			Resource: metav1.GroupVersionResource{Group: "vmipam.io", Version: "v1alpha1", Resource: map[string]string{"VirtualMachine": "virtualmachines", "IPPool": "ippools"}[kind]},
 			Object:   raw(obj), OldObject: raw(old),
 		},
 	}
@@ -78,9 +91,9 @@ func review(t testing.TB, op admissionv1.Operation, kind string, obj, old any, d
 	return b
 }
 
-// FuzzAdmission feeds arbitrary AdmissionReview bodies to every webhook:
-// never a panic, always a well-formed AdmissionReview answer with the
-// request's UID.
+// FuzzAdmission feeds arbitrary bodies to every webhook: never a panic; a
+// well-formed AdmissionReview v1 request always gets an AdmissionReview
+// answer with its UID, anything else a 4xx with a message.
 func FuzzAdmission(f *testing.F) {
 	servers := fuzzServers(f)
 	vm := map[string]any{"apiVersion": "vmipam.io/v1alpha1", "kind": "VirtualMachine",
@@ -108,7 +121,7 @@ func FuzzAdmission(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte) {
 		var in admissionv1.AdmissionReview
 		uidIn := ""
-		if json.Unmarshal(body, &in) == nil && in.Request != nil {
+		if json.Unmarshal(body, &in) == nil && in.Request != nil && in.APIVersion == "admission.k8s.io/v1" && in.Kind == "AdmissionReview" {
 			uidIn = string(in.Request.UID)
 		}
 		for name, srv := range servers {
@@ -116,6 +129,12 @@ func FuzzAdmission(f *testing.F) {
 			req.Header.Set("Content-Type", "application/json")
 			rec := httptest.NewRecorder()
 			srv.ServeHTTP(rec, req)
+			if rec.Code != http.StatusOK {
+				if uidIn != "" || rec.Code < 400 || rec.Code >= 500 || rec.Body.Len() == 0 {
+					t.Fatalf("%s: HTTP %d %q for a request with UID %q", name, rec.Code, rec.Body.String(), uidIn)
+				}
+				continue
+			}
 			var out admissionv1.AdmissionReview
 			if err := json.Unmarshal(rec.Body.Bytes(), &out); err != nil {
 				t.Fatalf("%s: answer is not an AdmissionReview (%v): %q", name, err, rec.Body.String())
@@ -123,7 +142,7 @@ func FuzzAdmission(f *testing.F) {
 			if out.Response == nil {
 				t.Fatalf("%s: no response in %q", name, rec.Body.String())
 			}
-			if uidIn != "" && string(out.Response.UID) != uidIn {
+			if string(out.Response.UID) != uidIn {
 				t.Fatalf("%s: response UID %q for request UID %q", name, out.Response.UID, uidIn)
 			}
 			if !out.Response.Allowed && (out.Response.Result == nil || out.Response.Result.Message == "" && out.Response.Result.Reason == "") {

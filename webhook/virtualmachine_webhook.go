@@ -3,19 +3,20 @@ package webhook
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/netip"
+	"slices"
 
+	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
@@ -44,121 +45,136 @@ const (
 type VMDefaulter struct {
 	Registry *pools.Registry
 	Target   target.Target
+	// Reader, if set, is the informer cache of the target kind: a create
+	// whose name is already taken there is refused before it reserves
+	// anything, since the API server would refuse it after admission.
+	Reader client.Reader
 }
 
 var _ admission.Handler = (*VMDefaulter)(nil)
 
 // Handle implements admission.Handler.
 func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admission.Response {
+	if resp, ok := serves(req, d.Target, "mutating"); !ok {
+		return resp
+	}
 	if req.Operation != admissionv1.Create {
 		return admission.Allowed("")
 	}
-	obj := &unstructured.Unstructured{}
-	if err := json.Unmarshal(req.Object.Raw, &obj.Object); err != nil {
-		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decode %s: %w", d.Target.GVK.Kind, err))
+	v, resp, ok := readObject(d.Target, req, req.Object.Raw)
+	if !ok {
+		return resp
 	}
-	if obj.Object == nil {
-		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decode %s: the object is null", d.Target.GVK.Kind))
-	}
-	// The object as it came, for the patch.
-	orig := runtime.DeepCopyJSON(obj.Object)
 	// Values go on each line, not WithValues: that costs an encoding per
 	// request, and these lines are rare.
 	log := logf.FromContext(ctx)
 	addrPath := field.NewPath(d.Target.AddressPath())
-	invalid := func(errs ...*field.Error) admission.Response { return deny(invalidErr(d.Target.GVK, obj, errs)) }
+	invalid := func(errs ...*field.Error) admission.Response { return deny(invalidErr(d.Target, v, errs)) }
 
-	addrs, err := d.Target.Addresses(obj)
-	if err != nil {
-		return invalid(field.Invalid(field.NewPath(d.Target.AddressesPath()), nil,
-			`must be a list holding one IP address, for example ["10.0.0.5"], or be left out to be given one`))
+	if len(v.Addresses) > 1 {
+		return invalid(field.TooMany(field.NewPath(d.Target.AddressesPath()), len(v.Addresses), 1))
 	}
-	if len(addrs) > 1 {
-		return invalid(field.TooMany(field.NewPath(d.Target.AddressesPath()), len(addrs), 1))
+	var static netip.Addr
+	if len(v.Addresses) == 1 {
+		a, ferr := parseCanonical(addrPath, v.Addresses[0])
+		if ferr != nil {
+			return invalid(ferr)
+		}
+		static = a
 	}
-	pool, err := d.Registry.Select(ctx, obj)
+	pool, err := d.Registry.Select(ctx, v.Namespace, v.Pool)
 	if errors.Is(err, pools.ErrNotReady) {
 		return deny(apierrors.NewServiceUnavailable(err.Error() + "; retry in a few seconds"))
 	}
+	if errors.Is(err, pools.ErrNotAllowed) {
+		return deny(apierrors.NewForbidden(gr(d.Target), name(v), fmt.Errorf("%s: %w", d.Target.PoolPath(), err)))
+	}
 	if err != nil {
-		return invalid(field.Invalid(field.NewPath(d.Target.PoolPath()), poolValue(d.Target, obj), err.Error()))
+		return invalid(field.Invalid(field.NewPath(d.Target.PoolPath()), v.Pool, err.Error()))
 	}
-	m := pool.Manager
-	if !m.Ready() {
-		return deny(apierrors.NewServiceUnavailable(fmt.Sprintf("IPPool %s is recovering its state; retry in a few seconds", pool.Name)))
+	if !pool.Ready() {
+		return deny(apierrors.NewServiceUnavailable(fmt.Sprintf("IPPool %s is recovering its state; retry in a few seconds", pool.Name())))
 	}
-	ann := obj.GetAnnotations()
-	var static netip.Addr
-	if len(addrs) == 1 {
-		if static, err = netip.ParseAddr(addrs[0]); err != nil {
-			return invalid(field.Invalid(addrPath, addrs[0], "not an IP address; leave the field empty to be given one"))
-		}
-		// Reinvoked in the same admission: our stamp is present and its
-		// reservation still pending. Anything else in our annotations was
-		// copied from another object and is not trusted.
-		if tok := ann[vmipamv1.TokenAnnotation]; tok != "" && ann[vmipamv1.PoolAnnotation] == pool.Name {
-			if st, o, _ := m.Lookup(static); st == ipam.StatePending && o.Token == tok {
-				return patch(orig, obj, target.AddFinalizer(obj))
-			}
-		}
-		if !m.Ranges().Contains(static) {
-			return invalid(field.Invalid(addrPath, addrs[0],
-				fmt.Sprintf("outside IPPool %s (usable: %s); ask for an address inside it, or leave the field empty", pool.Name, m.Ranges())))
-		}
+	adm := admissionKey(req, v)
+	// Reinvoked in the same admission: our stamp is present and its
+	// reservation still open to this admission. Any other token was
+	// copied from another object and is replaced.
+	if static.IsValid() && v.HasToken && v.StampedPool == pool.Name() && pool.Reenter(v.Token, adm, static) {
+		return patched(d.Target.FinalizerPatch(v))
+	}
+	if static.IsValid() && !pool.Ranges().Contains(static) {
+		return invalid(field.Invalid(addrPath, v.Addresses[0],
+			fmt.Sprintf("outside IPPool %s (usable: %s); ask for an address inside it, or leave the field empty", pool.Name(), pool.Ranges())))
+	}
+	if resp, taken := d.nameTaken(ctx, v); taken {
+		return resp
 	}
 	if req.DryRun != nil && *req.DryRun {
 		// No side effect: say whether a static address could be had, stamp
 		// nothing that a real create would reserve.
 		if static.IsValid() {
-			if st, o, until := m.Lookup(static); st == ipam.StatePending || st == ipam.StateAllocated || st == ipam.StateCooldown {
-				reason := ipam.ErrInUse
-				if st == ipam.StateCooldown {
-					reason = ipam.ErrCoolingDown
-				}
-				return invalid(field.Invalid(addrPath, addrs[0], (&ipam.AddressError{Addr: static, Reason: reason, State: st, Owner: o, Until: until}).Error()))
+			if err := pool.CanReserve(static); err != nil {
+				return invalid(field.Invalid(addrPath, v.Addresses[0], unwrapMessage(err)))
 			}
 		}
-		target.SetAnnotation(obj, vmipamv1.PoolAnnotation, pool.Name)
-		target.RemoveAnnotation(obj, vmipamv1.TokenAnnotation)
-		target.AddFinalizer(obj)
-		return patch(orig, obj, true)
+		return patched(d.Target.DryRunPatch(v, pool.Name()))
 	}
 
 	token, err := newToken()
 	if err != nil {
 		return admission.Errored(http.StatusInternalServerError, err)
 	}
+	r := ipam.Reservation{Token: token, Namespace: v.Namespace, Ref: v.Describe(), Admission: adm}
 	a := static
 	if static.IsValid() {
-		log.V(1).Info("Reserving address", "object", describe(obj), "pool", pool.Name, "address", static)
-		err = m.Reserve(ctx, token, static)
+		log.V(1).Info("Reserving address", "object", v.Describe(), "pool", pool.Name(), "address", static)
+		err = pool.Reserve(ctx, r, static)
 	} else {
-		log.V(1).Info("Allocating address", "object", describe(obj), "pool", pool.Name)
-		a, err = m.Allocate(ctx, token)
+		log.V(1).Info("Allocating address", "object", v.Describe(), "pool", pool.Name())
+		a, err = pool.Allocate(ctx, r)
 	}
 	switch {
 	case err == nil:
 	case errors.Is(err, ipam.ErrNotReady):
-		return deny(apierrors.NewServiceUnavailable(fmt.Sprintf("IPPool %s is recovering its state; retry in a few seconds", pool.Name)))
+		return deny(apierrors.NewServiceUnavailable(fmt.Sprintf("IPPool %s is recovering its state; retry in a few seconds", pool.Name())))
 	case errors.Is(err, ipam.ErrExhausted):
-		return deny(apierrors.NewForbidden(gr(d.Target.GVK), obj.GetName(), errors.New(unwrapMessage(err))))
+		return deny(apierrors.NewForbidden(gr(d.Target), name(v), errors.New(unwrapMessage(err))))
+	case errors.Is(err, ipam.ErrTooManyPending):
+		return deny(apierrors.NewTooManyRequests(unwrapMessage(err), 5))
 	case errors.Is(err, ipam.ErrInUse), errors.Is(err, ipam.ErrCoolingDown), errors.Is(err, ipam.ErrConflict), errors.Is(err, ipam.ErrOutOfRange):
-		return invalid(field.Invalid(addrPath, addrs[0], unwrapMessage(err)))
+		return invalid(field.Invalid(addrPath, v.Addresses[0], unwrapMessage(err)))
+	case ctx.Err() != nil:
+		return deny(apierrors.NewTimeoutError(fmt.Sprintf("vmipam could not claim an address of IPPool %s before the request's deadline", pool.Name()), 1))
 	default:
-		log.Error(err, "Allocating address", "object", describe(obj), "pool", pool.Name)
+		log.Error(err, "Allocating address", "object", v.Describe(), "pool", pool.Name())
 		return admission.Errored(http.StatusInternalServerError, err)
 	}
-	if err := d.Target.Stamp(obj, a.String(), pool.Name, token); err != nil {
-		return admission.Errored(http.StatusInternalServerError, err)
-	}
-	return patch(orig, obj, true)
+	return patched(d.Target.StampPatch(v, a.String(), pool.Name(), token))
 }
 
-// +kubebuilder:webhook:path=/validate-vmipam-io-v1alpha1-virtualmachine,mutating=false,failurePolicy=fail,sideEffects=None,groups=vmipam.io,resources=virtualmachines,verbs=create;update,versions=v1alpha1,name=vvirtualmachine.vmipam.io,admissionReviewVersions=v1,timeoutSeconds=5,patch=`{"matchConditions":[{"name":"guarded-fields-change","expression":"request.operation != 'UPDATE' || (has(object.spec) && has(object.spec.addresses) ? object.spec.addresses : []) != (has(oldObject.spec) && has(oldObject.spec.addresses) ? oldObject.spec.addresses : []) || (has(object.metadata.annotations) && 'vmipam.io/token' in object.metadata.annotations ? object.metadata.annotations['vmipam.io/token'] : '') != (has(oldObject.metadata.annotations) && 'vmipam.io/token' in oldObject.metadata.annotations ? oldObject.metadata.annotations['vmipam.io/token'] : '') || (has(object.metadata.annotations) && 'vmipam.io/pool' in object.metadata.annotations ? object.metadata.annotations['vmipam.io/pool'] : '') != (has(oldObject.metadata.annotations) && 'vmipam.io/pool' in oldObject.metadata.annotations ? oldObject.metadata.annotations['vmipam.io/pool'] : '')"}]}`
+// nameTaken refuses a create whose name the cache already holds: the API
+// server would refuse it after admission, and an address reserved for it
+// would only wait out its pending TTL.
+func (d *VMDefaulter) nameTaken(ctx context.Context, v *target.View) (admission.Response, bool) {
+	if d.Reader == nil || v.Name == "" {
+		return admission.Response{}, false
+	}
+	obj := d.Target.New()
+	err := d.Reader.Get(ctx, client.ObjectKey{Namespace: v.Namespace, Name: v.Name}, obj)
+	if err != nil {
+		return admission.Response{}, false
+	}
+	return deny(apierrors.NewAlreadyExists(gr(d.Target), v.Name)), true
+}
+
+// +kubebuilder:webhook:path=/validate-vmipam-io-v1alpha1-virtualmachine,mutating=false,failurePolicy=fail,sideEffects=NoneOnDryRun,groups=vmipam.io,resources=virtualmachines,verbs=create;update,versions=v1alpha1,name=vvirtualmachine.vmipam.io,admissionReviewVersions=v1,timeoutSeconds=5,patch=`{"matchConditions":[{"name":"guarded-fields-change","expression":"request.operation != 'UPDATE' || (has(object.spec) && has(object.spec.addresses) ? object.spec.addresses : []) != (has(oldObject.spec) && has(oldObject.spec.addresses) ? oldObject.spec.addresses : []) || (has(object.metadata.annotations) && 'vmipam.io/token' in object.metadata.annotations ? object.metadata.annotations['vmipam.io/token'] : '') != (has(oldObject.metadata.annotations) && 'vmipam.io/token' in oldObject.metadata.annotations ? oldObject.metadata.annotations['vmipam.io/token'] : '') || (has(object.metadata.annotations) && 'vmipam.io/pool' in object.metadata.annotations ? object.metadata.annotations['vmipam.io/pool'] : '') != (has(oldObject.metadata.annotations) && 'vmipam.io/pool' in oldObject.metadata.annotations ? oldObject.metadata.annotations['vmipam.io/pool'] : '')"}]}`
 
 // VMValidator keeps what vmipam stamped immutable: the address, the pool
 // and the token cannot change once set, and an address can only appear on
-// an existing object when vmipam reserved it for that object.
+// an existing object when vmipam reserved it for that object. On CREATE it
+// checks that the address is still the one vmipam reserved, and seals the
+// reservation: the admission's mutations are over, so its token, once
+// visible on the stored object, is never trusted again (see Reenter).
 //
 // The API server calls it for every CREATE, but for an UPDATE only when the
 // addresses, the token or the pool annotation change (the match condition
@@ -174,115 +190,201 @@ var _ admission.Handler = (*VMValidator)(nil)
 
 // Handle implements admission.Handler.
 func (v *VMValidator) Handle(ctx context.Context, req admission.Request) admission.Response {
-	obj := &unstructured.Unstructured{}
-	if err := json.Unmarshal(req.Object.Raw, &obj.Object); err != nil {
-		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decode %s: %w", v.Target.GVK.Kind, err))
+	if resp, ok := serves(req, v.Target, "validating"); !ok {
+		return resp
+	}
+	if req.Operation != admissionv1.Create && req.Operation != admissionv1.Update {
+		return admission.Allowed("")
+	}
+	obj, resp, ok := readObject(v.Target, req, req.Object.Raw)
+	if !ok {
+		return resp
 	}
 	addrPath := field.NewPath(v.Target.AddressPath())
-	addrs, err := v.Target.Addresses(obj)
-	if err != nil {
-		return deny(invalidErr(v.Target.GVK, obj, field.ErrorList{field.Invalid(field.NewPath(v.Target.AddressesPath()), nil,
-			`must be a list holding one IP address, for example ["10.0.0.5"]`)}))
-	}
-	ann := obj.GetAnnotations()
 	var errs field.ErrorList
 	switch req.Operation {
 	case admissionv1.Create:
-		if req.DryRun != nil && *req.DryRun || len(addrs) == 0 || ann[vmipamv1.TokenAnnotation] == "" {
+		if req.DryRun != nil && *req.DryRun || len(obj.Addresses) == 0 || !obj.HasToken {
 			return admission.Allowed("")
 		}
 		// The address must still be the one vmipam reserved for this
 		// object: a later mutating webhook must not have changed it.
-		switch st := v.reservation(ctx, obj, addrs[0]); st {
-		case reserved:
-		case reservationUnknown:
+		a, ferr := parseCanonical(addrPath, obj.Addresses[0])
+		if ferr != nil {
+			return deny(invalidErr(v.Target, obj, field.ErrorList{ferr}))
+		}
+		switch st, p := v.holding(ctx, obj, a); st {
+		case held:
+			p.Seal(obj.Token)
+		case holdingUnknown:
 			return deny(apierrors.NewServiceUnavailable("vmipam is still recovering its pools; retry in a few seconds"))
-		case reservationLost:
+		case lapsed:
 			return deny(apierrors.NewServiceUnavailable(fmt.Sprintf(
-				"vmipam no longer holds the reservation of %s for this object (it restarted during the admission, or the request outlived the pool's pendingTTL); retry the create", addrs[0])))
+				"vmipam no longer holds the reservation of %s for this object (it restarted during the admission, or the request outlived the pool's pendingTTL); retry the create", a)))
 		default:
-			errs = append(errs, field.Invalid(addrPath, addrs[0],
+			errs = append(errs, field.Invalid(addrPath, obj.Addresses[0],
 				"differs from the address vmipam reserved for this object: another mutating webhook changed it; vmipam's address cannot be overridden"))
 		}
 	case admissionv1.Update:
-		old := &unstructured.Unstructured{}
-		if err := json.Unmarshal(req.OldObject.Raw, &old.Object); err != nil {
-			return admission.Errored(http.StatusBadRequest, fmt.Errorf("decode old %s: %w", v.Target.GVK.Kind, err))
+		old, resp, ok := readObject(v.Target, req, req.OldObject.Raw)
+		if !ok {
+			return resp
 		}
-		oldAddrs, _ := v.Target.Addresses(old)
-		oldAnn := old.GetAnnotations()
 		switch {
-		case len(oldAddrs) > 0 && !equal(oldAddrs, addrs):
+		case len(old.Addresses) > 0 && !slices.Equal(old.Addresses, obj.Addresses):
 			errs = append(errs, field.Forbidden(addrPath,
-				fmt.Sprintf("is immutable once assigned (was %v); delete and recreate the object to get another address", oldAddrs)))
-		case len(oldAddrs) == 0 && len(addrs) > 0 && v.reservation(ctx, obj, addrs[0]) != reserved:
-			errs = append(errs, field.Forbidden(addrPath,
-				"addresses are assigned by vmipam when the object is created; to ask for a specific one, delete and recreate the object with it"))
-		}
-		for _, key := range []string{vmipamv1.TokenAnnotation, vmipamv1.PoolAnnotation} {
-			if oldAnn[key] != "" && oldAnn[key] != ann[key] {
-				errs = append(errs, field.Forbidden(field.NewPath("metadata", "annotations").Key(key),
-					fmt.Sprintf("is immutable once set by vmipam (was %q)", oldAnn[key])))
+				fmt.Sprintf("is immutable once assigned (was %v); delete and recreate the object to get another address", old.Addresses)))
+		case len(old.Addresses) == 0 && len(obj.Addresses) > 0:
+			a, ferr := parseCanonical(addrPath, obj.Addresses[0])
+			if ferr != nil {
+				errs = append(errs, ferr)
+			} else if st, _ := v.holding(ctx, obj, a); st != held {
+				errs = append(errs, field.Forbidden(addrPath,
+					"addresses are assigned by vmipam when the object is created; to ask for a specific one, delete and recreate the object with it"))
 			}
 		}
-	default:
-		return admission.Allowed("")
+		ann := field.NewPath("metadata", "annotations")
+		if old.Token != "" && old.Token != obj.Token {
+			errs = append(errs, field.Forbidden(ann.Key(vmipamv1.TokenAnnotation), fmt.Sprintf("is immutable once set by vmipam (was %q)", old.Token)))
+		}
+		if old.StampedPool != "" && old.StampedPool != obj.StampedPool {
+			errs = append(errs, field.Forbidden(ann.Key(vmipamv1.PoolAnnotation), fmt.Sprintf("is immutable once set by vmipam (was %q)", old.StampedPool)))
+		}
 	}
 	if len(errs) > 0 {
-		return deny(invalidErr(v.Target.GVK, obj, errs))
+		return deny(invalidErr(v.Target, obj, errs))
 	}
 	return admission.Allowed("")
 }
 
-type reservationState int
+type holdingState int
 
 const (
-	// reserved: the pool holds the address for this object.
-	reserved reservationState = iota
-	// reservationLost: nobody holds it; this object's reservation lapsed.
-	reservationLost
-	// reservedElsewhere: another object holds it, or it is not the pool's.
-	reservedElsewhere
-	// reservationUnknown: the pool is still recovering.
-	reservationUnknown
+	// held: the pool holds the address for this object.
+	held holdingState = iota
+	// lapsed: nobody holds it; this object's reservation lapsed.
+	lapsed
+	// heldElsewhere: another object holds it, or it is not the pool's.
+	heldElsewhere
+	// holdingUnknown: the pool is still recovering.
+	holdingUnknown
 )
 
-// reservation says whether the pool stamped on obj holds addr pending for
-// obj's token or allocated to its UID.
-func (v *VMValidator) reservation(ctx context.Context, obj *unstructured.Unstructured, addr string) reservationState {
-	a, err := netip.ParseAddr(addr)
-	if err != nil {
-		return reservedElsewhere
-	}
-	ann := obj.GetAnnotations()
-	p := v.Registry.Get(ann[vmipamv1.PoolAnnotation])
+// holding says whether the pool stamped on obj holds a pending for obj's
+// token or allocated to its UID.
+func (v *VMValidator) holding(ctx context.Context, obj *target.View, a netip.Addr) (holdingState, *pools.Pool) {
+	p := v.Registry.Get(obj.StampedPool)
 	switch {
-	case p == nil && v.Registry.Ready(ctx) != nil, p != nil && !p.Manager.Ready():
-		return reservationUnknown
-	case p == nil || !p.Manager.Ranges().Contains(a):
-		return reservedElsewhere
+	case p == nil && v.Registry.Ready(ctx) != nil, p != nil && !p.Ready():
+		return holdingUnknown, nil
+	case p == nil:
+		return heldElsewhere, nil
 	}
-	st, o, _ := p.Manager.Lookup(a)
-	switch {
-	case st == ipam.StatePending && o.Token != "" && o.Token == ann[vmipamv1.TokenAnnotation],
-		st == ipam.StateAllocated && o.UID != "" && o.UID == string(obj.GetUID()):
-		return reserved
-	case st == ipam.StatePending || st == ipam.StateAllocated:
-		return reservedElsewhere
+	switch p.Holds(a, obj.Token, obj.UID) {
+	case pools.Held:
+		return held, p
+	case pools.Lapsed:
+		return lapsed, p
 	}
-	return reservationLost
+	return heldElsewhere, p
 }
 
-func equal(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
+// serves refuses, without any side effect, a review of a kind, resource or
+// subresource the webhook does not serve: a misrouted or forged request.
+func serves(req admission.Request, t target.Target, which string) (admission.Response, bool) {
+	gvk := t.GVK
+	if req.Kind.Group == gvk.Group && req.Kind.Version == gvk.Version && req.Kind.Kind == gvk.Kind &&
+		req.Resource.Group == gvk.Group && req.Resource.Version == gvk.Version && req.Resource.Resource == t.Resource &&
+		req.SubResource == "" {
+		return admission.Response{}, true
 	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
+	return admission.Errored(http.StatusBadRequest, fmt.Errorf(
+		"vmipam's %s webhook serves %s.%s/%s (kind %s), not %s.%s/%s%s (kind %s): check the webhook configuration's rules",
+		which, t.Resource, gvk.Group, gvk.Version, gvk.Kind,
+		req.Resource.Resource, req.Resource.Group, req.Resource.Version, subresource(req.SubResource), req.Kind.Kind)), false
+}
+
+func subresource(s string) string {
+	if s == "" {
+		return ""
+	}
+	return "/" + s
+}
+
+// readObject reads the View of raw, refusing what no API server would
+// send: not an object, another kind, another namespace than the request's.
+func readObject(t target.Target, req admission.Request, raw []byte) (*target.View, admission.Response, bool) {
+	if len(raw) == 0 {
+		return nil, admission.Errored(http.StatusBadRequest, fmt.Errorf("the request carries no %s", t.GVK.Kind)), false
+	}
+	v, err := t.Read(raw)
+	if err != nil {
+		var fe *field.Error
+		if v != nil && errors.As(err, &fe) {
+			var errs field.ErrorList
+			for _, e := range unjoin(err) {
+				if errors.As(e, &fe) {
+					errs = append(errs, fe)
+				}
+			}
+			return nil, deny(invalidErr(t, v, errs)), false
 		}
+		return nil, admission.Errored(http.StatusBadRequest, fmt.Errorf("decode %s: %w", t.GVK.Kind, err)), false
 	}
-	return true
+	if v.APIVersion != t.GVK.GroupVersion().String() || v.Kind != t.GVK.Kind {
+		return nil, admission.Errored(http.StatusBadRequest, fmt.Errorf("the object is a %q %q, not a %s %s",
+			v.APIVersion, v.Kind, t.GVK.GroupVersion(), t.GVK.Kind)), false
+	}
+	switch {
+	case v.Namespace == "":
+		v.Namespace = req.Namespace
+	case req.Namespace != "" && v.Namespace != req.Namespace:
+		return nil, admission.Errored(http.StatusBadRequest, fmt.Errorf("the object's namespace %q differs from the request's %q", v.Namespace, req.Namespace)), false
+	}
+	if v.Name == "" {
+		v.Name = req.Name
+	}
+	return v, admission.Response{}, true
+}
+
+func unjoin(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	return []error{err}
+}
+
+// parseCanonical parses an address the user wrote and refuses any
+// spelling but the canonical one, giving it: ::ffff:10.0.0.5 and
+// 10.0.0.5 are one address, and vmipam compares one spelling only.
+func parseCanonical(path *field.Path, s string) (netip.Addr, *field.Error) {
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Addr{}, field.Invalid(path, s, "not an IP address; leave the field empty to be given one")
+	}
+	if c := ipam.Canonical(a); c.String() != s {
+		why := "write it as"
+		switch {
+		case a.Is4In6():
+			why = "this is the IPv4-mapped IPv6 form of an IPv4 address; write it as"
+		case a.Zone() != "":
+			why = "a zone has no meaning here; write"
+		}
+		return netip.Addr{}, field.Invalid(path, s, fmt.Sprintf("not in canonical form: %s %s", why, c))
+	}
+	return a, nil
+}
+
+// admissionKey identifies the admission request that made a reservation:
+// the requesting user, the namespace and the object's name or name prefix,
+// which a reinvocation of the same admission repeats.
+func admissionKey(req admission.Request, v *target.View) string {
+	h := sha256.New()
+	for _, s := range []string{req.UserInfo.Username, req.UserInfo.UID, v.Namespace, v.Name, v.GenerateName} {
+		h.Write([]byte(s))
+		h.Write([]byte{0})
+	}
+	return hex.EncodeToString(h.Sum(nil)[:16])
 }
 
 // newToken returns a fresh reservation token.
@@ -294,13 +396,8 @@ func newToken() (string, error) {
 	return hex.EncodeToString(b[:]), nil
 }
 
-// patch allows the request with the JSON patch from orig, the object as it
-// came, to obj as the handler left it.
-func patch(orig map[string]any, obj *unstructured.Unstructured, changed bool) admission.Response {
-	if !changed {
-		return admission.Allowed("")
-	}
-	ops := diff(orig, obj.Object)
+// patched allows the request with the JSON patch ops, if any.
+func patched(ops []jsonpatch.Operation) admission.Response {
 	if len(ops) == 0 {
 		return admission.Allowed("")
 	}
@@ -311,48 +408,17 @@ func patch(orig map[string]any, obj *unstructured.Unstructured, changed bool) ad
 	}
 }
 
-func poolValue(t target.Target, obj *unstructured.Unstructured) string {
-	p, _ := t.Pool(obj)
-	return p
-}
-
-// describe names an object for logs and messages, even without a name.
-func describe(obj *unstructured.Unstructured) string {
-	name := obj.GetName()
-	if name == "" {
-		name = obj.GetGenerateName() + "*"
+func name(v *target.View) string {
+	if v.Name != "" {
+		return v.Name
 	}
-	return obj.GetNamespace() + "/" + name
+	return v.GenerateName
 }
 
-func gr(gvk schema.GroupVersionKind) schema.GroupResource {
-	return schema.GroupResource{Group: gvk.Group, Resource: resourceOf(gvk.Kind)}
-}
+func gr(t target.Target) schema.GroupResource { return t.GVR().GroupResource() }
 
-// resourceOf guesses the plural resource of a kind for messages.
-func resourceOf(kind string) string {
-	b := []byte(kind)
-	for i, c := range b {
-		if c >= 'A' && c <= 'Z' {
-			b[i] = c + 'a' - 'A'
-		}
-	}
-	return string(b) + "s"
-}
-
-func invalidErr(gvk schema.GroupVersionKind, obj *unstructured.Unstructured, errs field.ErrorList) *apierrors.StatusError {
-	name := obj.GetName()
-	if name == "" {
-		name = obj.GetGenerateName()
-	}
-	return apierrors.NewInvalid(gvk.GroupKind(), name, errs)
-}
-
-// deny turns a StatusError into a denial that keeps its code and details,
-// so kubectl prints the field and the reason.
-func deny(err *apierrors.StatusError) admission.Response {
-	st := err.Status()
-	return admission.Response{AdmissionResponse: admissionv1.AdmissionResponse{Allowed: false, Result: &st}}
+func invalidErr(t target.Target, v *target.View, errs field.ErrorList) *apierrors.StatusError {
+	return apierrors.NewInvalid(t.GVK.GroupKind(), name(v), errs)
 }
 
 // unwrapMessage drops the "allocate from pool ..." context that ipam puts
@@ -365,6 +431,10 @@ func unwrapMessage(err error) string {
 	var ae *ipam.AddressError
 	if errors.As(err, &ae) {
 		return ae.Error()
+	}
+	var pl *ipam.PendingLimitError
+	if errors.As(err, &pl) {
+		return pl.Error()
 	}
 	return err.Error()
 }

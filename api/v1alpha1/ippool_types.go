@@ -91,7 +91,7 @@ type IPPoolSpec struct {
 	// +optional
 	// +kubebuilder:default="2m"
 	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('60s')",message="must be at least 60s: the API server's default request timeout, during which the create may still be stored"
-	PendingTTL metav1.Duration `json:"pendingTTL,omitempty"`
+	PendingTTL *metav1.Duration `json:"pendingTTL,omitempty"`
 	// MaxPendingPerNamespace bounds the reservations of one namespace that
 	// wait for their VirtualMachine to be stored, so that creates failing
 	// after admission in one namespace cannot drain the pool for the

@@ -19,7 +19,7 @@ type VirtualMachineSpec struct {
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=1
 	// +kubebuilder:validation:items:MaxLength=39
-	// +kubebuilder:validation:items:XValidation:rule="isIP(self) && ip(self).string() == self",message="must be an IP address in canonical form, such as 10.0.0.5 or fd00::5: no IPv4-mapped IPv6 form (::ffff:10.0.0.5), no zone, lower case, zeros compressed"
+	// +kubebuilder:validation:items:XValidation:rule="isIP(self) && string(ip(self)) == self",message="must be an IP address in canonical form, such as 10.0.0.5 or fd00::5: no IPv4-mapped IPv6 form (::ffff:10.0.0.5), no zone, lower case, zeros compressed"
 	Addresses []string `json:"addresses,omitempty"`
 	// Image is what the VM boots; vmipam does not look at it.
 	// +optional

@@ -9,10 +9,13 @@ import (
 	"net/http"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
@@ -40,10 +43,23 @@ type Options struct {
 	Target *target.Target
 	// Clock defaults to the system clock.
 	Clock ipam.Clock
-	// RunInterval, ResyncInterval and StatusInterval: see pools.Options.
-	RunInterval, ResyncInterval, StatusInterval time.Duration
+	// RunInterval, ResyncInterval, StatusInterval and ProveInterval: see
+	// pools.Options.
+	RunInterval, ResyncInterval, StatusInterval, ProveInterval time.Duration
 	// MaxConcurrentReconciles of the address garbage collector.
 	MaxConcurrentReconciles int
+	// Limits bound what one admission request may cost.
+	Limits webhook.Limits
+}
+
+// CacheOptions returns the informer cache options vmipam needs: objects of
+// the target kind trimmed to what vmipam reads (target.Target.Trim), and
+// Secrets only in vmipam's own namespace, which is all RBAC grants.
+func CacheOptions(t target.Target, namespace string) cache.Options {
+	return cache.Options{ByObject: map[client.Object]cache.ByObject{
+		&corev1.Secret{}: {Namespaces: map[string]cache.Config{namespace: {}}},
+		t.New():          {Transform: t.Trim},
+	}}
 }
 
 // Setup adds the pool registry, the controllers, the webhooks and the
@@ -58,7 +74,7 @@ func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
 	}
 	reg := pools.NewRegistry(pools.Options{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Target: t, Holder: opts.Holder, Clock: opts.Clock,
-		RunInterval: opts.RunInterval, ResyncInterval: opts.ResyncInterval, StatusInterval: opts.StatusInterval,
+		RunInterval: opts.RunInterval, ResyncInterval: opts.ResyncInterval, StatusInterval: opts.StatusInterval, ProveInterval: opts.ProveInterval,
 		Recorder:          mgr.GetEventRecorder("vmipam"),
 		ObserveAllocation: metrics.ObserveAllocation, NoteDuplicate: metrics.NoteDuplicate,
 	})
@@ -66,7 +82,9 @@ func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
 	if err := mgr.Add(reg); err != nil {
 		return nil, fmt.Errorf("add pool registry: %w", err)
 	}
-	if err := (&controller.IPPoolReconciler{Client: mgr.GetClient(), Registry: reg}).SetupWithManager(mgr); err != nil {
+	if err := (&controller.IPPoolReconciler{
+		Client: mgr.GetClient(), Registry: reg, Recorder: mgr.GetEventRecorder("vmipam"), Clock: opts.Clock,
+	}).SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("set up IPPool controller: %w", err)
 	}
 	if err := (&controller.VMReconciler{
@@ -76,15 +94,18 @@ func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
 		return nil, fmt.Errorf("set up address controller: %w", err)
 	}
 	srv := mgr.GetWebhookServer()
+	// One admission server for all webhooks, so its bounds on memory and
+	// concurrency hold for them together.
+	adm := webhook.NewServer(opts.Limits)
 	for path, h := range map[string]struct {
 		name    string
 		handler admission.Handler
 	}{
-		webhook.DefaulterPath:       {"virtualmachine-mutating", &webhook.VMDefaulter{Registry: reg, Target: t}},
+		webhook.DefaulterPath:       {"virtualmachine-mutating", &webhook.VMDefaulter{Registry: reg, Target: t, Reader: mgr.GetCache()}},
 		webhook.ValidatorPath:       {"virtualmachine-validating", &webhook.VMValidator{Registry: reg, Target: t}},
 		webhook.IPPoolValidatorPath: {"ippool-validating", webhook.NewIPPoolValidator(mgr.GetAPIReader(), mgr.GetScheme())},
 	} {
-		srv.Register(path, &admission.Webhook{Handler: metrics.InstrumentAdmission(h.name, h.handler)})
+		srv.Register(path, adm.Handler(metrics.InstrumentAdmission(h.name, h.handler)))
 	}
 	if err := mgr.AddHealthzCheck("ping", func(*http.Request) error { return nil }); err != nil {
 		return nil, fmt.Errorf("add healthz check: %w", err)

@@ -1,0 +1,102 @@
+package pools
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+)
+
+// writeStatus writes a pool's counts and conditions when they changed.
+func (r *Registry) writeStatus(ctx context.Context, p *Pool) error {
+	if !p.m.Ready() {
+		return nil
+	}
+	c := p.m.Snapshot()
+	p.mu.Lock()
+	gen, deleting := p.generation, p.deleting
+	p.mu.Unlock()
+	st := vmipamv1.IPPoolStatus{
+		ObservedGeneration: gen,
+		Usable:             int64(min(c.Usable, 1<<63-1)),
+		Allocated:          int64(c.Allocated),
+		Pending:            int64(c.Pending),
+		Free:               int64(c.Free),
+		Cooldown:           int64(c.Cooldown),
+	}
+	claimable := c.Usable - uint64(c.Claimed) - uint64(c.ClaimedElsewhere)
+	p.mu.Lock()
+	dups := append([]string(nil), p.duplicates...)
+	written := p.written
+	p.mu.Unlock()
+	if written != nil {
+		st.Conditions = append(st.Conditions, written.Conditions...)
+	}
+	setCond := func(typ string, ok bool, reason, msg string) {
+		s := metav1.ConditionFalse
+		if ok {
+			s = metav1.ConditionTrue
+		}
+		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: typ, Status: s, Reason: reason, Message: msg, ObservedGeneration: gen})
+	}
+	if deleting {
+		setCond(vmipamv1.ConditionReady, false, "Deleting",
+			fmt.Sprintf("the pool is being deleted: it hands out no new address and waits for %d allocated, %d pending and %d cooling down", c.Allocated, c.Pending, c.Cooldown))
+	} else {
+		setCond(vmipamv1.ConditionReady, true, "Recovered", "the allocator has recovered and serves this pool")
+	}
+	if c.Free == 0 && claimable == 0 {
+		setCond(vmipamv1.ConditionExhausted, true, "NoFreeAddress",
+			fmt.Sprintf("%d allocated, %d pending, %d cooling down of %d usable", c.Allocated, c.Pending, c.Cooldown, c.Usable))
+	} else {
+		setCond(vmipamv1.ConditionExhausted, false, "AddressesAvailable", fmt.Sprintf("%d free or unclaimed", uint64(c.Free)+claimable))
+	}
+	if len(dups) > 0 {
+		setCond(vmipamv1.ConditionDuplicateAddress, true, "DuplicateFound", fmt.Sprintf("%d conflicts, first: %s", len(dups), dups[0]))
+	} else {
+		setCond(vmipamv1.ConditionDuplicateAddress, false, "NoDuplicate", "no two live objects share an address")
+	}
+	if written != nil && statusEqual(*written, st) {
+		return nil
+	}
+	pool := &vmipamv1.IPPool{}
+	if err := r.opts.Client.Get(ctx, client.ObjectKey{Name: p.name}, pool); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if pool.UID != p.uid {
+		return nil
+	}
+	// The whole status as a merge patch, zero counts included, so the
+	// printer columns never show an empty cell for 0.
+	raw, err := json.Marshal(map[string]any{"status": st})
+	if err != nil {
+		return fmt.Errorf("encode status of IPPool %s: %w", p.name, err)
+	}
+	if err := r.opts.Client.Status().Patch(ctx, pool, client.RawPatch(types.MergePatchType, raw)); err != nil {
+		return fmt.Errorf("patch status of IPPool %s: %w", p.name, err)
+	}
+	p.mu.Lock()
+	p.written = &st
+	p.mu.Unlock()
+	return nil
+}
+
+func statusEqual(a, b vmipamv1.IPPoolStatus) bool {
+	if a.ObservedGeneration != b.ObservedGeneration || a.Usable != b.Usable || a.Allocated != b.Allocated ||
+		a.Pending != b.Pending || a.Free != b.Free || a.Cooldown != b.Cooldown || len(a.Conditions) != len(b.Conditions) {
+		return false
+	}
+	for _, c := range a.Conditions {
+		o := meta.FindStatusCondition(b.Conditions, c.Type)
+		if o == nil || o.Status != c.Status || o.Reason != c.Reason || o.Message != c.Message {
+			return false
+		}
+	}
+	return true
+}

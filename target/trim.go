@@ -1,0 +1,52 @@
+package target
+
+import (
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+)
+
+// Trim is a cache transform (controller-runtime's cache.ByObject
+// Transform): it keeps of an object only what vmipam reads, its identity,
+// resourceVersion, deletion timestamp, finalizers, vmipam's annotations and
+// the address and pool fields, so that the informer cache of a fleet of
+// large objects costs what vmipam needs and no more. Patches computed from
+// a trimmed object name only the fields they change, so nothing else is
+// lost when the controller writes.
+func (t Target) Trim(obj any) (any, error) {
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return obj, nil
+	}
+	out := &unstructured.Unstructured{Object: map[string]any{}}
+	out.SetAPIVersion(u.GetAPIVersion())
+	out.SetKind(u.GetKind())
+	md := map[string]any{}
+	src, _ := u.Object["metadata"].(map[string]any)
+	for _, k := range []string{"name", "namespace", "uid", "resourceVersion", "generation", "creationTimestamp", "deletionTimestamp", "finalizers"} {
+		if v, ok := src[k]; ok {
+			md[k] = v
+		}
+	}
+	if ann, ok := src["annotations"].(map[string]any); ok {
+		keep := map[string]any{}
+		for _, k := range []string{vmipamv1.TokenAnnotation, vmipamv1.PoolAnnotation, t.AddressAnnotation} {
+			if v, ok := ann[k]; ok && k != "" {
+				keep[k] = v
+			}
+		}
+		if len(keep) > 0 {
+			md["annotations"] = keep
+		}
+	}
+	out.Object["metadata"] = md
+	for _, path := range [][]string{t.AddressesField, t.PoolField} {
+		if len(path) == 0 {
+			continue
+		}
+		if v, found, err := unstructured.NestedFieldNoCopy(u.Object, path...); err == nil && found {
+			_ = unstructured.SetNestedField(out.Object, v, path...)
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,283 @@
+package target
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"gomodules.xyz/jsonpatch/v2"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/internal/jsonscan"
+)
+
+// maxAddressItems bounds the address list decoded from a request: a
+// longer one is refused before any of it is decoded.
+const maxAddressItems = 16
+
+// View is what vmipam reads of an object in an admission request: its
+// identity, vmipam's annotations and finalizer, the addresses and the pool
+// it names. It is read from the request's raw JSON without decoding the
+// rest, so an object's size costs a scan, never memory: a VirtualMachine
+// whose status holds a quarter of a million conditions is read in one pass
+// that decodes none of them.
+type View struct {
+	APIVersion, Kind                     string
+	Name, GenerateName, Namespace, UID   string
+	Token, StampedPool                   string
+	HasToken                             bool
+	HasFinalizer                         bool
+	Addresses                            []string
+	Pool                                 string
+	hasMetadata, hasAnnotations, hasFins bool
+	addrPresent                          bool
+	// addrDepth counts the leading elements of AddressesField present as
+	// objects, for the patch that adds the field.
+	addrDepth int
+}
+
+// Path indexes into View's extraction list.
+const (
+	pAPIVersion = iota
+	pKind
+	pMetadata
+	pName
+	pGenerateName
+	pNamespace
+	pUID
+	pAnnotations
+	pToken
+	pStampedPool
+	pFinalizers
+	pAddress
+	pPool
+	pFixed // the prefixes of AddressesField follow
+)
+
+// Read reads the View of the object raw, which must be valid JSON (the
+// admission server checks it). A field of the wrong type is a
+// *field.Error naming it; anything else that is not an object is a plain
+// error.
+func (t Target) Read(raw []byte) (*View, error) {
+	if jsonscan.KindOf(raw) != jsonscan.KindObject {
+		return nil, errors.New("the object is not a JSON object")
+	}
+	paths := [][]string{
+		pAPIVersion: {"apiVersion"}, pKind: {"kind"}, pMetadata: {"metadata"},
+		pName: {"metadata", "name"}, pGenerateName: {"metadata", "generateName"},
+		pNamespace: {"metadata", "namespace"}, pUID: {"metadata", "uid"},
+		pAnnotations: {"metadata", "annotations"},
+		pToken:       {"metadata", "annotations", vmipamv1.TokenAnnotation},
+		pStampedPool: {"metadata", "annotations", vmipamv1.PoolAnnotation},
+		pFinalizers:  {"metadata", "finalizers"},
+		pAddress:     t.addressLocation(),
+		pPool:        t.PoolField,
+	}
+	for i := 1; i < len(t.AddressesField); i++ {
+		paths = append(paths, t.AddressesField[:i])
+	}
+	vals := jsonscan.Extract(raw, paths...)
+	v := &View{}
+	var errs []error
+	str := func(i int, p *field.Path, dst *string) bool {
+		if vals[i] == nil || jsonscan.KindOf(vals[i]) == jsonscan.KindNull {
+			return false
+		}
+		s, err := jsonscan.String(vals[i])
+		if err != nil {
+			errs = append(errs, field.Invalid(p, nil, "must be a string"))
+			return false
+		}
+		*dst = s
+		return true
+	}
+	meta := field.NewPath("metadata")
+	str(pAPIVersion, field.NewPath("apiVersion"), &v.APIVersion)
+	str(pKind, field.NewPath("kind"), &v.Kind)
+	v.hasMetadata = isObject(vals[pMetadata])
+	if vals[pMetadata] != nil && !v.hasMetadata && jsonscan.KindOf(vals[pMetadata]) != jsonscan.KindNull {
+		errs = append(errs, field.Invalid(meta, nil, "must be an object"))
+	}
+	str(pName, meta.Child("name"), &v.Name)
+	str(pGenerateName, meta.Child("generateName"), &v.GenerateName)
+	str(pNamespace, meta.Child("namespace"), &v.Namespace)
+	str(pUID, meta.Child("uid"), &v.UID)
+	v.hasAnnotations = isObject(vals[pAnnotations])
+	annPath := meta.Child("annotations")
+	v.HasToken = str(pToken, annPath.Key(vmipamv1.TokenAnnotation), &v.Token)
+	str(pStampedPool, annPath.Key(vmipamv1.PoolAnnotation), &v.StampedPool)
+	if f := vals[pFinalizers]; f != nil && jsonscan.KindOf(f) != jsonscan.KindNull {
+		v.hasFins = true
+		err := jsonscan.Each(f, func(_ int, elem []byte) bool {
+			if s, err := jsonscan.String(elem); err == nil && s == vmipamv1.Finalizer {
+				v.HasFinalizer = true
+				return false
+			}
+			return true
+		})
+		if err != nil {
+			errs = append(errs, field.Invalid(meta.Child("finalizers"), nil, "must be a list of strings"))
+		}
+	}
+	if len(t.AddressesField) > 0 {
+		v.addrDepth = len(t.AddressesField) - 1
+		for i := 1; i < len(t.AddressesField); i++ {
+			pv := vals[pFixed+i-1]
+			if !isObject(pv) {
+				if pv != nil && jsonscan.KindOf(pv) != jsonscan.KindNull {
+					errs = append(errs, field.Invalid(field.NewPath(t.AddressesField[0], t.AddressesField[1:i]...), nil, "must be an object"))
+				}
+				v.addrDepth = i - 1
+				break
+			}
+		}
+		if a := vals[pAddress]; a != nil && jsonscan.KindOf(a) != jsonscan.KindNull {
+			v.addrPresent = true
+			addrs, err := jsonscan.Strings(a, maxAddressItems)
+			if err != nil {
+				errs = append(errs, field.Invalid(field.NewPath(t.AddressesPath()), nil,
+					fmt.Sprintf(`must be a list holding one IP address, for example ["10.0.0.5"], or be left out to be given one (%v)`, err)))
+			}
+			v.Addresses = addrs
+		}
+	} else {
+		var a string
+		if str(pAddress, annPath.Key(t.AddressAnnotation), &a) && a != "" {
+			v.Addresses = strings.Split(a, ",")
+		}
+	}
+	if len(t.PoolField) > 0 {
+		str(pPool, field.NewPath(t.PoolPath()), &v.Pool)
+	}
+	if len(errs) > 0 {
+		return v, errors.Join(errs...)
+	}
+	return v, nil
+}
+
+// addressLocation is the path Read extracts the address from.
+func (t Target) addressLocation() []string {
+	if len(t.AddressesField) > 0 {
+		return t.AddressesField
+	}
+	return []string{"metadata", "annotations", t.AddressAnnotation}
+}
+
+func isObject(raw []byte) bool { return jsonscan.KindOf(raw) == jsonscan.KindObject }
+
+// Describe names the object for logs and messages, even without a name:
+// namespace/name, or namespace/generateName* before the name is known.
+func (v *View) Describe() string {
+	name := v.Name
+	if name == "" {
+		name = v.GenerateName + "*"
+	}
+	if v.Namespace == "" {
+		return name
+	}
+	return v.Namespace + "/" + name
+}
+
+// StampPatch returns the JSON patch (RFC 6902) that stamps on the object v
+// was read from the address, the pool and the reservation token, and
+// vmipam's finalizer. It is built from v alone: the object is never copied
+// or re-encoded.
+func (t Target) StampPatch(v *View, addr, pool, token string) []jsonpatch.Operation {
+	set := map[string]string{vmipamv1.PoolAnnotation: pool, vmipamv1.TokenAnnotation: token}
+	if len(t.AddressesField) == 0 {
+		set[t.AddressAnnotation] = addr
+	}
+	ops := t.metadataOps(v, set, false)
+	if len(t.AddressesField) > 0 && (!v.addrPresent || !slices.Equal(v.Addresses, []string{addr})) {
+		ops = append(ops, t.addressOp(v, addr))
+	}
+	return ops
+}
+
+// DryRunPatch returns the patch a dry run gets: the pool it would draw
+// from and the finalizer, and no token (a dry run reserves nothing).
+func (t Target) DryRunPatch(v *View, pool string) []jsonpatch.Operation {
+	return t.metadataOps(v, map[string]string{vmipamv1.PoolAnnotation: pool}, true)
+}
+
+// FinalizerPatch returns the patch that adds vmipam's finalizer, if the
+// object lacks it.
+func (t Target) FinalizerPatch(v *View) []jsonpatch.Operation {
+	return t.metadataOps(v, nil, false)
+}
+
+func (t Target) metadataOps(v *View, set map[string]string, dropToken bool) []jsonpatch.Operation {
+	var ops []jsonpatch.Operation
+	if !v.hasMetadata {
+		md := map[string]any{}
+		if len(set) > 0 {
+			md["annotations"] = set
+		}
+		if !v.HasFinalizer {
+			md["finalizers"] = []string{vmipamv1.Finalizer}
+		}
+		if len(md) == 0 {
+			return nil
+		}
+		return append(ops, jsonpatch.NewOperation("add", "/metadata", md))
+	}
+	if len(set) > 0 && !v.hasAnnotations {
+		ops = append(ops, jsonpatch.NewOperation("add", "/metadata/annotations", set))
+	} else {
+		for _, k := range slices.Sorted(maps.Keys(set)) {
+			if k == vmipamv1.TokenAnnotation && v.HasToken && v.Token == set[k] ||
+				k == vmipamv1.PoolAnnotation && v.StampedPool == set[k] ||
+				k == t.AddressAnnotation && k != "" && strings.Join(v.Addresses, ",") == set[k] {
+				continue
+			}
+			ops = append(ops, jsonpatch.NewOperation("add", "/metadata/annotations/"+EscapePointer(k), set[k]))
+		}
+	}
+	if dropToken && v.HasToken {
+		ops = append(ops, jsonpatch.NewOperation("remove", "/metadata/annotations/"+EscapePointer(vmipamv1.TokenAnnotation), nil))
+	}
+	if !v.HasFinalizer {
+		if v.hasFins {
+			ops = append(ops, jsonpatch.NewOperation("add", "/metadata/finalizers/-", vmipamv1.Finalizer))
+		} else {
+			ops = append(ops, jsonpatch.NewOperation("add", "/metadata/finalizers", []string{vmipamv1.Finalizer}))
+		}
+	}
+	return ops
+}
+
+// addressOp sets the address field, creating the objects on its way.
+func (t Target) addressOp(v *View, addr string) jsonpatch.Operation {
+	f := t.AddressesField
+	if v.addrPresent {
+		return jsonpatch.NewOperation("replace", pointer(f), []string{addr})
+	}
+	var value any = []string{addr}
+	for i := len(f) - 1; i > v.addrDepth; i-- {
+		value = map[string]any{f[i]: value}
+	}
+	return jsonpatch.NewOperation("add", pointer(f[:v.addrDepth+1]), value)
+}
+
+func pointer(path []string) string {
+	var b strings.Builder
+	for _, p := range path {
+		b.WriteByte('/')
+		b.WriteString(EscapePointer(p))
+	}
+	return b.String()
+}
+
+// pointerEscaper escapes a key for a JSON pointer (RFC 6901).
+var pointerEscaper = strings.NewReplacer("~", "~0", "/", "~1")
+
+// EscapePointer escapes a key for a JSON pointer (RFC 6901).
+func EscapePointer(k string) string {
+	if !strings.ContainsAny(k, "~/") {
+		return k
+	}
+	return pointerEscaper.Replace(k)
+}

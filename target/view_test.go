@@ -1,0 +1,191 @@
+package target
+
+import (
+	"encoding/json"
+	"reflect"
+	"strings"
+	"testing"
+
+	jsonpatchapply "github.com/evanphx/json-patch/v5"
+	"gomodules.xyz/jsonpatch/v2"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+)
+
+// byAnnotation is a kind that keeps its address in an annotation.
+var byAnnotation = Target{
+	GVK: schema.GroupVersionKind{Group: "example.com", Version: "v1", Kind: "Box"}, Resource: "boxes",
+	AddressAnnotation: "example.com/ip",
+}
+
+// deep is a kind whose address field lies three objects down.
+var deep = Target{
+	GVK: schema.GroupVersionKind{Group: "example.com", Version: "v1", Kind: "Deep"}, Resource: "deeps",
+	AddressesField: []string{"spec", "network", "addresses"}, PoolField: []string{"spec", "network", "pool"},
+}
+
+func apply(t *testing.T, obj []byte, ops []jsonpatch.Operation) map[string]any {
+	t.Helper()
+	raw, err := json.Marshal(ops)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := jsonpatchapply.DecodePatch(raw)
+	if err != nil {
+		t.Fatalf("decode patch %s: %v", raw, err)
+	}
+	out, err := p.Apply(obj)
+	if err != nil {
+		t.Fatalf("apply %s to %s: %v", raw, obj, err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(out, &m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func TestReadAndStamp(t *testing.T) {
+	tests := map[string]struct {
+		target Target
+		obj    string
+		// want is the stamped object's address, pool and token as read
+		// back by Read.
+		wantErr string
+	}{
+		"empty spec":            {target: VirtualMachine, obj: `{"apiVersion":"vmipam.io/v1alpha1","kind":"VirtualMachine","metadata":{"name":"a"},"spec":{}}`},
+		"no spec":               {target: VirtualMachine, obj: `{"apiVersion":"vmipam.io/v1alpha1","kind":"VirtualMachine","metadata":{"name":"a"}}`},
+		"null spec, null lists": {target: VirtualMachine, obj: `{"metadata":{"annotations":null,"finalizers":null},"spec":null}`},
+		"no metadata":           {target: VirtualMachine, obj: `{"spec":{"ipPool":"p"}}`},
+		"other annotations":     {target: VirtualMachine, obj: `{"metadata":{"annotations":{"a/b":"c","vmipam.io/pool":"old"},"finalizers":["x"]}}`},
+		"our finalizer already": {target: VirtualMachine, obj: `{"metadata":{"finalizers":["vmipam.io/release-address"]}}`},
+		"escaped key":           {target: VirtualMachine, obj: `{"metadata":{"annotations":{"vmipam.io\/token":"copied"}}}`},
+		"deep, nothing":         {target: deep, obj: `{"metadata":{}}`},
+		"deep, half":            {target: deep, obj: `{"spec":{"other":1}}`},
+		"deep, full":            {target: deep, obj: `{"spec":{"network":{"pool":"p","addresses":[]}}}`},
+		"annotation":            {target: byAnnotation, obj: `{"metadata":{"annotations":{"x":"y"}}}`},
+		"spec not an object":    {target: VirtualMachine, obj: `{"spec":5}`, wantErr: "spec: Invalid value"},
+		"addresses not strings": {target: VirtualMachine, obj: `{"spec":{"addresses":[1]}}`, wantErr: "spec.addresses: Invalid value"},
+		"too many addresses":    {target: VirtualMachine, obj: `{"spec":{"addresses":["1","2","3","4","5","6","7","8","9","10","11","12","13","14","15","16","17"]}}`, wantErr: "more than 16"},
+		"name not a string":     {target: VirtualMachine, obj: `{"metadata":{"name":7}}`, wantErr: "metadata.name: Invalid value"},
+		"metadata not object":   {target: VirtualMachine, obj: `{"metadata":"x"}`, wantErr: "metadata: Invalid value"},
+		"finalizers not a list": {target: VirtualMachine, obj: `{"metadata":{"finalizers":{}}}`, wantErr: "metadata.finalizers"},
+		"token not a string":    {target: VirtualMachine, obj: `{"metadata":{"annotations":{"vmipam.io/token":1}}}`, wantErr: "vmipam.io/token"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			v, err := tc.target.Read([]byte(tc.obj))
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("Read: %v, want an error saying %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			stamped := apply(t, []byte(tc.obj), tc.target.StampPatch(v, "10.0.0.5", "pool-a", "tok"))
+			raw, _ := json.Marshal(stamped)
+			back, err := tc.target.Read(raw)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(back.Addresses, []string{"10.0.0.5"}) || back.StampedPool != "pool-a" || back.Token != "tok" || !back.HasFinalizer {
+				t.Fatalf("stamped object reads back as %+v", back)
+			}
+			// Stamping again changes nothing.
+			if ops := tc.target.StampPatch(back, "10.0.0.5", "pool-a", "tok"); len(ops) != 0 {
+				t.Errorf("a second stamp patches %v", ops)
+			}
+			// A dry run stamps the pool and the finalizer, and no token.
+			dry := apply(t, []byte(tc.obj), tc.target.DryRunPatch(v, "pool-a"))
+			raw, _ = json.Marshal(dry)
+			if back, err = tc.target.Read(raw); err != nil || back.HasToken || back.StampedPool != "pool-a" || !back.HasFinalizer {
+				t.Fatalf("dry run reads back as %+v, %v", back, err)
+			}
+			// Nothing else is lost.
+			orig := map[string]any{}
+			_ = json.Unmarshal([]byte(tc.obj), &orig)
+			if a, ok := nested(orig, "metadata", "annotations", "a/b"); ok {
+				if b, _ := nested(stamped, "metadata", "annotations", "a/b"); b != a {
+					t.Errorf("lost annotation a/b")
+				}
+			}
+		})
+	}
+}
+
+func nested(m map[string]any, path ...string) (any, bool) {
+	v, found, err := unstructured.NestedFieldNoCopy(m, path...)
+	return v, found && err == nil
+}
+
+func TestTrim(t *testing.T) {
+	u := &unstructured.Unstructured{}
+	big := strings.Repeat("x", 1<<16)
+	if err := json.Unmarshal([]byte(`{"apiVersion":"vmipam.io/v1alpha1","kind":"VirtualMachine",
+		"metadata":{"name":"a","namespace":"n","uid":"u","resourceVersion":"7","labels":{"l":"`+big+`"},
+		"annotations":{"vmipam.io/token":"t","vmipam.io/pool":"p","other":"`+big+`"},"finalizers":["f"],
+		"managedFields":[{"manager":"`+big+`"}],"deletionTimestamp":"2026-01-01T00:00:00Z"},
+		"spec":{"addresses":["10.0.0.1"],"ipPool":"p","image":"`+big+`"},"status":{"conditions":[{"type":"`+big+`"}]}}`), &u.Object); err != nil {
+		t.Fatal(err)
+	}
+	out, err := VirtualMachine.Trim(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := json.Marshal(out)
+	if len(got) > 1024 {
+		t.Fatalf("trimmed object is %d bytes: %s", len(got), got)
+	}
+	tr := out.(*unstructured.Unstructured)
+	addrs, _ := VirtualMachine.Addresses(tr)
+	pool, _ := VirtualMachine.Pool(tr)
+	if tr.GetName() != "a" || tr.GetNamespace() != "n" || tr.GetUID() != "u" || tr.GetResourceVersion() != "7" ||
+		tr.GetDeletionTimestamp() == nil || !HasFinalizer(&unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{"finalizers": []any{vmipamv1.Finalizer}}}}) ||
+		len(tr.GetFinalizers()) != 1 || tr.GetAnnotations()[vmipamv1.TokenAnnotation] != "t" || !reflect.DeepEqual(addrs, []string{"10.0.0.1"}) || pool != "p" {
+		t.Fatalf("trimmed object lost what vmipam reads: %s", got)
+	}
+	if other, _ := VirtualMachine.Trim("a tombstone"); other != "a tombstone" {
+		t.Errorf("Trim changed a non-object: %v", other)
+	}
+}
+
+// FuzzStampPatch: whatever object Read accepts, the stamp patch applies to
+// it and reads back as stamped.
+func FuzzStampPatch(f *testing.F) {
+	for _, s := range []string{`{}`, `{"spec":{}}`, `{"metadata":{"annotations":{"a":"b"},"finalizers":["x"]},"spec":{"addresses":["1.2.3.4"]}}`,
+		`{"spec":null}`, `{"metadata":null}`, `{"spec":{"network":{"addresses":null}}}`, `{"metadata":{"annotations":{"vmipam.io/token":"t"}}}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, obj []byte) {
+		if !json.Valid(obj) {
+			return
+		}
+		var m map[string]any
+		if json.Unmarshal(obj, &m) != nil {
+			return
+		}
+		for _, tg := range []Target{VirtualMachine, deep, byAnnotation} {
+			v, err := tg.Read(obj)
+			if err != nil {
+				continue
+			}
+			raw, _ := json.Marshal(tg.StampPatch(v, "10.0.0.5", "p", "t"))
+			p, err := jsonpatchapply.DecodePatch(raw)
+			if err != nil {
+				t.Fatalf("%s: patch %s does not decode: %v", tg.GVK.Kind, raw, err)
+			}
+			out, err := p.Apply(obj)
+			if err != nil {
+				t.Fatalf("%s: patch %s does not apply to %s: %v", tg.GVK.Kind, raw, obj, err)
+			}
+			back, err := tg.Read(out)
+			if err != nil || len(back.Addresses) != 1 || back.Addresses[0] != "10.0.0.5" || back.Token != "t" || !back.HasFinalizer {
+				t.Fatalf("%s: %s stamped to %s reads back as %+v, %v", tg.GVK.Kind, obj, out, back, err)
+			}
+		}
+	})
+}

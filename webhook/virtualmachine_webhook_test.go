@@ -1,0 +1,319 @@
+package webhook
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/netip"
+	"strings"
+	"testing"
+
+	jsonpatchapply "github.com/evanphx/json-patch/v5"
+	admissionv1 "k8s.io/api/admission/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/ipam"
+	"github.com/vmipam/vmipam/target"
+)
+
+// vmJSON is a VirtualMachine as the API server sends it, with extra
+// metadata and spec fields merged in.
+func vmJSON(t testing.TB, meta map[string]any, spec map[string]any) []byte {
+	t.Helper()
+	md := map[string]any{"name": "vm-1", "namespace": "team-a"}
+	for k, v := range meta {
+		if v == nil {
+			delete(md, k)
+			continue
+		}
+		md[k] = v
+	}
+	obj := map[string]any{"apiVersion": "vmipam.io/v1alpha1", "kind": "VirtualMachine", "metadata": md}
+	if spec != nil {
+		obj["spec"] = spec
+	}
+	b, err := json.Marshal(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func vmRequest(op admissionv1.Operation, obj []byte, edit ...func(*admission.Request)) admission.Request {
+	r := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+		UID: "req-1", Operation: op, Namespace: "team-a", Name: "vm-1",
+		Kind:     metav1.GroupVersionKind{Group: "vmipam.io", Version: "v1alpha1", Kind: "VirtualMachine"},
+		Resource: metav1.GroupVersionResource{Group: "vmipam.io", Version: "v1alpha1", Resource: "virtualmachines"},
+		UserInfo: authenticationv1.UserInfo{Username: "alice"},
+		Object:   runtime.RawExtension{Raw: obj},
+	}}
+	for _, f := range edit {
+		f(&r)
+	}
+	return r
+}
+
+// applied returns obj with the response's patch applied, decoded.
+func applied(t *testing.T, obj []byte, resp admission.Response) map[string]any {
+	t.Helper()
+	raw, err := json.Marshal(resp.Patches)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := jsonpatchapply.DecodePatch(raw)
+	if err != nil {
+		t.Fatalf("decode patch %s: %v", raw, err)
+	}
+	out, err := p.Apply(obj)
+	if err != nil {
+		t.Fatalf("apply patch %s to %s: %v", raw, obj, err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(out, &m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func annotations(obj map[string]any) map[string]any {
+	md, _ := obj["metadata"].(map[string]any)
+	a, _ := md["annotations"].(map[string]any)
+	return a
+}
+
+// TestVMDefaulter drives the mutating handler through its decisions. Each
+// row says whether the create is allowed, what the denial says, and how
+// many addresses it may reserve: none on any refusal.
+func TestVMDefaulter(t *testing.T) {
+	type row struct {
+		obj      []byte
+		edit     func(*admission.Request)
+		allowed  bool
+		code     int32
+		message  []string
+		reserves int
+		check    func(t *testing.T, obj map[string]any)
+	}
+	dyn := vmJSON(t, nil, map[string]any{"image": "debian"})
+	tests := map[string]row{
+		"dynamic": {obj: dyn, allowed: true, reserves: 1, check: func(t *testing.T, o map[string]any) {
+			a := annotations(o)
+			if a[vmipamv1.PoolAnnotation] != "fuzz" || a[vmipamv1.TokenAnnotation] == "" {
+				t.Errorf("annotations %v", a)
+			}
+			spec := o["spec"].(map[string]any)
+			if addrs, _ := spec["addresses"].([]any); len(addrs) != 1 || !strings.HasPrefix(addrs[0].(string), "10.0.0.") || spec["image"] != "debian" {
+				t.Errorf("spec %v", spec)
+			}
+			if f, _ := o["metadata"].(map[string]any)["finalizers"].([]any); len(f) != 1 || f[0] != vmipamv1.Finalizer {
+				t.Errorf("finalizers %v", f)
+			}
+		}},
+		"no spec, no metadata beyond the name": {obj: []byte(`{"apiVersion":"vmipam.io/v1alpha1","kind":"VirtualMachine","metadata":{"name":"vm-1"}}`),
+			allowed: true, reserves: 1},
+		"no metadata at all": {obj: []byte(`{"apiVersion":"vmipam.io/v1alpha1","kind":"VirtualMachine"}`), allowed: true, reserves: 1,
+			check: func(t *testing.T, o map[string]any) {
+				if annotations(o)[vmipamv1.TokenAnnotation] == "" {
+					t.Errorf("no token stamped: %v", o)
+				}
+			}},
+		"keeps other annotations and finalizers": {obj: vmJSON(t, map[string]any{"annotations": map[string]any{"a/b~c": "x"}, "finalizers": []any{"other"}}, nil),
+			allowed: true, reserves: 1, check: func(t *testing.T, o map[string]any) {
+				if annotations(o)["a/b~c"] != "x" {
+					t.Errorf("lost an annotation: %v", annotations(o))
+				}
+				if f := o["metadata"].(map[string]any)["finalizers"].([]any); len(f) != 2 || f[0] != "other" {
+					t.Errorf("finalizers %v", f)
+				}
+			}},
+		"static": {obj: vmJSON(t, nil, map[string]any{"addresses": []any{"10.0.0.7"}}), allowed: true, reserves: 1},
+		"static, IPv4-mapped": {obj: vmJSON(t, nil, map[string]any{"addresses": []any{"::ffff:10.0.0.7"}}),
+			code: http.StatusUnprocessableEntity, message: []string{"spec.addresses[0]", "IPv4-mapped", "write it as 10.0.0.7"}},
+		"static, zoned": {obj: vmJSON(t, nil, map[string]any{"addresses": []any{"10.0.0.7%eth0"}}),
+			code: http.StatusUnprocessableEntity, message: []string{"spec.addresses[0]", "not an IP address"}},
+		"static, outside": {obj: vmJSON(t, nil, map[string]any{"addresses": []any{"10.9.0.7"}}),
+			code: http.StatusUnprocessableEntity, message: []string{"outside IPPool fuzz", "10.0.0.1-10.0.0.254"}},
+		"two addresses": {obj: vmJSON(t, nil, map[string]any{"addresses": []any{"10.0.0.7", "10.0.0.8"}}),
+			code: http.StatusUnprocessableEntity, message: []string{"spec.addresses", "must have at most 1 item"}},
+		"addresses not a list": {obj: vmJSON(t, nil, map[string]any{"addresses": "10.0.0.7"}),
+			code: http.StatusUnprocessableEntity, message: []string{"spec.addresses", "must be a list holding one IP address"}},
+		"pool not a string": {obj: vmJSON(t, nil, map[string]any{"ipPool": 7}),
+			code: http.StatusUnprocessableEntity, message: []string{"spec.ipPool", "must be a string"}},
+		"unknown pool": {obj: vmJSON(t, nil, map[string]any{"ipPool": "nope"}),
+			code: http.StatusUnprocessableEntity, message: []string{"spec.ipPool", `IPPool "nope" does not exist`}},
+		"dry run": {obj: dyn, edit: func(r *admission.Request) { r.DryRun = ptr.To(true) }, allowed: true,
+			check: func(t *testing.T, o map[string]any) {
+				if a := annotations(o); a[vmipamv1.PoolAnnotation] != "fuzz" || a[vmipamv1.TokenAnnotation] != nil {
+					t.Errorf("dry run annotations %v", a)
+				}
+			}},
+		"dry run drops a copied token": {obj: vmJSON(t, map[string]any{"annotations": map[string]any{vmipamv1.TokenAnnotation: "copied"}}, nil),
+			edit: func(r *admission.Request) { r.DryRun = ptr.To(true) }, allowed: true,
+			check: func(t *testing.T, o map[string]any) {
+				if _, ok := annotations(o)[vmipamv1.TokenAnnotation]; ok {
+					t.Errorf("dry run kept the token: %v", annotations(o))
+				}
+			}},
+		"a copied token is replaced": {obj: vmJSON(t, map[string]any{"annotations": map[string]any{vmipamv1.TokenAnnotation: "copied", vmipamv1.PoolAnnotation: "fuzz"}}, nil),
+			allowed: true, reserves: 1, check: func(t *testing.T, o map[string]any) {
+				if annotations(o)[vmipamv1.TokenAnnotation] == "copied" {
+					t.Error("kept a copied token")
+				}
+			}},
+		"wrong kind":        {obj: dyn, edit: func(r *admission.Request) { r.Kind.Kind = "Pod" }, code: http.StatusBadRequest, message: []string{"serves virtualmachines.vmipam.io"}},
+		"wrong resource":    {obj: dyn, edit: func(r *admission.Request) { r.Resource.Resource = "pods" }, code: http.StatusBadRequest, message: []string{"not pods"}},
+		"a subresource":     {obj: dyn, edit: func(r *admission.Request) { r.SubResource = "status" }, code: http.StatusBadRequest, message: []string{"/status"}},
+		"delete":            {obj: dyn, edit: func(r *admission.Request) { r.Operation = admissionv1.Delete }, allowed: true},
+		"empty object":      {obj: []byte(`{}`), code: http.StatusBadRequest, message: []string{`not a vmipam.io/v1alpha1 VirtualMachine`}},
+		"not an object":     {obj: []byte(`[{},{}]`), code: http.StatusBadRequest, message: []string{"not a JSON object"}},
+		"no object":         {obj: nil, code: http.StatusBadRequest, message: []string{"carries no VirtualMachine"}},
+		"another namespace": {obj: vmJSON(t, map[string]any{"namespace": "team-b"}, nil), code: http.StatusBadRequest, message: []string{`namespace "team-b" differs`}},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			reg, _, _ := newTestRegistry(t, "10.0.0.0/24")
+			d := &VMDefaulter{Registry: reg, Target: target.VirtualMachine}
+			req := vmRequest(admissionv1.Create, tc.obj)
+			if tc.edit != nil {
+				tc.edit(&req)
+			}
+			before := reg.Get("fuzz").Snapshot()
+			resp := d.Handle(t.Context(), req)
+			if resp.Allowed != tc.allowed {
+				t.Fatalf("allowed = %t, want %t: %+v", resp.Allowed, tc.allowed, resp.Result)
+			}
+			if !tc.allowed {
+				if resp.Result == nil || resp.Result.Code != tc.code {
+					t.Fatalf("result %+v, want code %d", resp.Result, tc.code)
+				}
+				for _, w := range tc.message {
+					if !strings.Contains(resp.Result.Message, w) {
+						t.Errorf("message %q does not contain %q", resp.Result.Message, w)
+					}
+				}
+			}
+			after := reg.Get("fuzz").Snapshot()
+			if got := (after.Pending + after.Allocated) - (before.Pending + before.Allocated); got != tc.reserves {
+				t.Errorf("reserved %d addresses, want %d", got, tc.reserves)
+			}
+			if tc.check != nil {
+				tc.check(t, applied(t, tc.obj, resp))
+			}
+		})
+	}
+}
+
+// TestVMDefaulterReinvocation: a reinvocation of the same admission keeps
+// its reservation; the same stamp from another admission (a copied object)
+// is refused as taken, naming its holder.
+func TestVMDefaulterReinvocation(t *testing.T) {
+	reg, _, _ := newTestRegistry(t, "10.0.0.0/24")
+	d := &VMDefaulter{Registry: reg, Target: target.VirtualMachine}
+	v := &VMValidator{Registry: reg, Target: target.VirtualMachine}
+	obj := vmJSON(t, map[string]any{"name": nil, "generateName": "db-"}, nil)
+	first := d.Handle(t.Context(), vmRequest(admissionv1.Create, obj, func(r *admission.Request) { r.Name = "" }))
+	stamped, err := json.Marshal(applied(t, obj, first))
+	if err != nil {
+		t.Fatal(err)
+	}
+	again := d.Handle(t.Context(), vmRequest(admissionv1.Create, stamped, func(r *admission.Request) { r.Name = "" }))
+	if !again.Allowed || len(again.Patches) != 0 {
+		t.Fatalf("reinvocation: %+v %v, want allowed unchanged", again.Result, again.Patches)
+	}
+	if c := reg.Get("fuzz").Snapshot(); c.Pending != 1 {
+		t.Fatalf("%d pending after a reinvocation, want 1", c.Pending)
+	}
+	// A second reinvocation is not one: the API server re-invokes once.
+	copied := d.Handle(t.Context(), vmRequest(admissionv1.Create, stamped, func(r *admission.Request) { r.Name = "" }))
+	if copied.Allowed || !strings.Contains(copied.Result.Message, "reserved for team-a/db-*") {
+		t.Fatalf("a second use of the stamp: %+v, want refused naming team-a/db-*", copied.Result)
+	}
+	// The validator seals; the stamp copied onto another object by
+	// another user is refused too.
+	if resp := v.Handle(t.Context(), vmRequest(admissionv1.Create, stamped)); !resp.Allowed {
+		t.Fatalf("validate: %+v", resp.Result)
+	}
+	other := d.Handle(t.Context(), vmRequest(admissionv1.Create, stamped, func(r *admission.Request) { r.UserInfo.Username = "mallory" }))
+	if other.Allowed {
+		t.Fatal("a copied stamp was trusted")
+	}
+	if c := reg.Get("fuzz").Snapshot(); c.Pending != 1 {
+		t.Fatalf("%d pending, want 1", c.Pending)
+	}
+}
+
+// TestVMDefaulterBounds: a namespace's pending reservations are bounded,
+// and a pool restricted to some namespaces refuses the others.
+func TestVMDefaulterBounds(t *testing.T) {
+	reg, _, _ := newTestRegistry(t, "10.0.0.0/24", func(p *vmipamv1.IPPool) {
+		p.Spec.MaxPendingPerNamespace = ptr.To(int32(2))
+		p.Spec.AllowedNamespaces = &vmipamv1.NamespaceRestriction{Names: []string{"team-a"}}
+	})
+	d := &VMDefaulter{Registry: reg, Target: target.VirtualMachine}
+	for i, want := range []bool{true, true, false} {
+		resp := d.Handle(t.Context(), vmRequest(admissionv1.Create, vmJSON(t, map[string]any{"name": nil, "generateName": "x-"}, nil)))
+		if resp.Allowed != want {
+			t.Fatalf("create %d: allowed %t, want %t (%+v)", i, resp.Allowed, want, resp.Result)
+		}
+		if !want && (resp.Result.Code != http.StatusTooManyRequests || !strings.Contains(resp.Result.Message, "namespace team-a already has 2 reservations")) {
+			t.Fatalf("refusal %+v", resp.Result)
+		}
+	}
+	resp := d.Handle(t.Context(), vmRequest(admissionv1.Create, vmJSON(t, map[string]any{"namespace": "team-b"}, nil),
+		func(r *admission.Request) { r.Namespace = "team-b" }))
+	if resp.Allowed || resp.Result.Code != http.StatusForbidden || !strings.Contains(resp.Result.Message, "team-b is not one of them") {
+		t.Fatalf("another namespace: %+v", resp.Result)
+	}
+	if c := reg.Get("fuzz").Snapshot(); c.Pending != 2 {
+		t.Fatalf("%d pending, want 2", c.Pending)
+	}
+}
+
+// TestVMValidator covers the immutability checks and the CREATE check of
+// the address vmipam reserved.
+func TestVMValidator(t *testing.T) {
+	reg, _, _ := newTestRegistry(t, "10.0.0.0/24")
+	p := reg.Get("fuzz")
+	if err := p.Reserve(t.Context(), ipam.Reservation{Token: "tok"}, mustAddr("10.0.0.9")); err != nil {
+		t.Fatal(err)
+	}
+	stamp := map[string]any{vmipamv1.TokenAnnotation: "tok", vmipamv1.PoolAnnotation: "fuzz"}
+	held := vmJSON(t, map[string]any{"annotations": stamp}, map[string]any{"addresses": []any{"10.0.0.9"}})
+	moved := vmJSON(t, map[string]any{"annotations": stamp}, map[string]any{"addresses": []any{"10.0.0.10"}})
+	v := &VMValidator{Registry: reg, Target: target.VirtualMachine}
+	tests := map[string]struct {
+		req     admission.Request
+		allowed bool
+		message string
+	}{
+		"create as reserved":              {vmRequest(admissionv1.Create, held), true, ""},
+		"create, address changed":         {vmRequest(admissionv1.Create, moved), false, "differs from the address vmipam reserved"},
+		"update, address changed":         {vmRequest(admissionv1.Update, moved, func(r *admission.Request) { r.OldObject.Raw = held }), false, "is immutable once assigned"},
+		"update, address unchanged":       {vmRequest(admissionv1.Update, held, func(r *admission.Request) { r.OldObject.Raw = held }), true, ""},
+		"update, address respelled":       {vmRequest(admissionv1.Update, vmJSON(t, map[string]any{"annotations": stamp}, map[string]any{"addresses": []any{"::ffff:10.0.0.9"}}), func(r *admission.Request) { r.OldObject.Raw = held }), false, "immutable"},
+		"update, token changed":           {vmRequest(admissionv1.Update, vmJSON(t, map[string]any{"annotations": map[string]any{vmipamv1.TokenAnnotation: "x", vmipamv1.PoolAnnotation: "fuzz"}}, map[string]any{"addresses": []any{"10.0.0.9"}}), func(r *admission.Request) { r.OldObject.Raw = held }), false, "vmipam.io/token"},
+		"update, address out of thin air": {vmRequest(admissionv1.Update, vmJSON(t, nil, map[string]any{"addresses": []any{"10.0.0.20"}}), func(r *admission.Request) { r.OldObject.Raw = vmJSON(t, nil, nil) }), false, "assigned by vmipam"},
+		"wrong resource":                  {vmRequest(admissionv1.Create, held, func(r *admission.Request) { r.Resource.Resource = "pods" }), false, "serves virtualmachines"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			resp := v.Handle(context.Background(), tc.req)
+			if resp.Allowed != tc.allowed {
+				t.Fatalf("allowed = %t, want %t: %+v", resp.Allowed, tc.allowed, resp.Result)
+			}
+			if !tc.allowed && !strings.Contains(resp.Result.Message, tc.message) {
+				t.Errorf("message %q does not contain %q", resp.Result.Message, tc.message)
+			}
+		})
+	}
+	if p.Reenter("tok", "", mustAddr("10.0.0.9")) {
+		t.Error("the reservation is open after the validator sealed it")
+	}
+}
+
+func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
