@@ -135,7 +135,7 @@ func TestChaos(t *testing.T) {
 	pool := &vmipamv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: poolName}, Spec: vmipamv1.IPPoolSpec{
 		Ranges:     []vmipamv1.IPRange{{CIDR: s.cidr.String()}},
 		Cooldown:   &metav1.Duration{Duration: cooldown},
-		PendingTTL: metav1.Duration{Duration: pendingTTL},
+		PendingTTL: &metav1.Duration{Duration: pendingTTL},
 		// Small watermarks: the free list is refilled and trimmed often, so
 		// claims and give-backs are in flight when vmipam or the API
 		// server goes away.

@@ -43,7 +43,7 @@ func TestResyncKeepsAddressBoundDuringItsList(t *testing.T) {
 	pool := &vmipamv1.IPPool{
 		ObjectMeta: metav1.ObjectMeta{Name: "race", UID: "uid-race", Generation: 1},
 		Spec: vmipamv1.IPPoolSpec{Ranges: []vmipamv1.IPRange{{CIDR: "10.97.0.0/29"}},
-			Cooldown: &metav1.Duration{Duration: cooldown}, PendingTTL: metav1.Duration{Duration: pendingTTL},
+			Cooldown: &metav1.Duration{Duration: cooldown}, PendingTTL: &metav1.Duration{Duration: pendingTTL},
 			Watermarks: &vmipamv1.Watermarks{Low: 0, Target: 1, High: 1}},
 	}
 	// The resync's List of VMs stops once it has its snapshot, until the
@@ -70,7 +70,7 @@ func TestResyncKeepsAddressBoundDuringItsList(t *testing.T) {
 		t.Fatalf("recover the pool: %v", err)
 	}
 	p := reg.Get(pool.Name)
-	m := p.Manager
+	m := p
 
 	armed.Store(true)
 	resynced := make(chan error, 1)
@@ -78,7 +78,7 @@ func TestResyncKeepsAddressBoundDuringItsList(t *testing.T) {
 	<-listed
 	// Meanwhile a VM is admitted (what VMDefaulter does), stored, and bound
 	// by the address controller.
-	a, err := m.Allocate(ctx, "token-1")
+	a, err := m.Allocate(ctx, ipam.Reservation{Token: "token-1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +108,7 @@ func TestResyncKeepsAddressBoundDuringItsList(t *testing.T) {
 	}
 	// The consequence: after the cooldown the address goes to another VM.
 	clk.Step(cooldown + time.Second)
-	b, err := m.Allocate(ctx, "token-2")
+	b, err := m.Allocate(ctx, ipam.Reservation{Token: "token-2"})
 	if err == nil && b == a {
 		t.Errorf("DUPLICATE: %s, still on the live %s, handed out again for another VM", a, vm.Name)
 	}
@@ -156,11 +156,11 @@ func TestRunWaitsAfterAFailedWrite(t *testing.T) {
 	// once, well above the high watermark, just as the store goes away.
 	var addrs []netip.Addr
 	for i := range 10 {
-		a, err := m.Allocate(ctx, "t"+string(rune('a'+i)))
+		a, err := m.Allocate(ctx, ipam.Reservation{Token: "t" + string(rune('a'+i))})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := m.Bind("t"+string(rune('a'+i)), "u"+string(rune('a'+i))); err != nil {
+		if _, err := m.Bind(ipam.Owner{Token: "t" + string(rune('a'+i)), UID: "u" + string(rune('a'+i))}); err != nil {
 			t.Fatal(err)
 		}
 		addrs = append(addrs, a)

@@ -56,7 +56,7 @@ func TestBadInput(t *testing.T) {
 		"pool: cooldown not a duration": {poolObj(map[string]any{"ranges": []any{map[string]any{"cidr": "10.98.0.0/24"}}, "cooldown": 5}),
 			[]string{"spec.cooldown", "string"}},
 	}
-	before := v.reg.Get("bad").Manager.Snapshot()
+	before := v.reg.Get("bad").Snapshot()
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
 			err := k8sClient.Create(t.Context(), tc.obj)
@@ -76,7 +76,7 @@ func TestBadInput(t *testing.T) {
 	// The schema checks types and sizes after the mutating webhook ran, so
 	// a create refused there leaves a reservation behind; it lapses after
 	// the pending TTL (into cooldown), and nothing was ever allocated.
-	m := v.reg.Get("bad").Manager
+	m := v.reg.Get("bad")
 	if after := m.Snapshot(); after.Allocated != before.Allocated {
 		t.Fatalf("refused creates allocated addresses: %+v -> %+v", before, after)
 	}

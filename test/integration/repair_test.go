@@ -17,6 +17,7 @@ import (
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/ipam"
+	"github.com/vmipam/vmipam/pools"
 	"github.com/vmipam/vmipam/test/harness"
 )
 
@@ -69,7 +70,7 @@ func TestRepairs(t *testing.T) {
 	ns := namespace(t)
 	newPool(t, v, "repair", []vmipamv1.IPRange{{CIDR: "10.80.0.0/24"}})
 	ctx := t.Context()
-	m := v.reg.Get("repair").Manager
+	m := v.reg.Get("repair")
 
 	t.Run("force-removed finalizer is caught by the resync", func(t *testing.T) {
 		obj := vm(ns, "forced", "repair")
@@ -142,7 +143,7 @@ func TestRepairs(t *testing.T) {
 	})
 }
 
-func wantState(m *ipam.Manager, a netip.Addr, want ipam.State) error {
+func wantState(m *pools.Pool, a netip.Addr, want ipam.State) error {
 	if st, _, _ := m.Lookup(a); st != want {
 		return fmt.Errorf("%s is %s, want %s", a, st, want)
 	}

@@ -34,7 +34,9 @@ import (
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/internal/app"
 	"github.com/vmipam/vmipam/pools"
+	"github.com/vmipam/vmipam/target"
 	"github.com/vmipam/vmipam/test/harness"
+	"github.com/vmipam/vmipam/webhook"
 )
 
 var (
@@ -97,13 +99,15 @@ func startVMIPAM(t *testing.T, clk *clocktesting.FakeClock) *vmipam {
 		// Each test starts a new manager in this process, with the same
 		// controller names.
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+		Cache:      app.CacheOptions(target.VirtualMachine, harness.Namespace),
 	})
 	if err != nil {
 		t.Fatalf("new manager: %v", err)
 	}
 	reg, err := app.Setup(mgr, app.Options{
 		Holder: "test", Clock: clk,
-		RunInterval: 50 * time.Millisecond, ResyncInterval: time.Second, StatusInterval: 200 * time.Millisecond,
+		RunInterval: 50 * time.Millisecond, ResyncInterval: time.Second, StatusInterval: 200 * time.Millisecond, ProveInterval: 200 * time.Millisecond,
+		Limits:                  webhook.Limits{ReadTimeout: 2 * time.Second},
 		MaxConcurrentReconciles: 8,
 	})
 	if err != nil {
@@ -145,7 +149,7 @@ func newPool(t *testing.T, v *vmipam, name string, ranges []vmipamv1.IPRange, mu
 	pool := &vmipamv1.IPPool{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: vmipamv1.IPPoolSpec{
-			Ranges: ranges, Cooldown: &metav1.Duration{Duration: time.Minute}, PendingTTL: metav1.Duration{Duration: time.Minute},
+			Ranges: ranges, Cooldown: &metav1.Duration{Duration: time.Minute}, PendingTTL: &metav1.Duration{Duration: time.Minute},
 			Watermarks: &vmipamv1.Watermarks{Low: 4, Target: 16, High: 64},
 		},
 	}
@@ -156,7 +160,7 @@ func newPool(t *testing.T, v *vmipam, name string, ranges []vmipamv1.IPRange, mu
 		t.Fatalf("create IPPool %s: %v", name, err)
 	}
 	harness.Eventually(t, 30*time.Second, "pool "+name+" to be served", func() error {
-		if p := v.reg.Get(name); p == nil || !p.Manager.Ready() {
+		if p := v.reg.Get(name); p == nil || !p.Ready() {
 			return errors.New("not ready")
 		}
 		return nil
