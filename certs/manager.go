@@ -30,7 +30,10 @@ const maxAttempts = 5
 var errNotServing = errors.New("no serving certificate yet")
 
 // The right to update the two configurations vmipam owns, and no others, is
-// granted by name in deploy/overlays/default.
+// granted by name in deploy/overlays/default. The Secret marker below is the
+// only grant of Secrets to vmipam: the generated Role vmipam, in vmipam's
+// namespace, bound by deploy/base/role_binding.yaml (and unbound by the
+// cert-manager overlay, where no Secret is read).
 // +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=mutatingwebhookconfigurations;validatingwebhookconfigurations,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",namespace=vmipam-system,resources=secrets,verbs=get;list;watch;create;update;patch
 

@@ -44,6 +44,11 @@ type Options struct {
 	SecretName string
 	// ServiceName defaults to DefaultServiceName.
 	ServiceName string
+	// ExtraServices name other Services in Namespace whose DNS names the
+	// serving certificate covers too: the metrics Service, when the
+	// metrics server serves this certificate, so that Prometheus can
+	// verify it.
+	ExtraServices []string
 	// DNSNames are covered by the serving certificate in addition to the
 	// Service's names.
 	DNSNames []string
@@ -117,10 +122,16 @@ func (o Options) withDefaults() (Options, error) {
 }
 
 // names returns the names the serving certificate must cover: the
-// Service's, then the extra ones.
+// Service's, the extra Services', then the extra names.
 func (o Options) names() pki.Names {
-	svc, ns := o.ServiceName, o.Namespace
-	dns := []string{svc, svc + "." + ns, svc + "." + ns + ".svc", svc + "." + ns + ".svc.cluster.local"}
+	var dns []string
+	for _, svc := range append([]string{o.ServiceName}, o.ExtraServices...) {
+		for _, n := range serviceNames(svc, o.Namespace) {
+			if !slices.Contains(dns, n) {
+				dns = append(dns, n)
+			}
+		}
+	}
 	for _, n := range o.DNSNames {
 		if !slices.Contains(dns, n) {
 			dns = append(dns, n)
@@ -133,6 +144,12 @@ func (o Options) names() pki.Names {
 		}
 	}
 	return pki.Names{DNSNames: dns, IPAddresses: ips}
+}
+
+// serviceNames are the DNS names by which a Service is reached in the
+// cluster; clients connect with the .svc one as server name.
+func serviceNames(svc, ns string) []string {
+	return []string{svc, svc + "." + ns, svc + "." + ns + ".svc", svc + "." + ns + ".svc.cluster.local"}
 }
 
 // policy is what plan needs of the options.

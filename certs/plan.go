@@ -12,6 +12,14 @@ import (
 	"github.com/vmipam/vmipam/certs/pki"
 )
 
+// KeyCABundle is the key of the Secret that holds what the webhook
+// configurations' caBundle holds: the current CA, then the previous ones
+// during a rotation. It always contains the issuer of the certificate being
+// served, which ca.crt alone does not while a new CA waits to be trusted, so
+// it is what other clients of that certificate should trust: Prometheus,
+// when the metrics server serves it.
+const KeyCABundle = "ca-bundle.crt"
+
 // What the Secret holds. tls.crt and tls.key are what a kubernetes.io/tls
 // Secret must hold, so the Secret can also be mounted by hand.
 const (
@@ -92,6 +100,7 @@ func (d *decision) apply(data map[string][]byte, annotations map[string]string) 
 	newData[keyKey] = d.serving.KeyPEM
 	newData[keyCACert] = d.ca.CertPEM
 	newData[keyCAKey] = d.ca.KeyPEM
+	newData[KeyCABundle] = d.bundle()
 	delete(newData, keyPreviousCA)
 	if len(d.previous) > 0 {
 		newData[keyPreviousCA] = pki.EncodeCertificates(d.previous...)

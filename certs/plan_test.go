@@ -41,7 +41,8 @@ func newMaterial(t *testing.T, p policy, now time.Time) material {
 }
 
 func (m material) data() map[string][]byte {
-	return map[string][]byte{keyCACert: m.ca.CertPEM, keyCAKey: m.ca.KeyPEM, keyCert: m.serving.CertPEM, keyKey: m.serving.KeyPEM}
+	return map[string][]byte{keyCACert: m.ca.CertPEM, keyCAKey: m.ca.KeyPEM, keyCert: m.serving.CertPEM, keyKey: m.serving.KeyPEM,
+		KeyCABundle: m.ca.CertPEM}
 }
 
 func issue(t *testing.T, ca *pki.KeyPair, names pki.Names, now time.Time, validity time.Duration) *pki.KeyPair {
@@ -259,6 +260,9 @@ func TestPlanSimulation(t *testing.T) {
 					}
 					checkDecision(t, d, p, now)
 					data, ann, _ = d.apply(data, ann)
+					if string(data[KeyCABundle]) != string(d.bundle()) {
+						t.Fatalf("step %d: the Secret's %s is not the bundle injected", i, KeyCABundle)
+					}
 					for j := range bundles {
 						bundles[j] = d.bundle()
 					}
@@ -347,4 +351,45 @@ func issuerOf(s *served) *x509.Certificate {
 		return nil
 	}
 	return s.issuer
+}
+
+// TestPlanExtraServices: adding a Service to the certificate's names (the
+// metrics Service, on an upgrade) re-issues the serving certificate at once
+// from the same CA, which every configuration already trusts, and the new
+// certificate serves both Services.
+func TestPlanExtraServices(t *testing.T) {
+	before := testPolicy()
+	m := newMaterial(t, before, planT0)
+	o, err := Options{Client: fake.NewClientBuilder().Build(), Namespace: "ns", ExtraServices: []string{"vmipam-metrics", DefaultServiceName}}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := o.policy()
+	want := []string{
+		"vmipam-webhook", "vmipam-webhook.ns", "vmipam-webhook.ns.svc", "vmipam-webhook.ns.svc.cluster.local",
+		"vmipam-metrics", "vmipam-metrics.ns", "vmipam-metrics.ns.svc", "vmipam-metrics.ns.svc.cluster.local",
+	}
+	if !slices.Equal(after.names.DNSNames, want) {
+		t.Fatalf("names %v, want %v", after.names.DNSNames, want)
+	}
+	now := planT0.Add(day)
+	d, err := plan(observed{now: now, data: m.data(), bundles: [][]byte{m.ca.CertPEM}}, after)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkDecision(t, d, after, now)
+	if !d.ca.Cert.Equal(m.ca.Cert) || d.previous != nil {
+		t.Errorf("the CA changed (%s) or previous CAs %v: a new name needs no new CA", d.ca.Cert.Subject, commonNames(d.previous))
+	}
+	if d.serving.Cert.Equal(m.serving.Cert) {
+		t.Fatal("the serving certificate lacking the metrics Service's names was kept")
+	}
+	for _, n := range want {
+		if err := d.serving.Cert.VerifyHostname(n); err != nil {
+			t.Errorf("new serving certificate: %v", err)
+		}
+	}
+	if d.serving.Cert.Subject.CommonName != "vmipam-webhook" {
+		t.Errorf("common name %q, want the webhook Service's", d.serving.Cert.Subject.CommonName)
+	}
 }
