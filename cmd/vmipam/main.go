@@ -9,22 +9,27 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/certwatcher"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
-	"sigs.k8s.io/controller-runtime/pkg/webhook"
+	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/vmipam/vmipam/certs"
+	"github.com/vmipam/vmipam/certs/clientauth"
 	"github.com/vmipam/vmipam/internal/app"
 	"github.com/vmipam/vmipam/metrics"
+	"github.com/vmipam/vmipam/target"
+	"github.com/vmipam/vmipam/webhook"
 )
 
 var setupLog = ctrl.Log.WithName("setup")
@@ -40,10 +45,15 @@ type options struct {
 	webhookHost                   string
 	webhookPort                   int
 	certMode, certDir, certSecret string
-	serviceName                   string
+	serviceName, metricsService   string
 	extraSANs                     string
 	mutatingConfig, validatingCfg string
 	resync                        time.Duration
+	clientCA, clientCN            string
+	limits                        webhook.Limits
+	// clientCNSet records that --webhook-client-cn was given, which
+	// means nothing without --webhook-client-ca.
+	clientCNSet bool
 }
 
 func main() {
@@ -65,6 +75,13 @@ func main() {
 	flag.StringVar(&o.certDir, "cert-dir", "/tmp/k8s-webhook-server/serving-certs", "With --cert-mode=cert-manager: the directory holding tls.crt and tls.key.")
 	flag.StringVar(&o.certSecret, "cert-secret", "vmipam-webhook-tls", "With --cert-mode=self: the Secret holding the CA and the serving certificate.")
 	flag.StringVar(&o.serviceName, "webhook-service", "vmipam-webhook", "The Service in front of the webhook: its DNS names go into the certificate.")
+	flag.StringVar(&o.metricsService, "metrics-service", "vmipam-metrics", "With --cert-mode=self and --metrics-secure: the Service in front of the metrics endpoint. Its DNS names go into the serving certificate, which the metrics endpoint serves too, so that Prometheus can verify it.")
+	flag.StringVar(&o.clientCA, "webhook-client-ca", "", "A PEM file of CA certificates. When set, the webhook server serves only callers presenting a client certificate that chains to one of them and carries the common name --webhook-client-cn (the API server, configured with an AdmissionConfiguration); anyone else is refused at the TLS handshake. The file is re-read every 10s, so the CA can be rotated without a restart.")
+	flag.StringVar(&o.clientCN, "webhook-client-cn", "kube-apiserver", "With --webhook-client-ca: the common name the caller's client certificate must carry.")
+	flag.Int64Var(&o.limits.MaxBodyBytes, "webhook-max-body-bytes", webhook.DefaultMaxBodyBytes, "A larger admission request body is refused (413) before it is read.")
+	flag.Int64Var(&o.limits.MaxInflightBytes, "webhook-max-inflight-bytes", webhook.DefaultMaxInflightBytes, "The request bodies all admissions in flight may hold together; more wait for room until their deadline, then get 429.")
+	flag.Int64Var(&o.limits.MaxConcurrent, "webhook-max-concurrent", webhook.DefaultMaxConcurrent, "Admissions handled at once; more wait, as above.")
+	flag.DurationVar(&o.limits.ReadTimeout, "webhook-read-timeout", 10*time.Second, "How long reading an admission request body may take, so a slow sender cannot hold a connection and its memory.")
 	flag.StringVar(&o.extraSANs, "webhook-extra-sans", "", "Comma-separated extra DNS names or IPs for the serving certificate (127.0.0.1 for a local run).")
 	flag.StringVar(&o.mutatingConfig, "mutating-webhook-configuration", "vmipam-mutating", "With --cert-mode=self: the MutatingWebhookConfiguration whose CA bundle vmipam keeps.")
 	flag.StringVar(&o.validatingCfg, "validating-webhook-configuration", "vmipam-validating", "With --cert-mode=self: the ValidatingWebhookConfiguration whose CA bundle vmipam keeps.")
@@ -72,6 +89,7 @@ func main() {
 	zapOpts := zap.Options{Development: false}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
+	flag.Visit(func(f *flag.Flag) { o.clientCNSet = o.clientCNSet || f.Name == "webhook-client-cn" })
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
 
 	if err := run(o); err != nil {
@@ -90,6 +108,16 @@ func (o options) validate() error {
 		return fmt.Errorf("--leader-elect-lease-duration (%s) must be longer than --leader-elect-renew-deadline (%s)", o.leaseDuration, o.renewDeadline)
 	case float64(o.renewDeadline) <= 1.2*float64(o.retryPeriod):
 		return fmt.Errorf("--leader-elect-renew-deadline (%s) must be longer than 1.2 × --leader-elect-retry-period (%s)", o.renewDeadline, o.retryPeriod)
+	case o.limits.MaxBodyBytes <= 0 || o.limits.MaxInflightBytes <= 0 || o.limits.MaxConcurrent <= 0 || o.limits.ReadTimeout <= 0:
+		return errors.New("--webhook-max-body-bytes, --webhook-max-inflight-bytes, --webhook-max-concurrent and --webhook-read-timeout must be positive")
+	case o.limits.MaxInflightBytes < o.limits.MaxBodyBytes:
+		return fmt.Errorf("--webhook-max-inflight-bytes (%d) must be at least --webhook-max-body-bytes (%d)", o.limits.MaxInflightBytes, o.limits.MaxBodyBytes)
+	case o.certMode != "self" && o.certMode != "cert-manager":
+		return fmt.Errorf("--cert-mode=%q: use \"self\" or \"cert-manager\"", o.certMode)
+	case o.clientCA == "" && o.clientCNSet:
+		return errors.New("--webhook-client-cn needs --webhook-client-ca: without a CA no caller's certificate is checked")
+	case o.clientCA != "" && o.clientCN == "":
+		return errors.New("--webhook-client-cn must not be empty with --webhook-client-ca: the CA may sign certificates for other clients than the API server")
 	}
 	return nil
 }
@@ -98,27 +126,26 @@ func run(o options) error {
 	if err := o.validate(); err != nil {
 		return err
 	}
-	var tlsOpts []func(*tls.Config)
-	if !o.enableHTTP2 {
-		tlsOpts = append(tlsOpts, func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} })
-	}
 	cfg, err := ctrl.GetConfig()
 	if err != nil {
 		return fmt.Errorf("load kubeconfig: %w", err)
 	}
-	// In self mode the certificate manager, created with the manager's
-	// client below, serves the certificate from memory.
-	var certMgr *certs.Manager
-	webhookTLS := tlsOpts
-	switch o.certMode {
-	case "self":
-		webhookTLS = append(webhookTLS, func(c *tls.Config) {
-			c.GetCertificate = func(h *tls.ClientHelloInfo) (*tls.Certificate, error) { return certMgr.GetCertificate(h) }
-		})
-	case "cert-manager":
-		// The webhook server reads --cert-dir and reloads on change.
-	default:
-		return fmt.Errorf("--cert-mode=%q: use \"self\" or \"cert-manager\"", o.certMode)
+	// Both servers serve the same certificate: in self mode the certificate
+	// manager's, created with the manager's client below; with cert-manager
+	// the files in --cert-dir.
+	cert := &servingCert{}
+	if o.certMode == "cert-manager" {
+		if err := cert.watchFiles(o.certDir); err != nil {
+			return err
+		}
+	}
+	tlsOpts := []func(*tls.Config){certs.HardenTLS, cert.configureTLS}
+	if !o.enableHTTP2 {
+		tlsOpts = append(tlsOpts, func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} })
+	}
+	webhookServer, clientAuth, err := newWebhookServer(o, tlsOpts)
+	if err != nil {
+		return err
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        app.Scheme,
@@ -132,31 +159,108 @@ func run(o options) error {
 		LeaseDuration:                 &o.leaseDuration,
 		RenewDeadline:                 &o.renewDeadline,
 		RetryPeriod:                   &o.retryPeriod,
-		WebhookServer: webhook.NewServer(webhook.Options{
-			Host: o.webhookHost, Port: o.webhookPort, CertDir: o.certDir, TLSOpts: webhookTLS,
-		}),
-		// vmipam reads Secrets only in its own namespace, and RBAC grants
-		// no more.
-		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
-			&corev1.Secret{}: {Namespaces: map[string]cache.Config{o.namespace: {}}},
-		}},
+		WebhookServer:                 webhookServer,
+		Cache:                         app.CacheOptions(target.VirtualMachine, o.namespace),
 	})
 	if err != nil {
 		return fmt.Errorf("create manager: %w", err)
 	}
-	if o.certMode == "self" {
-		if certMgr, err = setupCerts(mgr, o); err != nil {
-			return err
-		}
-	}
-	if _, err := app.Setup(mgr, app.Options{Holder: o.holder, ResyncInterval: o.resync}); err != nil {
+	if err := setupCerts(mgr, o, cert); err != nil {
 		return err
 	}
-	setupLog.Info("Starting vmipam", "namespace", o.namespace, "holder", o.holder, "certMode", o.certMode, "webhookPort", o.webhookPort)
+	if clientAuth != nil {
+		if err := mgr.Add(clientAuth); err != nil {
+			return fmt.Errorf("add client CA watcher: %w", err)
+		}
+	}
+	if _, err := app.Setup(mgr, app.Options{Holder: o.holder, ResyncInterval: o.resync, Limits: o.limits}); err != nil {
+		return err
+	}
+	setupLog.Info("Starting vmipam", "namespace", o.namespace, "holder", o.holder, "certMode", o.certMode,
+		"webhookPort", o.webhookPort, "webhookClientAuth", clientAuth != nil)
 	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil {
 		return fmt.Errorf("run manager: %w", err)
 	}
 	return nil
+}
+
+// servingCert is where the webhook and the metrics servers take their
+// certificate from, on each handshake: the self-managed certificate
+// manager or a watcher of cert-manager's files. The source is set before
+// the manager starts the servers.
+type servingCert struct {
+	source interface {
+		GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error)
+	}
+	// watcher is the source with cert-manager, a runnable of the manager.
+	watcher *certwatcher.CertWatcher
+}
+
+// configureTLS makes a server serve the certificate; it also keeps
+// controller-runtime from starting a watcher or a self-signed certificate
+// of its own.
+func (s *servingCert) configureTLS(c *tls.Config) {
+	c.GetCertificate = func(h *tls.ClientHelloInfo) (*tls.Certificate, error) { return s.source.GetCertificate(h) }
+}
+
+// watchFiles serves tls.crt and tls.key of dir, reloaded when they change.
+// One watcher serves both servers, so they never serve different
+// certificates.
+func (s *servingCert) watchFiles(dir string) error {
+	w, err := certwatcher.New(filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"))
+	if err != nil {
+		return fmt.Errorf("--cert-dir=%s: %w", dir, err)
+	}
+	s.source, s.watcher = w, w
+	return nil
+}
+
+// newWebhookServer returns the webhook server and, with --webhook-client-ca,
+// the verifier of its callers' certificates, to add to the manager.
+func newWebhookServer(o options, tlsOpts []func(*tls.Config)) (crwebhook.Server, *clientauth.Verifier, error) {
+	opts := crwebhook.Options{Host: o.webhookHost, Port: o.webhookPort, TLSOpts: tlsOpts}
+	if o.clientCA == "" {
+		return crwebhook.NewServer(opts), nil, nil
+	}
+	v, err := clientauth.New(clientauth.Options{CAFile: o.clientCA, CommonName: o.clientCN})
+	if err != nil {
+		return nil, nil, fmt.Errorf("--webhook-client-ca=%s: %w", o.clientCA, err)
+	}
+	opts.TLSOpts = append(append([]func(*tls.Config){}, tlsOpts...), v.ConfigureTLS)
+	setupLog.Info("Webhook callers must present a client certificate", "ca", o.clientCA, "commonName", o.clientCN)
+	return &clientAuthServer{Server: crwebhook.NewServer(opts), verifier: v}, v, nil
+}
+
+// clientAuthServer is the webhook server when callers must present a
+// client certificate. The handshake checks new connections; every webhook
+// is also wrapped to check each request, since a connection kept alive
+// across a rotation of the CA file is not handshaken again.
+type clientAuthServer struct {
+	crwebhook.Server
+	verifier *clientauth.Verifier
+	started  atomic.Bool
+}
+
+func (s *clientAuthServer) Register(path string, hook http.Handler) {
+	s.Server.Register(path, s.verifier.Handler(hook))
+}
+
+// StartedChecker stops dialling the server once it has answered: the
+// check's handshake presents no client certificate, so each probe would
+// add a refused handshake to the log. The listener lives as long as the
+// manager, which stops if the server fails.
+func (s *clientAuthServer) StartedChecker() healthz.Checker {
+	check := s.Server.StartedChecker()
+	return func(req *http.Request) error {
+		if s.started.Load() {
+			return nil
+		}
+		if err := check(req); err != nil {
+			return err
+		}
+		s.started.Store(true)
+		return nil
+	}
 }
 
 func metricsOptions(o options, tlsOpts []func(*tls.Config)) metricsserver.Options {
@@ -167,10 +271,23 @@ func metricsOptions(o options, tlsOpts []func(*tls.Config)) metricsserver.Option
 	return m
 }
 
-// setupCerts adds the self-managed certificate manager to mgr: it keeps the
-// CA and the serving certificate in a Secret and the CA in the webhook
-// configurations, and readiness waits for both.
-func setupCerts(mgr ctrl.Manager, o options) (*certs.Manager, error) {
+// setupCerts adds, in self mode, the certificate manager to mgr: it keeps
+// the CA and the serving certificate in a Secret and the CA in the webhook
+// configurations, and readiness waits for both. With cert-manager the
+// files are watched.
+func setupCerts(mgr ctrl.Manager, o options, cert *servingCert) error {
+	if w := cert.watcher; w != nil {
+		if err := mgr.Add(w); err != nil {
+			return fmt.Errorf("add certificate watcher: %w", err)
+		}
+		metrics.SetCertificateExpiry(func() time.Time {
+			if c, _ := w.GetCertificate(nil); c != nil && c.Leaf != nil {
+				return c.Leaf.NotAfter
+			}
+			return time.Time{}
+		})
+		return nil
+	}
 	var dns []string
 	var ips []net.IP
 	for _, s := range strings.Split(o.extraSANs, ",") {
@@ -183,24 +300,30 @@ func setupCerts(mgr ctrl.Manager, o options) (*certs.Manager, error) {
 			dns = append(dns, s)
 		}
 	}
+	var extra []string
+	if o.metricsSecure && o.metricsAddr != "0" {
+		// The metrics endpoint serves this certificate too.
+		extra = append(extra, o.metricsService)
+	}
 	m, err := certs.New(certs.Options{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
-		Namespace: o.namespace, SecretName: o.certSecret, ServiceName: o.serviceName,
+		Namespace: o.namespace, SecretName: o.certSecret, ServiceName: o.serviceName, ExtraServices: extra,
 		DNSNames: dns, IPAddresses: ips,
 		MutatingWebhookConfigurations:   []string{o.mutatingConfig},
 		ValidatingWebhookConfigurations: []string{o.validatingCfg},
 	})
 	if err != nil {
-		return nil, fmt.Errorf("set up certificates: %w", err)
+		return fmt.Errorf("set up certificates: %w", err)
 	}
+	cert.source = m
 	if err := mgr.Add(m); err != nil {
-		return nil, fmt.Errorf("add certificate manager: %w", err)
+		return fmt.Errorf("add certificate manager: %w", err)
 	}
 	if err := mgr.AddReadyzCheck("certificates", m.ReadyCheck); err != nil {
-		return nil, fmt.Errorf("add readyz check: %w", err)
+		return fmt.Errorf("add readyz check: %w", err)
 	}
 	metrics.SetCertificateExpiry(m.NotAfter)
-	return m, nil
+	return nil
 }
 
 func envOr(k, def string) string {
