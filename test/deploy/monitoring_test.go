@@ -14,6 +14,8 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/vmipam/vmipam/certs"
 )
 
 const dashboardFile = "deploy/monitoring/grafana-dashboard.json"
@@ -42,8 +44,59 @@ var (
 )
 
 func TestMonitoring(t *testing.T) {
-	r := mustRender(t, "deploy/monitoring")
-	install := mustRender(t, "deploy/overlays/default")
+	tests := map[string]struct {
+		dir, install string
+		// trusted returns the Secret and key holding the CA that signs
+		// what the install's metrics endpoint serves.
+		trusted func(t *testing.T, install *rendered) (secret, key string)
+	}{
+		"self-managed certificates": {dir: "deploy/monitoring", install: "deploy/overlays/default", trusted: selfManagedCA},
+		"cert-manager":              {dir: "deploy/monitoring-cert-manager", install: "deploy/overlays/cert-manager", trusted: certManagerCA},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) { checkMonitoring(t, tc.dir, tc.install, tc.trusted) })
+	}
+}
+
+// selfManagedCA: vmipam's Secret and the key that holds every CA it may be
+// serving a certificate of; its certificate covers the metrics Service
+// when the metrics endpoint serves HTTPS (see certs.Options.ExtraServices).
+func selfManagedCA(t *testing.T, install *rendered) (string, string) {
+	_, c := manager(t, install)
+	if v := flagValue(t, c, "metrics-secure"); v != "" && v != "true" {
+		t.Errorf("--metrics-secure=%s: the ServiceMonitor scrapes HTTPS", v)
+	}
+	if v := flagValue(t, c, "metrics-service"); v != "" && v != metricsService {
+		t.Errorf("--metrics-service=%s, want %s", v, metricsService)
+	}
+	secret := flagValue(t, c, "cert-secret")
+	if secret == "" {
+		secret = certs.DefaultSecretName
+	}
+	return secret, certs.KeyCABundle
+}
+
+// certManagerCA: the Secret of the serving Certificate, whose ca.crt is the
+// CA that issued it; the Certificate must cover the metrics Service.
+func certManagerCA(t *testing.T, install *rendered) (string, string) {
+	for _, o := range install.ofKind("Certificate") {
+		if isCA, _, _ := unstructured.NestedBool(o.Object, "spec", "isCA"); isCA {
+			continue
+		}
+		dnsNames, _, _ := unstructured.NestedStringSlice(o.Object, "spec", "dnsNames")
+		if want := metricsService + "." + namespace + ".svc"; !slices.Contains(dnsNames, want) {
+			t.Errorf("Certificate %s does not cover %s", o.GetName(), want)
+		}
+		secret, _, _ := unstructured.NestedString(o.Object, "spec", "secretName")
+		return secret, "ca.crt"
+	}
+	t.Fatal("no serving Certificate")
+	return "", ""
+}
+
+func checkMonitoring(t *testing.T, dir, installDir string, trusted func(*testing.T, *rendered) (string, string)) {
+	r := mustRender(t, dir)
+	install := mustRender(t, installDir)
 
 	var metricsSvc, webhookSvc corev1.Service
 	install.get(t, "Service", namespace, metricsService, &metricsSvc)
@@ -85,8 +138,27 @@ func TestMonitoring(t *testing.T) {
 		if str("bearerTokenFile") == "" {
 			t.Errorf("the endpoint sends no bearer token: vmipam refuses anonymous scrapes")
 		}
-		if _, ok, _ := unstructured.NestedMap(ep.Object, "tlsConfig"); !ok {
-			t.Errorf("the endpoint has no tlsConfig")
+		// Prometheus verifies vmipam's certificate before it sends its
+		// token: against the CA the install keeps, for the metrics
+		// Service's name.
+		tlsConfig, ok, _ := unstructured.NestedMap(ep.Object, "tlsConfig")
+		if !ok {
+			t.Fatalf("the endpoint has no tlsConfig")
+		}
+		if skip, found, _ := unstructured.NestedBool(tlsConfig, "insecureSkipVerify"); found && skip {
+			t.Errorf("tlsConfig.insecureSkipVerify: Prometheus would send its token to whoever answers")
+		}
+		if _, found, _ := unstructured.NestedFieldNoCopy(tlsConfig, "ca", "configMap"); found {
+			t.Errorf("tlsConfig.ca names a ConfigMap; the CA is in a Secret")
+		}
+		secret, key := trusted(t, install)
+		gotSecret, _, _ := unstructured.NestedString(tlsConfig, "ca", "secret", "name")
+		gotKey, _, _ := unstructured.NestedString(tlsConfig, "ca", "secret", "key")
+		if gotSecret != secret || gotKey != key {
+			t.Errorf("tlsConfig.ca is key %q of Secret %q, want %q of %q", gotKey, gotSecret, key, secret)
+		}
+		if got, want := str("tlsConfig", "serverName"), metricsService+"."+namespace+".svc"; got != want {
+			t.Errorf("tlsConfig.serverName %q, want %q", got, want)
 		}
 	})
 

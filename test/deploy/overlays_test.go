@@ -1,6 +1,7 @@
 package deploy
 
 import (
+	"encoding/json"
 	"fmt"
 	"maps"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
@@ -40,7 +42,7 @@ func TestOverlays(t *testing.T) {
 			t.Run("services", func(t *testing.T) { checkServices(t, r) })
 			t.Run("rbac", func(t *testing.T) { checkRBAC(t, r) })
 			t.Run("disruption budget", func(t *testing.T) { checkPDB(t, r) })
-			t.Run("network policy", func(t *testing.T) { checkNetworkPolicy(t, r) })
+			t.Run("network policy", func(t *testing.T) { checkNetworkPolicy(t, r, nil) })
 			t.Run("certificates", func(t *testing.T) { tc.certs(t, r) })
 			t.Run("server-side dry-run", r.dryRun)
 		})
@@ -61,7 +63,6 @@ func checkObjects(t *testing.T, r *rendered) {
 		{"ClusterRoleBinding", "", "vmipam"},
 		{"Role", namespace, "vmipam-leader-election"},
 		{"RoleBinding", namespace, "vmipam-leader-election"},
-		{"RoleBinding", namespace, "vmipam-secrets"},
 		{"ClusterRole", "", "vmipam-metrics-reader"},
 		{"ClusterRole", "", "vmipam-metrics-auth"},
 		{"ClusterRoleBinding", "", "vmipam-metrics-auth"},
@@ -506,9 +507,7 @@ func checkRBAC(t *testing.T, r *rendered) {
 			if b.RoleRef.Kind == "Role" {
 				ref = b.RoleRef.Kind + "/" + key(b.Namespace, b.RoleRef.Name)
 			}
-			// vmipam-secrets waits for the Role that controller-gen emits
-			// once a marker asks for namespaced permissions.
-			if !roles[ref] && b.Name != "vmipam-secrets" {
+			if !roles[ref] {
 				t.Errorf("%s %s refers to %s, which is not in the render", kind, key(b.Namespace, b.Name), ref)
 			}
 			if !slices.Contains(b.Subjects, sa) {
@@ -538,7 +537,10 @@ func checkPDB(t *testing.T, r *rendered) {
 	}
 }
 
-func checkNetworkPolicy(t *testing.T, r *rendered) {
+// checkNetworkPolicy checks the policy of a render. webhookFrom is what
+// the webhook port's rule must allow: nil for any source (the base), or
+// exactly the peers a component sets.
+func checkNetworkPolicy(t *testing.T, r *rendered, webhookFrom []networkingv1.NetworkPolicyPeer) {
 	d, _ := manager(t, r)
 	var np networkingv1.NetworkPolicy
 	r.get(t, "NetworkPolicy", namespace, "vmipam", &np)
@@ -552,10 +554,16 @@ func checkNetworkPolicy(t *testing.T, r *rendered) {
 	hasPort := func(ports []networkingv1.NetworkPolicyPort, n int32) bool {
 		return slices.ContainsFunc(ports, func(p networkingv1.NetworkPolicyPort) bool { return p.Port != nil && p.Port.IntVal == n })
 	}
-	var webhookOpen, metricsFromMonitoring bool
+	var webhookRules, metricsFromMonitoring int
 	for _, in := range np.Spec.Ingress {
-		if hasPort(in.Ports, 9443) && len(in.From) == 0 {
-			webhookOpen = true
+		if hasPort(in.Ports, 9443) {
+			webhookRules++
+			if len(in.Ports) != 1 {
+				t.Errorf("the webhook rule opens other ports too: %v", in.Ports)
+			}
+			if !equality.Semantic.DeepEqual(in.From, webhookFrom) {
+				t.Errorf("the webhook port 9443 accepts %s, want %s", peers(in.From), peers(webhookFrom))
+			}
 		}
 		if hasPort(in.Ports, 8443) {
 			if len(in.From) == 0 {
@@ -568,15 +576,15 @@ func checkNetworkPolicy(t *testing.T, r *rendered) {
 				}
 				s, err := metav1.LabelSelectorAsSelector(peer.NamespaceSelector)
 				if err == nil && s.Matches(labels.Set{corev1.LabelMetadataName: "monitoring"}) {
-					metricsFromMonitoring = true
+					metricsFromMonitoring++
 				}
 			}
 		}
 	}
-	if !webhookOpen {
-		t.Errorf("the webhook port 9443 must accept any source: the API server's addresses are unknown")
+	if webhookRules != 1 {
+		t.Errorf("%d ingress rules for the webhook port 9443, want 1", webhookRules)
 	}
-	if !metricsFromMonitoring {
+	if metricsFromMonitoring == 0 {
 		t.Errorf("the metrics port 8443 does not accept the monitoring namespace")
 	}
 	apiServer := map[int32]bool{}
@@ -595,10 +603,24 @@ func checkNetworkPolicy(t *testing.T, r *rendered) {
 	}
 }
 
+// peers prints a NetworkPolicy "from" list; nil is any source.
+func peers(p []networkingv1.NetworkPolicyPeer) string {
+	if p == nil {
+		return "any source"
+	}
+	b, _ := json.Marshal(p)
+	return string(b)
+}
+
 func checkSelfManagedCerts(t *testing.T, r *rendered) {
 	_, c := manager(t, r)
 	if mode := flagValue(t, c, "cert-mode"); mode != "" && mode != "self" {
 		t.Errorf("--cert-mode=%s, want self (the default)", mode)
+	}
+	// The certificate Secret is granted once, by the generated Role, and
+	// only in vmipam's namespace.
+	if got := secretGrants(t, r); !slices.Equal(got, []string{"Role/" + namespace + "/vmipam"}) {
+		t.Errorf("Secrets are granted to vmipam by %v, want by the generated Role %s/vmipam alone", got, namespace)
 	}
 	for _, kind := range []string{"Issuer", "Certificate"} {
 		if len(r.ofKind(kind)) != 0 {
@@ -628,33 +650,64 @@ func checkCertManagerCerts(t *testing.T, r *rendered) {
 		t.Errorf("vmipam may not write webhook configurations when cert-manager injects the CA")
 	}
 
-	certs := r.ofKind("Certificate")
-	if len(certs) != 1 {
-		t.Fatalf("%d Certificates, want 1", len(certs))
+	// vmipam reads no Secret with cert-manager, so cannot read the CA's key.
+	if got := secretGrants(t, r); len(got) != 0 {
+		t.Errorf("Secrets are granted to vmipam by %v; with cert-manager it needs none", got)
 	}
-	cert := certs[0]
+
 	str := func(o *unstructured.Unstructured, path ...string) string {
 		s, _, _ := unstructured.NestedString(o.Object, path...)
 		return s
 	}
-	dnsNames, _, _ := unstructured.NestedStringSlice(cert.Object, "spec", "dnsNames")
-	for _, want := range []string{
-		fmt.Sprintf("%s.%s.svc", webhookService, namespace),
-		fmt.Sprintf("%s.%s.svc.cluster.local", webhookService, namespace),
-	} {
-		if !slices.Contains(dnsNames, want) {
-			t.Errorf("Certificate %s lacks dnsName %s", cert.GetName(), want)
+	issuerOf := func(cert *unstructured.Unstructured) *unstructured.Unstructured {
+		kind, name := str(cert, "spec", "issuerRef", "kind"), str(cert, "spec", "issuerRef", "name")
+		if kind == "" {
+			kind = "Issuer"
+		}
+		issuer := r.find(kind, cert.GetNamespace(), name)
+		if kind != "Issuer" || issuer == nil {
+			t.Fatalf("Certificate %s refers to %s %s, not an Issuer of the render", cert.GetName(), kind, name)
+		}
+		return issuer
+	}
+	var cert, caCert *unstructured.Unstructured
+	for _, o := range r.ofKind("Certificate") {
+		if isCA, _, _ := unstructured.NestedBool(o.Object, "spec", "isCA"); isCA {
+			caCert = o
+		} else if cert != nil {
+			t.Fatalf("Certificates %s and %s both serve", cert.GetName(), o.GetName())
+		} else {
+			cert = o
 		}
 	}
-	issuerKind, issuerName := str(cert, "spec", "issuerRef", "kind"), str(cert, "spec", "issuerRef", "name")
-	if issuerKind == "" {
-		issuerKind = "Issuer"
+	if cert == nil || caCert == nil {
+		t.Fatalf("want a serving Certificate and a CA Certificate")
 	}
-	issuer := r.find(issuerKind, cert.GetNamespace(), issuerName)
-	if issuerKind != "Issuer" || issuer == nil {
-		t.Errorf("Certificate %s refers to %s %s, not an Issuer of the render", cert.GetName(), issuerKind, issuerName)
-	} else if _, ok, _ := unstructured.NestedMap(issuer.Object, "spec", "selfSigned"); !ok {
-		t.Errorf("Issuer %s is not selfSigned", issuerName)
+	// The serving certificate comes from a CA Issuer whose key is the CA
+	// Certificate's, itself self-signed: renewals of the serving
+	// certificate leave the CA that the bundles and Prometheus trust alone.
+	caSecret := str(caCert, "spec", "secretName")
+	if issuer := issuerOf(cert); str(issuer, "spec", "ca", "secretName") != caSecret || caSecret == "" {
+		t.Errorf("Certificate %s is not issued by the CA of Certificate %s", cert.GetName(), caCert.GetName())
+	}
+	if _, ok, _ := unstructured.NestedMap(issuerOf(caCert).Object, "spec", "selfSigned"); !ok {
+		t.Errorf("the CA's Issuer is not selfSigned")
+	}
+	dnsNames, _, _ := unstructured.NestedStringSlice(cert.Object, "spec", "dnsNames")
+	for _, svc := range []string{webhookService, metricsService} {
+		for _, want := range []string{
+			fmt.Sprintf("%s.%s.svc", svc, namespace),
+			fmt.Sprintf("%s.%s.svc.cluster.local", svc, namespace),
+		} {
+			if !slices.Contains(dnsNames, want) {
+				t.Errorf("Certificate %s lacks dnsName %s", cert.GetName(), want)
+			}
+		}
+	}
+	for _, v := range d.Spec.Template.Spec.Volumes {
+		if v.Secret != nil && v.Secret.SecretName == caSecret {
+			t.Errorf("the CA's Secret %s is mounted: the serving pod must hold the serving key only", caSecret)
+		}
 	}
 
 	secret := str(cert, "spec", "secretName")
@@ -681,6 +734,43 @@ func checkCertManagerCerts(t *testing.T, r *rendered) {
 			}
 		}
 	}
+}
+
+// secretGrants returns the roles of the render, as "Kind/namespace/name",
+// that a binding grants vmipam's ServiceAccount and that allow anything on
+// Secrets.
+func secretGrants(t *testing.T, r *rendered) []string {
+	t.Helper()
+	sa := rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Name: serviceAccount, Namespace: namespace}
+	var out []string
+	for _, kind := range []string{"ClusterRoleBinding", "RoleBinding"} {
+		for _, o := range r.ofKind(kind) {
+			var b rbacv1.RoleBinding
+			convert(t, o, &b)
+			if !slices.Contains(b.Subjects, sa) {
+				continue
+			}
+			ns := ""
+			if b.RoleRef.Kind == "Role" {
+				ns = b.Namespace
+			}
+			role := r.find(b.RoleRef.Kind, ns, b.RoleRef.Name)
+			if role == nil {
+				continue
+			}
+			var cr rbacv1.ClusterRole // a Role's rules read the same
+			convert(t, role, &cr)
+			for _, rule := range cr.Rules {
+				core := slices.Contains(rule.APIGroups, "") || slices.Contains(rule.APIGroups, "*")
+				if core && (slices.Contains(rule.Resources, "secrets") || slices.Contains(rule.Resources, "*")) {
+					out = append(out, b.RoleRef.Kind+"/"+key(ns, b.RoleRef.Name))
+					break
+				}
+			}
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 func mustAtoi(t *testing.T, s string) int32 {

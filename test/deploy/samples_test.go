@@ -25,7 +25,7 @@ func TestSamples(t *testing.T) {
 	if !hasExclude {
 		t.Errorf("IPPool default shows no exclude")
 	}
-	if pool.Spec.Cooldown == nil || pool.Spec.Cooldown.Duration <= 0 || pool.Spec.PendingTTL.Duration <= 0 {
+	if pool.Spec.Cooldown == nil || pool.Spec.Cooldown.Duration <= 0 || pool.Spec.PendingTTL == nil || pool.Spec.PendingTTL.Duration <= 0 {
 		t.Errorf("IPPool default sets no cooldown or pendingTTL")
 	}
 
