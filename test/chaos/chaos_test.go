@@ -33,7 +33,7 @@ import (
 const (
 	poolName   = "chaos"
 	cooldown   = 5 * time.Second
-	pendingTTL = 30 * time.Second
+	pendingTTL = 60 * time.Second
 	holder     = "vmipam" // the binary's default --holder
 )
 
