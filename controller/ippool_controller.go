@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -91,8 +92,12 @@ func (r *IPPoolReconciler) deleting(ctx context.Context, pool *vmipamv1.IPPool) 
 	if !controllerutil.ContainsFinalizer(pool, vmipamv1.PoolFinalizer) {
 		return ctrl.Result{}, r.Registry.Remove(ctx, pool.Name)
 	}
-	// Keep serving releases, but hand out nothing new.
-	if err := r.Registry.Ensure(ctx, pool); err != nil {
+	// Keep serving releases, but hand out nothing new. A spec the
+	// allocator cannot build (it bypassed the webhook) must not keep the
+	// pool forever: it is judged by the objects stamped with it alone.
+	if err := r.Registry.Ensure(ctx, pool); errors.Is(err, ipam.ErrInvalid) {
+		logf.FromContext(ctx).Error(err, "Releasing a deleted IPPool whose spec vmipam cannot serve", "ippool", pool.Name)
+	} else if err != nil {
 		return ctrl.Result{}, err
 	}
 	holders, err := r.Registry.Holders(ctx, pool.Name)

@@ -340,6 +340,33 @@ func TestPutConflict(t *testing.T) {
 	}
 }
 
+// TestDelete: a block goes only at its current version; a stale version
+// is a conflict that deletes nothing, and a block already gone is no error.
+func TestDelete(t *testing.T) {
+	pool := newPool(t, "delete")
+	s := newStore(pool)
+	ctx := t.Context()
+	p := netip.MustParsePrefix("10.2.0.0/20")
+	v1 := mustPut(t, s, ipam.Block{Prefix: p, Claims: map[string]*ipam.Bitmap{"a": bitmap(1)}})
+	v2 := mustPut(t, s, ipam.Block{Prefix: p, Version: v1, Claims: map[string]*ipam.Bitmap{"a": bitmap(2)}})
+	err := s.Delete(ctx, p, v1)
+	if !errors.Is(err, ipam.ErrStoreConflict) || !strings.Contains(err.Error(), kubestore.BlockName(pool.Name, p)) {
+		t.Fatalf("Delete at a stale version = %v; want a conflict naming the IPBlock", err)
+	}
+	if got, err := s.Get(ctx, p); err != nil || got.Version != v2 {
+		t.Fatalf("after the refused Delete: %+v, %v; want the block at version %s", got, err, v2)
+	}
+	if err := s.Delete(ctx, p, v2); err != nil {
+		t.Fatalf("Delete at the current version = %v", err)
+	}
+	if got, err := s.Get(ctx, p); err != nil || got.Version != "" {
+		t.Fatalf("after Delete: %+v, %v; want no block", got, err)
+	}
+	if err := s.Delete(ctx, p, v2); err != nil {
+		t.Fatalf("Delete of a block already gone = %v; want none", err)
+	}
+}
+
 func mustPut(t *testing.T, s *kubestore.Store, b ipam.Block) string {
 	t.Helper()
 	v, err := s.Put(t.Context(), b)
