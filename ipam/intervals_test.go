@@ -278,33 +278,7 @@ func ivRandomSpec(rng *rand.Rand, base netip.Prefix) RangeSpec {
 	bits := base.Bits() + 1 + rng.IntN(hostBits)
 	v := toU128(base.Addr()).add(uint64(rng.IntN(1 << hostBits)))
 	p, _ := fromU128(v, base.Addr().Is4()).Prefix(bits)
-	all := rtEnum(p)
-	lo, hi := 0, len(all)-1
-	if len(all) >= 4 {
-		lo++
-		if p.Addr().Is4() {
-			hi--
-		}
-	}
-	s := RangeSpec{CIDR: p.String()}
-	first := lo
-	if rng.IntN(3) == 0 {
-		first = lo + rng.IntN(hi-lo+1)
-		s.First = all[first].String()
-	}
-	if rng.IntN(3) == 0 {
-		s.Last = all[first+rng.IntN(hi-first+1)].String()
-	}
-	for range rng.IntN(5) {
-		x := all[rng.IntN(len(all))]
-		if rng.IntN(2) == 0 || p.Bits() == x.BitLen() {
-			s.Exclude = append(s.Exclude, x.String())
-			continue
-		}
-		xp, _ := x.Prefix(p.Bits() + 1 + rng.IntN(x.BitLen()-p.Bits()))
-		s.Exclude = append(s.Exclude, xp.String())
-	}
-	return s
+	return rtRandomSpecIn(rng, p, 5)
 }
 
 // ivRandomPool returns a valid pool of one to three random ranges, mostly

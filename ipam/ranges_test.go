@@ -833,6 +833,13 @@ func rtRandomSpec(rng *rand.Rand) RangeSpec {
 		}
 		p = netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 0, byte(rng.IntN(4)), byte(rng.IntN(256))}), bits).Masked()
 	}
+	return rtRandomSpecIn(rng, p, 4)
+}
+
+// rtRandomSpecIn returns a random valid range of subnet p: maybe narrowed
+// by first and last, with up to maxExcludes-1 exclusions, single addresses
+// or subnets.
+func rtRandomSpecIn(rng *rand.Rand, p netip.Prefix, maxExcludes int) RangeSpec {
 	all := rtEnum(p)
 	lo, hi := 0, len(all)-1
 	if len(all) >= 4 {
@@ -850,7 +857,7 @@ func rtRandomSpec(rng *rand.Rand) RangeSpec {
 	if rng.IntN(3) == 0 {
 		s.Last = all[first+rng.IntN(hi-first+1)].String()
 	}
-	for range rng.IntN(4) {
+	for range rng.IntN(maxExcludes) {
 		if rng.IntN(2) == 0 {
 			s.Exclude = append(s.Exclude, all[rng.IntN(len(all))].String())
 			continue

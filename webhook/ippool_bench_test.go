@@ -4,7 +4,11 @@ import (
 	"fmt"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/ipam"
 )
 
 // ippoolAtLimits returns a pool at the IPPool CRD's limits: 64 ranges of
@@ -76,57 +80,63 @@ func ippoolBenchPools(n int, atLimits bool) (vmipamv1.IPPool, []vmipamv1.IPPool)
 			others = append(others, ippoolModerate(name, i))
 		}
 	}
+	for i := range others {
+		others[i].UID = types.UID("uid-" + others[i].Name)
+		others[i].Generation = 1
+	}
 	return pool, others
 }
 
 // BenchmarkValidateIPPoolAtLimits validates a pool at the CRD's limits (64
 // ranges × 256 exclusions) against 50 other pools: on create; on an update
 // that moves every exclusion, with its warnings; and against 50 pools that
-// are at the limits too.
+// are at the limits too. Like the webhook, it keeps the other pools parsed
+// between requests.
 func BenchmarkValidateIPPoolAtLimits(b *testing.B) {
+	run := func(b *testing.B, pool *vmipamv1.IPPool, others []vmipamv1.IPPool, each func(field.ErrorList, *ipam.Ranges)) {
+		v := &IPPoolValidator{}
+		for b.Loop() {
+			errs, ranges := ippoolValidate(b.Context(), pool, others, v.parsed.get)
+			each(errs, ranges)
+		}
+	}
+	none := func(errs field.ErrorList, _ *ipam.Ranges) {
+		if len(errs) > 0 {
+			b.Fatal(errs)
+		}
+	}
 	b.Run("create", func(b *testing.B) {
 		pool, others := ippoolBenchPools(50, false)
-		for b.Loop() {
-			if errs := ValidateIPPool(b.Context(), &pool, others); len(errs) > 0 {
-				b.Fatal(errs)
-			}
-		}
+		run(b, &pool, others, none)
 	})
 	b.Run("update with warnings", func(b *testing.B) {
 		old, others := ippoolBenchPools(51, false)
 		others = others[1:] // the carved pool takes what the update gives back
 		pool := ippoolAtLimits("big", 0, 1)
 		var warnings []string
-		for b.Loop() {
-			errs, ranges := ippoolValidate(b.Context(), &pool, others)
-			if len(errs) > 0 {
-				b.Fatal(errs)
-			}
+		run(b, &pool, others, func(errs field.ErrorList, ranges *ipam.Ranges) {
+			none(errs, ranges)
 			warnings = ippoolUpdateWarnings(b.Context(), &old, ranges)
-		}
+		})
 		if len(warnings) != ippoolMaxRemovedWarnings+1 {
 			b.Fatalf("%d warnings: %q", len(warnings), warnings)
 		}
 	})
 	b.Run("create, others at limits", func(b *testing.B) {
 		pool, others := ippoolBenchPools(50, true)
-		for b.Loop() {
-			if errs := ValidateIPPool(b.Context(), &pool, others); len(errs) > 0 {
-				b.Fatal(errs)
-			}
-		}
+		run(b, &pool, others, none)
 	})
 	b.Run("create overlapping everywhere", func(b *testing.B) {
 		// Every range shares runs with 50 pools: the errors stay bounded.
 		pool, _ := ippoolBenchPools(0, false)
 		var others []vmipamv1.IPPool
 		for i := range 50 {
-			others = append(others, ippoolAtLimits(fmt.Sprintf("other-%02d", i), 0, 1+i%3))
+			o := ippoolAtLimits(fmt.Sprintf("other-%02d", i), 0, 1+i%3)
+			o.UID = types.UID("uid-" + o.Name)
+			others = append(others, o)
 		}
 		var n int
-		for b.Loop() {
-			n = len(ValidateIPPool(b.Context(), &pool, others))
-		}
+		run(b, &pool, others, func(errs field.ErrorList, _ *ipam.Ranges) { n = len(errs) })
 		if n != ippoolMaxOverlapErrors+1 {
 			b.Fatalf("%d errors", n)
 		}

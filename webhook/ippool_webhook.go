@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
@@ -16,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -72,6 +74,58 @@ type IPPoolValidator struct {
 	// do; its API reader narrows the window for concurrent creates.
 	Reader  client.Reader
 	decoder admission.Decoder
+	parsed  parsedRanges
+}
+
+// parsedRanges keeps the other pools' ranges parsed, by UID and
+// generation, so that a validation against many large pools costs their
+// overlap check, not a parse of each on every request.
+type parsedRanges struct {
+	mu sync.Mutex
+	m  map[types.UID]parsedPool
+}
+
+type parsedPool struct {
+	generation int64
+	ranges     *ipam.Ranges
+	err        error
+}
+
+// get returns pool's parsed ranges.
+func (c *parsedRanges) get(pool *vmipamv1.IPPool) (*ipam.Ranges, error) {
+	if pool.UID == "" {
+		return ipam.ParseRanges(ippoolRangeSpecs(pool.Spec.Ranges))
+	}
+	c.mu.Lock()
+	e, ok := c.m[pool.UID]
+	c.mu.Unlock()
+	if ok && e.generation == pool.Generation {
+		return e.ranges, e.err
+	}
+	r, err := ipam.ParseRanges(ippoolRangeSpecs(pool.Spec.Ranges))
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = map[types.UID]parsedPool{}
+	}
+	c.m[pool.UID] = parsedPool{generation: pool.Generation, ranges: r, err: err}
+	return r, err
+}
+
+// keep forgets the pools not in the list, so the cache holds no more
+// than the cluster's pools.
+func (c *parsedRanges) keep(pools []vmipamv1.IPPool) {
+	live := make(map[types.UID]bool, len(pools))
+	for i := range pools {
+		live[pools[i].UID] = true
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for uid := range c.m {
+		if !live[uid] {
+			delete(c.m, uid)
+		}
+	}
 }
 
 var _ admission.Handler = (*IPPoolValidator)(nil)
@@ -119,7 +173,8 @@ func (v *IPPoolValidator) Handle(ctx context.Context, req admission.Request) adm
 		logf.FromContext(ctx).Error(err, "Listing IPPools to validate one", "ippool", pool.Name)
 		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("list IPPools: %w", err))
 	}
-	errs, ranges := ippoolValidate(ctx, pool, others.Items)
+	errs, ranges := ippoolValidate(ctx, pool, others.Items, v.parsed.get)
+	v.parsed.keep(others.Items)
 	if ctx.Err() != nil {
 		return ippoolTimedOut(ctx, pool)
 	}
@@ -171,13 +226,16 @@ func ippoolTimedOut(ctx context.Context, pool *vmipamv1.IPPool) admission.Respon
 // as it goes; once ctx is done it stops and returns a single internal error
 // saying so.
 func ValidateIPPool(ctx context.Context, pool *vmipamv1.IPPool, others []vmipamv1.IPPool) field.ErrorList {
-	errs, _ := ippoolValidate(ctx, pool, others)
+	errs, _ := ippoolValidate(ctx, pool, others, func(p *vmipamv1.IPPool) (*ipam.Ranges, error) {
+		return ipam.ParseRanges(ippoolRangeSpecs(p.Spec.Ranges))
+	})
 	return errs
 }
 
 // ippoolValidate is ValidateIPPool, also returning the pool's ranges when
 // they parse.
-func ippoolValidate(ctx context.Context, pool *vmipamv1.IPPool, others []vmipamv1.IPPool) (field.ErrorList, *ipam.Ranges) {
+func ippoolValidate(ctx context.Context, pool *vmipamv1.IPPool, others []vmipamv1.IPPool,
+	parse func(*vmipamv1.IPPool) (*ipam.Ranges, error)) (field.ErrorList, *ipam.Ranges) {
 	spec := field.NewPath("spec")
 	stopped := func() field.ErrorList {
 		return field.ErrorList{field.InternalError(spec, fmt.Errorf(
@@ -188,7 +246,7 @@ func ippoolValidate(ctx context.Context, pool *vmipamv1.IPPool, others []vmipamv
 	}
 	sorted := ippoolSortedOthers(pool, others)
 	ranges, errs := ippoolValidateRanges(spec, pool.Spec.Ranges)
-	errs = append(errs, ippoolValidateOverlaps(&ippoolDeadline{ctx: ctx}, spec.Child("ranges"), pool, ranges, sorted)...)
+	errs = append(errs, ippoolValidateOverlaps(&ippoolDeadline{ctx: ctx}, spec.Child("ranges"), pool, ranges, sorted, parse)...)
 	errs = append(errs, ippoolValidateDefault(spec.Child("default"), pool, sorted)...)
 	errs = append(errs, ippoolValidateTiming(spec, &pool.Spec)...)
 	if p := pool.Spec.MaxPendingPerNamespace; p != nil && *p < 1 {
@@ -321,7 +379,8 @@ type ippoolShared struct {
 // cannot build it either, so it hands nothing out, and its own next update
 // is checked against this pool. The first ippoolMaxOverlapErrors pairs of
 // ranges are listed, then how many more there are.
-func ippoolValidateOverlaps(d *ippoolDeadline, path *field.Path, pool *vmipamv1.IPPool, ranges *ipam.Ranges, sorted []*vmipamv1.IPPool) field.ErrorList {
+func ippoolValidateOverlaps(d *ippoolDeadline, path *field.Path, pool *vmipamv1.IPPool, ranges *ipam.Ranges, sorted []*vmipamv1.IPPool,
+	parse func(*vmipamv1.IPPool) (*ipam.Ranges, error)) field.ErrorList {
 	parts := ippoolParts(pool, ranges)
 	if len(parts) == 0 {
 		return nil
@@ -337,7 +396,7 @@ func ippoolValidateOverlaps(d *ippoolDeadline, path *field.Path, pool *vmipamv1.
 		if d.spend(steps) {
 			return nil
 		}
-		or, err := ipam.ParseRanges(ippoolRangeSpecs(other.Spec.Ranges))
+		or, err := parse(other)
 		if err != nil {
 			continue
 		}

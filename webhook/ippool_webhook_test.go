@@ -566,7 +566,7 @@ func TestIPPoolUpdateWarnings(t *testing.T) {
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
 			old, pool := ippoolTestPool("a", tc.old...), ippoolTestPool("a", tc.new...)
-			errs, ranges := ippoolValidate(t.Context(), &pool, nil)
+			errs, ranges := ippoolValidate(t.Context(), &pool, nil, (&IPPoolValidator{}).parsed.get)
 			if len(errs) > 0 {
 				t.Fatalf("new pool invalid: %v", errs)
 			}
@@ -870,4 +870,29 @@ func TestValidateIPPoolBounded(t *testing.T) {
 			t.Errorf("first error %s", first)
 		}
 	})
+}
+
+// TestParsedRangesFollowGeneration: the validator's parsed ranges of other
+// pools are reused only for the generation they were parsed at, and
+// forgotten with their pool.
+func TestParsedRangesFollowGeneration(t *testing.T) {
+	var c parsedRanges
+	pool := ippoolTestPool("a", ippoolCIDR("10.0.0.0/24"))
+	pool.UID, pool.Generation = "uid-a", 1
+	r1, err := c.get(&pool)
+	if err != nil || !r1.Contains(mustAddr("10.0.0.9")) {
+		t.Fatalf("first parse: %v, %v", r1, err)
+	}
+	pool.Spec.Ranges = []vmipamv1.IPRange{ippoolCIDR("10.9.0.0/24")}
+	if r, _ := c.get(&pool); r != r1 {
+		t.Fatal("the same generation was parsed again")
+	}
+	pool.Generation = 2
+	if r, _ := c.get(&pool); r == r1 || !r.Contains(mustAddr("10.9.0.9")) || r.Contains(mustAddr("10.0.0.9")) {
+		t.Fatalf("a new generation kept the old ranges: %v", r)
+	}
+	c.keep(nil)
+	if len(c.m) != 0 {
+		t.Fatalf("%d pools kept after they were all deleted", len(c.m))
+	}
 }
