@@ -20,6 +20,7 @@ import (
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/ipam"
+	"github.com/vmipam/vmipam/kubestore"
 	"github.com/vmipam/vmipam/pools"
 )
 
@@ -39,8 +40,11 @@ const maxNamedHolders = 5
 // strands no VirtualMachine and a pool created again over the same ranges
 // cannot hand out an address inside its cooldown.
 type IPPoolReconciler struct {
-	Client   client.Client
-	Registry *pools.Registry
+	Client client.Client
+	// APIReader lists a released pool's IPBlocks from the API server, so
+	// that no informer holds them all.
+	APIReader client.Reader
+	Registry  *pools.Registry
 	Recorder events.EventRecorder
 	// Clock defaults to the system clock; the cooldown wait reads it.
 	Clock ipam.Clock
@@ -136,6 +140,12 @@ func (r *IPPoolReconciler) deleting(ctx context.Context, pool *vmipamv1.IPPool) 
 	if err := r.Registry.Remove(ctx, pool.Name); err != nil {
 		return ctrl.Result{}, err
 	}
+	// Nothing is claimed or cooling down any more: the blocks go now, not
+	// whenever the garbage collector gets to them, so that a pool created
+	// again under this name starts from nothing.
+	if err := r.deleteBlocks(ctx, pool); err != nil {
+		return ctrl.Result{}, err
+	}
 	logf.FromContext(ctx).Info("Releasing deleted IPPool", "ippool", pool.Name)
 	base := pool.DeepCopy()
 	controllerutil.RemoveFinalizer(pool, vmipamv1.PoolFinalizer)
@@ -143,6 +153,24 @@ func (r *IPPoolReconciler) deleting(ctx context.Context, pool *vmipamv1.IPPool) 
 		return ctrl.Result{}, client.IgnoreNotFound(fmt.Errorf("remove finalizer of IPPool %s: %w", pool.Name, err))
 	}
 	return ctrl.Result{}, nil
+}
+
+// deleteBlocks deletes the IPBlocks of a pool being released.
+func (r *IPPoolReconciler) deleteBlocks(ctx context.Context, pool *vmipamv1.IPPool) error {
+	var blocks vmipamv1.IPBlockList
+	if err := r.APIReader.List(ctx, &blocks, client.MatchingLabels{vmipamv1.PoolLabel: kubestore.PoolLabelValue(pool.Name)}); err != nil {
+		return fmt.Errorf("list IPBlocks of IPPool %s: %w", pool.Name, err)
+	}
+	for i := range blocks.Items {
+		b := &blocks.Items[i]
+		if b.Spec.Pool != pool.Name {
+			continue
+		}
+		if err := r.Client.Delete(ctx, b); client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("delete IPBlock %s of IPPool %s: %w", b.Name, pool.Name, err)
+		}
+	}
+	return nil
 }
 
 func (r *IPPoolReconciler) now() time.Time {

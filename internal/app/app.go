@@ -83,7 +83,7 @@ func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
 		return nil, fmt.Errorf("add pool registry: %w", err)
 	}
 	if err := (&controller.IPPoolReconciler{
-		Client: mgr.GetClient(), Registry: reg, Recorder: mgr.GetEventRecorder("vmipam"), Clock: opts.Clock,
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Registry: reg, Recorder: mgr.GetEventRecorder("vmipam"), Clock: opts.Clock,
 	}).SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("set up IPPool controller: %w", err)
 	}

@@ -440,6 +440,17 @@ func TestPoolDeletionWaits(t *testing.T) {
 		}
 		return fmt.Errorf("get: %w", err)
 	})
+	// Its blocks went with it, without waiting for a garbage collector
+	// (envtest runs none).
+	var blocks vmipamv1.IPBlockList
+	if err := k8sClient.List(ctx, &blocks); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range blocks.Items {
+		if b.Spec.Pool == "doomed" {
+			t.Errorf("IPBlock %s of the deleted pool remains", b.Name)
+		}
+	}
 }
 
 // TestPoolTiming: pendingTTL below the API server's request timeout is
