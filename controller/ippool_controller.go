@@ -45,7 +45,7 @@ type IPPoolReconciler struct {
 	// that no informer holds them all.
 	APIReader client.Reader
 	Registry  *pools.Registry
-	Recorder events.EventRecorder
+	Recorder  events.EventRecorder
 	// Clock defaults to the system clock; the cooldown wait reads it.
 	Clock ipam.Clock
 }
