@@ -32,6 +32,10 @@ test: ## Unit, property, fuzz-seed and envtest integration tests under -race.
 	$(GO) vet ./...
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" $(GO) test -race -count=1 -timeout 15m ./...
 
+.PHONY: test-unit
+test-unit: ## Unit, property and fuzz-seed tests, no control plane: go test -short under -race.
+	env -u KUBEBUILDER_ASSETS $(GO) test -race -short -count=1 ./...
+
 .PHONY: chaos
 chaos: ## The long reliability run: 3m of load, 12 SIGKILLs of vmipam, an API server restart.
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" CHAOS_DURATION=3m CHAOS_KILLS=12 $(GO) test -count=1 -timeout 30m -v -run '^TestChaos$$' ./test/chaos/
@@ -87,13 +91,17 @@ $(GOLANGCI_LINT):
 	GOBIN=$(BIN) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
 	mv $(BIN)/golangci-lint $@
 
+# vmipam replicas of run and local-up; more than one run behind a stand-in
+# for the Service (hack/lbproxy on 127.0.0.1:9443; see hack/local.sh).
+REPLICAS ?= 1
+
 .PHONY: run
-run: ## Run vmipam on a local control plane with sample VMs; Ctrl-C stops it all.
-	@hack/local.sh run
+run: ## Run vmipam (REPLICAS=N for N replicas) on a local control plane with sample VMs; Ctrl-C stops it all.
+	@REPLICAS=$(REPLICAS) hack/local.sh run
 
 .PHONY: local-up
-local-up: ## Start a local control plane and vmipam in the background (kubeconfig: .local/kubeconfig).
-	@hack/local.sh up
+local-up: ## Start a local control plane and vmipam (REPLICAS=N: N replicas) in the background (kubeconfig: .local/kubeconfig).
+	@REPLICAS=$(REPLICAS) hack/local.sh up
 
 .PHONY: local-down
 local-down: ## Stop what local-up started.

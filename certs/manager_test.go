@@ -332,6 +332,7 @@ func realNow() time.Time { return time.Now().Truncate(time.Second) }
 // first pass creates the Secret and injects the bundle, readiness waits for
 // a configuration created late, and the API server trusts the certificate.
 func TestFirstStart(t *testing.T) {
+	harness.NeedControlPlane(t)
 	start := realNow()
 	f := newFixture(t, fixtureOptions{start: start, noValidating: true})
 	if err := f.mgr.ReadyCheck(nil); err == nil {
@@ -403,6 +404,7 @@ func TestFirstStart(t *testing.T) {
 // ConfigMaps are created without pause through three webhooks: not one
 // create may fail.
 func TestRotationUnderLoad(t *testing.T) {
+	harness.NeedControlPlane(t)
 	now := realNow()
 	// Certificates of 90 days under a CA of 111 days, from 80 days ago: the
 	// serving certificate is due 61 days in, the CA 75 days in, and every
@@ -530,6 +532,7 @@ func TestRotationUnderLoad(t *testing.T) {
 // Manager serves and injects valid material again and admissions go
 // through.
 func TestRecovery(t *testing.T) {
+	harness.NeedControlPlane(t)
 	now := realNow()
 	junk := []byte("junk")
 	tests := map[string]struct {
@@ -617,6 +620,7 @@ func TestRecovery(t *testing.T) {
 // TestReinject re-applies a configuration without its caBundle, as a
 // re-applied manifest would: the next pass puts the bundle back.
 func TestReinject(t *testing.T) {
+	harness.NeedControlPlane(t)
 	f := newFixture(t, fixtureOptions{start: realNow()})
 	f.sync(t)
 	f.admitted(t)
@@ -640,6 +644,7 @@ func TestReinject(t *testing.T) {
 // API server lets one write win, the other adopts what it wrote, and both
 // end up serving the same certificate, trusted by the bundle.
 func TestReplicas(t *testing.T) {
+	harness.NeedControlPlane(t)
 	now := realNow()
 	f := newFixture(t, fixtureOptions{start: now.Add(-70 * day)})
 	other, err := New(f.mgr.opts)

@@ -15,6 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	crcontroller "sigs.k8s.io/controller-runtime/pkg/controller"
@@ -49,7 +50,7 @@ type VMReconciler struct {
 	MaxConcurrentReconciles int
 }
 
-// SetupWithManager registers the reconciler.
+// SetupWithManager registers the reconciler, on every replica.
 func (r *VMReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	n := r.MaxConcurrentReconciles
 	if n == 0 {
@@ -58,7 +59,9 @@ func (r *VMReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		For(r.Target.New()).
 		Named("address-gc").
-		WithOptions(crcontroller.Options{MaxConcurrentReconciles: n}).
+		// Every replica runs it: each looks after the objects whose
+		// addresses it holds.
+		WithOptions(crcontroller.Options{MaxConcurrentReconciles: n, NeedLeaderElection: ptr.To(false)}).
 		Complete(r)
 }
 
@@ -115,6 +118,35 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 		return ctrl.Result{RequeueAfter: time.Second}, nil
 	}
 	owner := ipam.Owner{Token: ann[vmipamv1.TokenAnnotation], UID: string(obj.GetUID()), Ref: pools.Ref(obj.GetNamespace(), obj.GetName())}
+	// With several replicas, each object is looked after by the one that
+	// holds its address; one no replica holds, by the replica chosen for
+	// its UID among the live ones.
+	if hasAddr && !pool.Held(addr) {
+		holder, claimed := pool.HolderOf(addr)
+		switch {
+		case claimed && r.Registry.Live(holder):
+			// Another replica's: it binds, releases and repairs it. Look
+			// again later, in case this replica's view of the block lags.
+			return ctrl.Result{RequeueAfter: time.Minute}, nil
+		case claimed:
+			// Its replica left: a live one takes its claims over soon.
+			return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
+		case !r.Registry.Chosen(string(obj.GetUID())):
+			return ctrl.Result{RequeueAfter: time.Minute}, nil
+		case owner.Token != "" && time.Since(obj.GetCreationTimestamp().Time) < time.Minute: //nolint:forbidigo // age of a stored object
+			// Stamped at admission by a replica that claimed the address
+			// before it answered: this replica's view of the block lags.
+			return ctrl.Result{RequeueAfter: time.Minute}, nil
+		case obj.GetDeletionTimestamp() != nil:
+			// No replica holds the address: nothing to release.
+			if target.HasFinalizer(obj) {
+				return ctrl.Result{}, r.removeFinalizer(ctx, obj)
+			}
+			return ctrl.Result{}, nil
+		}
+		// Not deleted, and no replica holds it: this one claims and
+		// adopts it, below.
+	}
 
 	if obj.GetDeletionTimestamp() != nil {
 		if !target.HasFinalizer(obj) {
@@ -150,6 +182,9 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 	}
 
 	if !hasAddr {
+		if !r.Registry.Chosen(string(obj.GetUID())) {
+			return ctrl.Result{RequeueAfter: time.Minute}, nil
+		}
 		return r.assign(ctx, obj, pool)
 	}
 	if !target.HasFinalizer(obj) {
@@ -174,7 +209,7 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 			owner.Token = ""
 		}
 	}
-	switch err := pool.Adopt(addr, owner); {
+	switch err := pool.Adopt(ctx, addr, owner); {
 	case err == nil:
 		// Rare (an object that bypassed the webhook, or a lost
 		// reservation), so worth an Event.
@@ -186,6 +221,9 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 		log.Error(err, "Duplicate address", "address", addr, "pool", pool.Name())
 		pool.NoteConflict(err)
 		r.event(obj, corev1.EventTypeWarning, "DuplicateAddress", "Assign", "%v", err)
+	case errors.Is(err, ipam.ErrInUse), errors.Is(err, ipam.ErrCoolingDown):
+		// Another replica claimed it meanwhile: it adopts the object.
+		return ctrl.Result{RequeueAfter: time.Minute}, nil
 	default:
 		r.event(obj, corev1.EventTypeWarning, "AddressNotManaged", "Assign", "%v", err)
 	}

@@ -61,22 +61,69 @@ type Block struct {
 	// Version is the store's opaque version of this block; empty for a block
 	// that does not exist yet. Writes are compare-and-swap on it.
 	Version string
-	// Claims maps a holder to the addresses it has claimed.
+	// Claims maps a holder to the addresses it has claimed. No address is
+	// claimed by two holders: a holder sets a bit only in a write over a
+	// version that shows no other holder's bit there.
 	Claims map[string]*Bitmap
+	// InUse maps a holder to its claimed addresses that were pending or
+	// allocated when it last wrote the block; Armed, to its free addresses
+	// that it may hand out before it writes the block again. Together they
+	// are every address of the holder that a crash may have left in use:
+	// recovery rests those and frees the rest of the holder's claims.
+	InUse, Armed map[string]*Bitmap
 	// Cooldowns maps released addresses to the end of their cooldown.
 	Cooldowns map[netip.Addr]time.Time
+	// Requests maps a holder to what it asks the block's other holders to
+	// hand over: a count of any free addresses, and specific ones.
+	Requests map[string]Request
+	// Exact reports that InUse and Armed are recorded: a block written by
+	// an older version of vmipam is read as if every claimed address might
+	// be in use.
+	Exact bool
+}
+
+// Request is a holder's request for addresses another holder claims.
+type Request struct {
+	// Count is how many of any free addresses it asks for.
+	Count int
+	// Addrs are specific addresses it asks for (static requests); nil when
+	// none.
+	Addrs *Bitmap
 }
 
 // Clone returns a deep copy of b.
 func (b Block) Clone() Block {
 	c := b
-	c.Claims = make(map[string]*Bitmap, len(b.Claims))
-	for h, bm := range b.Claims {
-		cp := *bm
-		c.Claims[h] = &cp
-	}
+	c.Claims = cloneBitmaps(b.Claims)
+	c.InUse = cloneBitmaps(b.InUse)
+	c.Armed = cloneBitmaps(b.Armed)
 	c.Cooldowns = maps.Clone(b.Cooldowns)
+	if b.Requests != nil {
+		c.Requests = make(map[string]Request, len(b.Requests))
+		for h, r := range b.Requests {
+			if r.Addrs != nil {
+				cp := *r.Addrs
+				r.Addrs = &cp
+			}
+			c.Requests[h] = r
+		}
+	}
 	return c
+}
+
+func cloneBitmaps(m map[string]*Bitmap) map[string]*Bitmap {
+	c := make(map[string]*Bitmap, len(m))
+	for h, bm := range m {
+		cp := *bm
+		c[h] = &cp
+	}
+	return c
+}
+
+// has reports whether holder h's bitmap in m has offset off.
+func has(m map[string]*Bitmap, h string, off int) bool {
+	bm := m[h]
+	return bm != nil && bm.Has(off)
 }
 
 // holderOf returns the holder that claimed offset off, if any.
@@ -98,33 +145,88 @@ type EncodedBlock struct {
 	// BlockSize/8 bytes, bit i of byte j being offset 8j+i. Trailing zero
 	// bytes are trimmed.
 	Claims map[string]string `json:"claims,omitempty"`
+	// InUse and Armed map a holder to bitmaps in the same encoding.
+	InUse map[string]string `json:"inUse,omitempty"`
+	Armed map[string]string `json:"armed,omitempty"`
 	// Cooldowns is base64 of records sorted by offset: the offset as a
 	// big-endian uint16, then the deadline as big-endian int64 Unix seconds
 	// (rounded up, so a restart never shortens a cooldown).
 	Cooldowns string `json:"cooldowns,omitempty"`
+	// Requests maps a holder to its request.
+	Requests map[string]EncodedRequest `json:"requests,omitempty"`
+	// Format is 2 for blocks that record InUse and Armed, 0 before.
+	Format int `json:"format,omitempty"`
+}
+
+// EncodedRequest is Request in its persisted form.
+type EncodedRequest struct {
+	Count int    `json:"count,omitempty"`
+	Addrs string `json:"addrs,omitempty"`
+}
+
+// exactFormat is EncodedBlock.Format for blocks that record InUse and Armed.
+const exactFormat = 2
+
+func encodeBitmap(bm *Bitmap) string {
+	var raw [BlockSize / 8]byte
+	for i, w := range bm {
+		binary.LittleEndian.PutUint64(raw[i*8:], w)
+	}
+	n := len(raw)
+	for n > 0 && raw[n-1] == 0 {
+		n--
+	}
+	return base64.StdEncoding.EncodeToString(raw[:n])
+}
+
+func encodeBitmaps(m map[string]*Bitmap) map[string]string {
+	var out map[string]string
+	for h, bm := range m {
+		if bm == nil || bm.Empty() {
+			continue
+		}
+		if out == nil {
+			out = make(map[string]string, len(m))
+		}
+		out[h] = encodeBitmap(bm)
+	}
+	return out
+}
+
+func decodeBitmap(s string) (*Bitmap, bool) {
+	raw, err := base64.StdEncoding.DecodeString(s)
+	if err != nil || len(raw) > BlockSize/8 {
+		return nil, false
+	}
+	var full [BlockSize / 8]byte
+	copy(full[:], raw)
+	bm := new(Bitmap)
+	for i := range bm {
+		bm[i] = binary.LittleEndian.Uint64(full[i*8:])
+	}
+	return bm, true
 }
 
 const cooldownRecord = 2 + 8
 
 // Encode returns the persisted form of b.
 func (b Block) Encode() EncodedBlock {
-	e := EncodedBlock{Prefix: b.Prefix.String()}
-	if len(b.Claims) > 0 {
-		e.Claims = make(map[string]string, len(b.Claims))
-		for h, bm := range b.Claims {
-			if bm.Empty() {
-				continue
-			}
-			var raw [BlockSize / 8]byte
-			for i, w := range bm {
-				binary.LittleEndian.PutUint64(raw[i*8:], w)
-			}
-			n := len(raw)
-			for n > 0 && raw[n-1] == 0 {
-				n--
-			}
-			e.Claims[h] = base64.StdEncoding.EncodeToString(raw[:n])
+	e := EncodedBlock{Prefix: b.Prefix.String(), Claims: encodeBitmaps(b.Claims), InUse: encodeBitmaps(b.InUse), Armed: encodeBitmaps(b.Armed)}
+	if b.Exact {
+		e.Format = exactFormat
+	}
+	for h, r := range b.Requests {
+		er := EncodedRequest{Count: r.Count}
+		if r.Addrs != nil && !r.Addrs.Empty() {
+			er.Addrs = encodeBitmap(r.Addrs)
 		}
+		if er.Count == 0 && er.Addrs == "" {
+			continue
+		}
+		if e.Requests == nil {
+			e.Requests = map[string]EncodedRequest{}
+		}
+		e.Requests[h] = er
 	}
 	if len(b.Cooldowns) > 0 {
 		addrs := slices.SortedFunc(maps.Keys(b.Cooldowns), netip.Addr.Compare)
@@ -150,19 +252,34 @@ func (e EncodedBlock) Decode(version string) (Block, error) {
 		return Block{}, fmt.Errorf("decode block %q: prefix must be a block-aligned /%d (IPv4) or /%d (IPv6)",
 			e.Prefix, 32-BlockBits, 128-BlockBits)
 	}
-	b := Block{Prefix: p, Version: version, Claims: map[string]*Bitmap{}, Cooldowns: map[netip.Addr]time.Time{}}
-	for h, s := range e.Claims {
-		raw, err := base64.StdEncoding.DecodeString(s)
-		if err != nil || len(raw) > BlockSize/8 {
-			return Block{}, fmt.Errorf("decode block %s: claims of holder %q: not base64 of at most %d bytes", e.Prefix, h, BlockSize/8)
+	b := Block{Prefix: p, Version: version, Claims: map[string]*Bitmap{}, InUse: map[string]*Bitmap{}, Armed: map[string]*Bitmap{},
+		Cooldowns: map[netip.Addr]time.Time{}, Exact: e.Format >= exactFormat}
+	for _, f := range []struct {
+		name string
+		in   map[string]string
+		out  map[string]*Bitmap
+	}{{"claims", e.Claims, b.Claims}, {"inUse", e.InUse, b.InUse}, {"armed", e.Armed, b.Armed}} {
+		for h, s := range f.in {
+			bm, ok := decodeBitmap(s)
+			if !ok {
+				return Block{}, fmt.Errorf("decode block %s: %s of holder %q: not base64 of at most %d bytes", e.Prefix, f.name, h, BlockSize/8)
+			}
+			f.out[h] = bm
 		}
-		var full [BlockSize / 8]byte
-		copy(full[:], raw)
-		bm := new(Bitmap)
-		for i := range bm {
-			bm[i] = binary.LittleEndian.Uint64(full[i*8:])
+	}
+	for h, r := range e.Requests {
+		req := Request{Count: max(r.Count, 0)}
+		if r.Addrs != "" {
+			bm, ok := decodeBitmap(r.Addrs)
+			if !ok {
+				return Block{}, fmt.Errorf("decode block %s: request of holder %q: addresses not base64 of at most %d bytes", e.Prefix, h, BlockSize/8)
+			}
+			req.Addrs = bm
 		}
-		b.Claims[h] = bm
+		if b.Requests == nil {
+			b.Requests = map[string]Request{}
+		}
+		b.Requests[h] = req
 	}
 	if e.Cooldowns != "" {
 		raw, err := base64.StdEncoding.DecodeString(e.Cooldowns)

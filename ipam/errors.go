@@ -72,9 +72,18 @@ type AddressError struct {
 	Owner Owner
 	// Until is the end of the cooldown, for ErrCoolingDown.
 	Until time.Time
+	// Holder is the other holder (another replica) that holds it, when
+	// this Manager knows it only from the store.
+	Holder string
 }
 
 func (e *AddressError) Error() string {
+	if e.Holder != "" {
+		if e.State == StateCooldown {
+			return fmt.Sprintf("address %s was released recently and cools down until %s (held by vmipam replica %s)", e.Addr, e.Until.UTC().Format(time.RFC3339), e.Holder)
+		}
+		return fmt.Sprintf("address %s is in use: vmipam replica %s holds it", e.Addr, e.Holder)
+	}
 	switch e.State {
 	case StateAllocated:
 		if e.Owner.Ref != "" {

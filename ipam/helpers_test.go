@@ -59,6 +59,7 @@ type testPool struct {
 	cidr                string
 	exclude             []string
 	low, target, high   int
+	armBatch            int
 	cooldown, pendingTT time.Duration
 }
 
@@ -89,7 +90,7 @@ func newTestManager(t testing.TB, p testPool) (*Manager, *fakeClock, *countingSt
 		Pool: "test", Holder: "h1",
 		Ranges:   mustRanges(t, RangeSpec{CIDR: p.cidr, Exclude: p.exclude}),
 		Cooldown: p.cooldown, PendingTTL: p.pendingTT,
-		LowWatermark: p.low, TargetFree: p.target, HighWatermark: p.high,
+		LowWatermark: p.low, TargetFree: p.target, HighWatermark: p.high, ArmBatch: p.armBatch,
 		Store: st, Clock: clk,
 	})
 	if err != nil {

@@ -61,7 +61,7 @@ func TestOneAddressOneSpelling(t *testing.T) {
 			if _, err := m.Bind(Owner{Token: "a", UID: "u1"}); err != nil {
 				t.Fatal(err)
 			}
-			if err := m.Adopt(other, Owner{UID: "u2"}); !errors.Is(err, ErrConflict) {
+			if err := m.Adopt(context.Background(), other, Owner{UID: "u2"}); !errors.Is(err, ErrConflict) {
 				t.Fatalf("Adopt(%s) by another UID: %v, want ErrConflict", other, err)
 			}
 			if err := m.ReleaseDurable(ctx, other, Owner{UID: "u1"}); err != nil {
@@ -123,52 +123,6 @@ func TestPendingBoundPerNamespace(t *testing.T) {
 	}
 }
 
-// TestReenterOnceBySameAdmission: a reinvoked admission may find its own
-// reservation once; a copied token, another admission or a sealed
-// reservation is never trusted.
-func TestReenterOnceBySameAdmission(t *testing.T) {
-	ctx := t.Context()
-	m := newManager(t, Config{Ranges: mustRanges(t, RangeSpec{CIDR: "10.0.0.0/28"}), Cooldown: time.Minute, Clock: newFakeClock()})
-	a, err := m.Allocate(ctx, Reservation{Token: "t1", Admission: "adm-1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := m.Allocate(ctx, Reservation{Token: "t2", Admission: "adm-2"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tests := []struct {
-		token, admission string
-		addr             netip.Addr
-		want             bool
-	}{
-		{"t1", "adm-2", a, false},                                    // another admission
-		{"t1", "adm-1", b, false},                                    // another address
-		{"t1", "", a, false},                                         // no admission at all
-		{"t1", "adm-1", a, true},                                     // the reinvocation
-		{"t1", "adm-1", a, false},                                    // once only
-		{"nope", "adm-1", a, false},                                  // an unknown token
-		{"t2", "adm-2", Canonical(netip.AddrFrom16(b.As16())), true}, // any spelling
-	}
-	for i, tc := range tests {
-		if got := m.Reenter(tc.token, tc.admission, tc.addr); got != tc.want {
-			t.Errorf("%d: Reenter(%s, %q, %s) = %t, want %t", i, tc.token, tc.admission, tc.addr, got, tc.want)
-		}
-	}
-	c, _ := m.Allocate(ctx, Reservation{Token: "t3", Admission: "adm-3"})
-	m.Seal("t3")
-	if m.Reenter("t3", "adm-3", c) {
-		t.Error("Reenter of a sealed reservation succeeded")
-	}
-	d, _ := m.Allocate(ctx, Reservation{Token: "t4", Admission: "adm-4"})
-	if _, err := m.Bind(Owner{Token: "t4", UID: "u4"}); err != nil {
-		t.Fatal(err)
-	}
-	if m.Reenter("t4", "adm-4", d) {
-		t.Error("Reenter of a bound reservation (its token is visible on a stored object) succeeded")
-	}
-}
-
 // TestUnusedSkipsCooldownOnlyWithProof: a lapsed reservation's address
 // cools down, unless a read begun after its deadline proves no object was
 // stored with it.
@@ -217,7 +171,8 @@ func TestUnusedSkipsCooldownOnlyWithProof(t *testing.T) {
 }
 
 // TestNoCooldown: a pool with a zero cooldown hands a released address out
-// again at once, and a crash rests it for the pending TTL only.
+// again at once; after a crash, an address the store shows in use rests for
+// the pending TTL only, and one it shows free is free.
 func TestNoCooldown(t *testing.T) {
 	ctx := t.Context()
 	clk := newFakeClock()
@@ -226,10 +181,16 @@ func TestNoCooldown(t *testing.T) {
 		LowWatermark: 0, TargetFree: 2, HighWatermark: 2}
 	m := newManager(t, cfg)
 	a, _ := m.Allocate(ctx, Reservation{Token: "a"})
-	if _, err := m.Bind(Owner{Token: "a", UID: "u"}); err != nil {
+	b, _ := m.Allocate(ctx, Reservation{Token: "b"})
+	for _, tok := range []string{"a", "b"} {
+		if _, err := m.Bind(Owner{Token: tok, UID: "u" + tok}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := m.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.ReleaseDurable(ctx, a, Owner{UID: "u"}); err != nil {
+	if err := m.ReleaseDurable(ctx, a, Owner{UID: "ua"}); err != nil {
 		t.Fatal(err)
 	}
 	if s, _, _ := m.Lookup(a); s != StateFree {
@@ -238,9 +199,16 @@ func TestNoCooldown(t *testing.T) {
 	if err := m.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// b is released after the last write: the store still shows it in use.
+	if err := m.ReleaseDurable(ctx, b, Owner{UID: "ub"}); err != nil {
+		t.Fatal(err)
+	}
 	m2 := newManager(t, cfg)
-	if s, _, until := m2.Lookup(a); s != StateCooldown || !until.Equal(clk.Now().Add(time.Minute)) {
-		t.Fatalf("after a restart %s is %s until %s, want to rest for the pending TTL", a, s, until)
+	if s, _, _ := m2.Lookup(a); s != StateFree {
+		t.Errorf("after a restart %s, written free, is %s, want free", a, s)
+	}
+	if s, _, until := m2.Lookup(b); s != StateCooldown || !until.Equal(clk.Now().Add(time.Minute)) {
+		t.Errorf("after a restart %s, released since the last write, is %s until %s, want to rest for the pending TTL", b, s, until)
 	}
 }
 

@@ -16,6 +16,15 @@ type Clock interface {
 	Now() time.Time
 }
 
+// Timers makes the tickers and timers Run waits on. The default is the real
+// ones; a test injects fakes to drive Run without waiting for real time.
+type Timers interface {
+	// NewTicker returns a channel that ticks every d, and how to stop it.
+	NewTicker(d time.Duration) (<-chan time.Time, func())
+	// After returns a channel that receives once d has passed.
+	After(d time.Duration) <-chan time.Time
+}
+
 // State is the state of an address in a Manager.
 type State uint8
 
@@ -34,7 +43,8 @@ const (
 	StateAllocated
 	// StateCooldown: released; not handed out before its deadline.
 	StateCooldown
-	// stateReturning: being given back to the store.
+	// stateReturning: being given back to the store, or handed over to
+	// another holder, by a write in flight.
 	stateReturning
 	// stateSurplus: out of cooldown while the free list is full, waiting
 	// to be given back to the store; free to hand out until then.
@@ -72,9 +82,6 @@ type Reservation struct {
 	// Ref names the machine in messages: namespace/name, or the
 	// generateName prefix when the name is not known yet.
 	Ref string
-	// Admission identifies the admission request that made the
-	// reservation, for Reenter; empty means it cannot be re-entered.
-	Admission string
 }
 
 // Config configures a Manager.
@@ -82,7 +89,8 @@ type Config struct {
 	// Pool names the pool, for errors and metrics.
 	Pool string
 	// Holder names this Manager in the store's claims. It must be stable
-	// across restarts of the same replica and unique among replicas.
+	// across restarts of the same replica and unique among the replicas
+	// running at any moment.
 	Holder string
 	// Ranges are the pool's usable addresses.
 	Ranges *Ranges
@@ -98,12 +106,20 @@ type Config struct {
 	MaxPendingPerNamespace int
 	// LowWatermark, TargetFree and HighWatermark bound the local free list:
 	// below low the Manager claims up to target; above high it returns
-	// addresses down to target.
+	// addresses down to target. With several holders, each keeps a smaller
+	// share of a small pool (see SetPeers).
 	LowWatermark, TargetFree, HighWatermark int
+	// ArmBatch is how many free addresses are armed at a time: written to
+	// the store as "may be handed out" before they are, so that a crash
+	// rests those few and frees the rest of the free list. Zero picks one
+	// from the pool's size, between 4 and 32.
+	ArmBatch int
 	// Store persists claims and cooldowns.
 	Store Store
 	// Clock defaults to the system clock.
 	Clock Clock
+	// Timers default to the real ones.
+	Timers Timers
 	// ObserveAllocation, if set, receives the latency of every Allocate.
 	ObserveAllocation func(d time.Duration, err error)
 }
@@ -126,8 +142,15 @@ func DefaultMaxPendingPerNamespace(usable uint64) int {
 	return int(min(max(usable/8, 64), 1<<30))
 }
 
-// maxStoreRetries bounds re-reads after a store conflict.
-const maxStoreRetries = 5
+// defaultArmBatch arms a thirty-second of the pool at a time, between 4
+// and 32: after a crash, at most that many free addresses rest.
+func defaultArmBatch(usable uint64) int {
+	return int(min(max(usable/32, 4), 32))
+}
+
+// maxStoreRetries bounds the re-reads after store conflicts of one write:
+// sized for several holders writing one block, with a backoff between.
+const maxStoreRetries = 16
 
 // maxClaimRounds bounds how often one allocation claims for an empty free
 // list that concurrent allocations keep emptying.
@@ -140,10 +163,15 @@ type entry struct {
 	owner Owner
 	// at is when a pending reservation was made, or when a cooldown ends.
 	at time.Time
-	// ns and admission are a pending reservation's namespace and
-	// admission; sealed once it can no longer be re-entered.
-	ns, admission string
-	sealed        bool
+	// ns is a pending reservation's namespace.
+	ns string
+	// armed: a free address that the store, as last written, shows armed,
+	// so that it may be handed out; arming: a write in flight arms it.
+	armed, arming bool
+	// orphan: found claimed by this holder in the store, in use or armed
+	// there, without knowing which machine holds it: it cools down until
+	// a resync with the live machines settles it (see materializeLocked).
+	orphan bool
 	// changed is the Manager's sequence number at the entry's last change
 	// of owner or state, so Resync can tell changes newer than its list.
 	changed    uint64
@@ -154,15 +182,20 @@ type entry struct {
 type blockState struct {
 	persisted Block
 	loaded    bool
-	// returning: a write that gives addresses back is in flight; once it
-	// lands the store may no longer claim what persisted shows claimed.
+	// returning: a write that gives addresses back, or hands them over, is
+	// in flight; once it lands the store may no longer claim what
+	// persisted shows claimed.
 	returning bool
 	// gen counts local changes that the persisted block does not reflect;
 	// written is the gen of the last successful write.
 	gen, written uint64
 	// ours counts this Manager's entries in the block; elsewhere, the
-	// addresses other holders claim in persisted.
-	ours, elsewhere int
+	// addresses other holders claim in persisted; othersFree, those of
+	// them persisted shows neither in use nor cooling down.
+	ours, elsewhere, othersFree int
+	// requested: another holder may ask for addresses here; the next
+	// rebalance reads the block and answers.
+	requested bool
 }
 
 func (b *blockState) dirty() bool { return b.gen != b.written }
@@ -184,49 +217,67 @@ type Stats struct {
 	Rebalances, RebalanceFailures, StoreConflicts, StoreWrites   uint64
 	// PendingLimited counts reservations refused by the bound per
 	// namespace; Unused, lapsed reservations returned without a cooldown
-	// because no object was stored with them.
+	// because no object was stored with it.
 	PendingLimited, Unused uint64
+	// Granted and Received count addresses handed over to and from other
+	// holders; TakenOver, addresses taken over from holders that left.
+	Granted, Received, TakenOver uint64
 }
 
 type stats struct {
 	allocations, releases, exhausted, conflicts, expired  atomic.Uint64
 	rebalances, rebalanceFailures, storeConflicts, writes atomic.Uint64
 	pendingLimited, unused                                atomic.Uint64
+	granted, received, takenOver                          atomic.Uint64
 }
 
 // Manager hands out the addresses of one pool. It keeps a free list of
 // addresses claimed in the store between two watermarks, so that the common
 // allocation touches memory only, and persists claims and cooldowns in
-// batches. All methods are safe for concurrent use, and every address they
-// take is compared in its canonical form (see Canonical).
+// batches. Several Managers of one pool, under different holders, share it
+// through the store (see docs/design.md, "Several holders"). All methods are
+// safe for concurrent use, and every address they take is compared in its
+// canonical form (see Canonical).
 type Manager struct {
 	cfg   Config
 	clock Clock
 
 	// mu guards everything below; it is never held during Store I/O.
-	mu       sync.Mutex
-	ready    bool
-	entries  map[netip.Addr]*entry
-	byToken  map[string]*entry
-	free     list
-	pending  list
-	cooldown list
-	surplus  list
-	blocks   map[netip.Prefix]*blockState
-	// returning counts entries being given back; elsewhere sums the
-	// blocks' elsewhere; pendingNS counts pending reservations per
+	mu      sync.Mutex
+	ready   bool
+	entries map[netip.Addr]*entry
+	byToken map[string]*entry
+	// ready holds the armed free addresses, in the order they are handed
+	// out; free the others, until they are armed.
+	readyList, free, pending, cooldown, surplus list
+	blocks                                      map[netip.Prefix]*blockState
+	// returning counts entries being given back or handed over; elsewhere
+	// sums the blocks' elsewhere; pendingNS counts pending reservations per
 	// namespace. All are kept as the state changes, so that counting and
 	// the exhausted path walk nothing.
-	returning, elsewhere int
-	pendingNS            map[string]int
+	returning, elsewhere, othersFree int
+	pendingNS                        map[string]int
 	// unstored holds the reservations that lapsed without their machine
 	// being seen, by address, until Unused or Used settles them.
 	unstored map[netip.Addr]Unstored
 	// cursor is where the search for never-claimed addresses resumes, so
 	// they are handed out in range order.
 	cursor netip.Addr
-	// noClaimableUntil caches a full scan that found nothing to claim.
-	noClaimableUntil time.Time
+	// noClaimableUntil caches a full scan that found nothing to claim;
+	// refreshAfter paces the re-reads of other holders' blocks before an
+	// allocation is refused.
+	noClaimableUntil, refreshAfter time.Time
+	// fence, when set, tells whether this holder's lease is still safely
+	// held; once not, another holder may take its claims over. Nil means
+	// no lease is kept (a test).
+	fence func() bool
+	// peers are the live holders of the pool, this one included; nil
+	// until SetPeers, when every request is served.
+	peers map[string]bool
+	// lost: the store shows another holder on an address this Manager
+	// holds; its claims were taken over, and it serves nothing until it
+	// recovers again.
+	lost bool
 
 	// seq numbers changes of owner or state (see entry.changed).
 	seq uint64
@@ -241,6 +292,15 @@ type Manager struct {
 type systemClock struct{}
 
 func (systemClock) Now() time.Time { return time.Now() } //nolint:forbidigo // the one place the real clock is read
+
+type realTimers struct{}
+
+func (realTimers) NewTicker(d time.Duration) (<-chan time.Time, func()) {
+	t := time.NewTicker(d)
+	return t.C, t.Stop
+}
+
+func (realTimers) After(d time.Duration) <-chan time.Time { return time.After(d) }
 
 // NewManager validates cfg, fills in defaults and returns a Manager that is
 // not ready until Recover has run.
@@ -273,6 +333,9 @@ func NewManager(cfg Config) (*Manager, error) {
 	if cfg.MaxPendingPerNamespace < 0 {
 		bad("maxPendingPerNamespace", fmt.Sprint(cfg.MaxPendingPerNamespace), "must not be negative; zero means no bound")
 	}
+	if cfg.ArmBatch < 0 {
+		bad("armBatch", fmt.Sprint(cfg.ArmBatch), "must not be negative; zero picks one from the pool's size")
+	}
 	if cfg.LowWatermark == 0 && cfg.TargetFree == 0 && cfg.HighWatermark == 0 {
 		cfg.LowWatermark, cfg.TargetFree, cfg.HighWatermark = DefaultLowWatermark, DefaultTargetFree, DefaultHighWatermark
 	}
@@ -286,8 +349,14 @@ func NewManager(cfg Config) (*Manager, error) {
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("configure pool %q: %w", cfg.Pool, errs)
 	}
+	if cfg.ArmBatch == 0 {
+		cfg.ArmBatch = defaultArmBatch(cfg.Ranges.Size())
+	}
 	if cfg.Clock == nil {
 		cfg.Clock = systemClock{}
+	}
+	if cfg.Timers == nil {
+		cfg.Timers = realTimers{}
 	}
 	m := &Manager{cfg: cfg, clock: cfg.Clock, kickC: make(chan struct{}, 1)}
 	m.reset(0)
@@ -298,17 +367,21 @@ func NewManager(cfg Config) (*Manager, error) {
 func (m *Manager) reset(n int) {
 	m.entries = make(map[netip.Addr]*entry, n)
 	m.byToken = make(map[string]*entry, n)
-	m.free, m.pending, m.cooldown, m.surplus = list{}, list{}, list{}, list{}
+	m.readyList, m.free, m.pending, m.cooldown, m.surplus = list{}, list{}, list{}, list{}, list{}
 	m.blocks = map[netip.Prefix]*blockState{}
-	m.returning, m.elsewhere = 0, 0
+	m.returning, m.elsewhere, m.othersFree = 0, 0, 0
 	m.pendingNS = map[string]int{}
 	m.unstored = map[netip.Addr]Unstored{}
 	m.cursor = m.cfg.Ranges.First()
 	m.noClaimableUntil = time.Time{}
+	m.lost = false
 }
 
 // Pool returns the pool's name.
 func (m *Manager) Pool() string { return m.cfg.Pool }
+
+// Holder returns the holder's name.
+func (m *Manager) Holder() string { return m.cfg.Holder }
 
 // Ranges returns the pool's ranges.
 func (m *Manager) Ranges() *Ranges { return m.cfg.Ranges }
@@ -322,17 +395,66 @@ func (m *Manager) Close() {
 	m.ready = false
 }
 
-// Ready reports whether the Manager has recovered and can allocate.
+// Ready reports whether the Manager has recovered and can allocate: not
+// closed, not fenced, its claims not lost.
 func (m *Manager) Ready() bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.ready
+	return m.servingLocked(m.clock.Now()) == nil
 }
+
+// SetFence gives the Manager the test of its holder's lease: valid reports
+// whether the lease is still safely held (renewed recently enough that no
+// other holder may take its claims over yet; see docs/design.md,
+// "Fencing"). While it reports false, every call that could hand out,
+// change or write an address is refused with ErrNotReady. Nil removes the
+// fence. The test is called under the Manager's lock, often: it must be
+// cheap and must not call the Manager.
+func (m *Manager) SetFence(valid func() bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.fence = valid
+}
+
+// servingLocked says why the Manager may not serve now, or nil.
+func (m *Manager) servingLocked(now time.Time) error {
+	switch {
+	case !m.ready:
+		return ErrNotReady
+	case m.lost:
+		return fmt.Errorf("%w: another holder has taken this holder's claims over", ErrNotReady)
+	case m.fence != nil && !m.fence():
+		return fmt.Errorf("%w: this holder's lease has not been renewed in time", ErrNotReady)
+	}
+	return nil
+}
+
+// marksLocked returns the watermarks in force: the configured ones, or,
+// with several live holders, smaller ones, so that their free lists
+// together hold at most half the pool and no holder strands a small pool's
+// addresses out of the others' reach.
+func (m *Manager) marksLocked() (low, target, high int) {
+	low, target, high = m.cfg.LowWatermark, m.cfg.TargetFree, m.cfg.HighWatermark
+	if n := len(m.peers); n > 1 {
+		share := int(min(m.cfg.Ranges.Size()/uint64(2*n), uint64(target)))
+		if share < target {
+			target = max(share, 1)
+			low = min(low, target/2)
+			high = max(target, min(high, 2*target))
+		}
+	}
+	return low, target, high
+}
+
+// freeLocked is how many addresses the Manager holds free, ready or not.
+func (m *Manager) freeLocked() int { return m.readyList.n + m.free.n }
 
 // Allocate hands out an address for a reservation. It is idempotent: the
 // same token gets the same address while its reservation or allocation
-// lasts. It claims from the store synchronously only when the free list is
-// empty; ctx bounds that wait.
+// lasts. It writes to the store synchronously only when no armed address is
+// left (a burst faster than the background arms them), when the free list
+// is empty, or when the pool's free addresses are all another holder's;
+// ctx bounds that wait.
 func (m *Manager) Allocate(ctx context.Context, r Reservation) (netip.Addr, error) {
 	start := m.clock.Now()
 	a, err := m.allocate(ctx, r, start)
@@ -346,11 +468,12 @@ func (m *Manager) allocate(ctx context.Context, r Reservation, now time.Time) (n
 	if r.Token == "" {
 		return netip.Addr{}, fmt.Errorf("allocate from pool %q: %w", m.cfg.Pool, errTokenRequired)
 	}
+	asked, refreshed := false, false
 	for attempt := 0; ; attempt++ {
 		m.mu.Lock()
-		if !m.ready {
+		if err := m.servingLocked(now); err != nil {
 			m.mu.Unlock()
-			return netip.Addr{}, fmt.Errorf("allocate from pool %q: %w", m.cfg.Pool, ErrNotReady)
+			return netip.Addr{}, fmt.Errorf("allocate from pool %q: %w", m.cfg.Pool, err)
 		}
 		m.advance(now)
 		if e := m.byToken[r.Token]; e != nil {
@@ -361,24 +484,28 @@ func (m *Manager) allocate(ctx context.Context, r Reservation, now time.Time) (n
 			m.mu.Unlock()
 			return netip.Addr{}, fmt.Errorf("allocate from pool %q: %w", m.cfg.Pool, err)
 		}
-		e := m.free.head
-		if e != nil {
-			m.free.remove(e)
-		} else if e = m.surplus.head; e != nil {
-			// Better than a claim: it is ours already.
-			m.surplus.remove(e)
-		}
-		if e != nil {
+		if e := m.readyList.head; e != nil {
+			m.readyList.remove(e)
 			m.setPending(e, r, now)
-			low := m.free.n < m.cfg.LowWatermark
+			low, _, _ := m.marksLocked()
+			kick := m.readyList.n < (m.cfg.ArmBatch+1)/2 || m.freeLocked() < low
 			m.mu.Unlock()
 			m.stats.allocations.Add(1)
-			if low {
+			if kick {
 				m.Kick()
 			}
 			return e.addr, nil
 		}
-		if attempt == maxClaimRounds || m.claimableLocked() == 0 {
+		unarmed := m.free.n + m.surplus.n
+		claimable := m.claimableLocked()
+		// Other holders may hold free addresses: the store showed some
+		// that were neither in use nor cooling down there.
+		askable := m.othersFree > 0 && !asked
+		// What other holders claim is known from blocks read earlier: before
+		// calling the pool exhausted, read those again (at most once a
+		// second), since they may have given addresses back since.
+		refresh := !refreshed && m.elsewhere > 0 && !now.Before(m.refreshAfter)
+		if attempt == maxClaimRounds || unarmed == 0 && claimable == 0 && !askable && !refresh {
 			// Nothing is left to claim: say so without scanning, however
 			// large the pool.
 			err := m.exhaustedLocked()
@@ -386,18 +513,54 @@ func (m *Manager) allocate(ctx context.Context, r Reservation, now time.Time) (n
 			m.stats.exhausted.Add(1)
 			return netip.Addr{}, fmt.Errorf("allocate from pool %q: %w", m.cfg.Pool, err)
 		}
+		var stale []netip.Prefix
+		if unarmed == 0 && claimable == 0 && !askable {
+			refreshed, m.refreshAfter = true, now.Add(rescanAfter)
+			for p, bs := range m.blocks {
+				if bs.loaded && bs.elsewhere > 0 {
+					stale = append(stale, p)
+				}
+			}
+		}
 		m.mu.Unlock()
-		// The free list is empty: claim synchronously, outside the lock.
-		// Whether this claim or a concurrent one refilled the list, try
-		// again; only a claim that finds nothing means exhaustion.
-		avail, err := m.claim(ctx, m.cfg.TargetFree)
+		var err error
+		switch {
+		case len(stale) > 0:
+			for _, p := range stale {
+				if err = m.load(ctx, p); err != nil {
+					break
+				}
+			}
+		case unarmed > 0:
+			// Free addresses, none armed: arm a batch, synchronously.
+			err = m.arm(ctx)
+		case claimable > 0:
+			// The free list is empty: claim synchronously, outside the
+			// lock. Whether this claim or a concurrent one refilled the
+			// list, try again; only a claim that finds nothing means
+			// exhaustion.
+			var avail int
+			_, target, _ := m.targets()
+			avail, err = m.claim(ctx, target)
+			if err == nil && avail == 0 {
+				attempt = maxClaimRounds - 1
+			}
+		default:
+			// Every address is claimed, some by other holders: ask them.
+			asked = true
+			err = m.askFor(ctx, netip.Addr{})
+		}
 		if err != nil {
 			return netip.Addr{}, fmt.Errorf("allocate from pool %q: %w", m.cfg.Pool, err)
 		}
-		if avail == 0 {
-			attempt = maxClaimRounds - 1
-		}
 	}
+}
+
+// targets returns the watermarks in force.
+func (m *Manager) targets() (low, target, high int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.marksLocked()
 }
 
 // claimableLocked is how many addresses no holder has claimed, as far as
@@ -414,7 +577,8 @@ func (m *Manager) claimableLocked() uint64 {
 // machine that asks for a static address. It is refused while the address
 // is pending, allocated or cooling down, with an AddressError that says who
 // holds it or until when it cools down. An address this Manager has not
-// claimed yet is claimed synchronously.
+// claimed yet is claimed synchronously; one that another holder holds free
+// is asked for, and handed over within ctx's deadline if that holder can.
 func (m *Manager) Reserve(ctx context.Context, r Reservation, addr netip.Addr) error {
 	now := m.clock.Now()
 	addr = Canonical(addr)
@@ -425,10 +589,13 @@ func (m *Manager) Reserve(ctx context.Context, r Reservation, addr netip.Addr) e
 		return fmt.Errorf("reserve %s in pool %q (usable: %s): %w", addr, m.cfg.Pool, m.cfg.Ranges, ErrOutOfRange)
 	}
 	for attempt := 0; ; attempt++ {
+		if attempt > 4 {
+			return fmt.Errorf("reserve %s in pool %q: %w", addr, m.cfg.Pool, ErrConflict)
+		}
 		m.mu.Lock()
-		if !m.ready {
+		if err := m.servingLocked(now); err != nil {
 			m.mu.Unlock()
-			return fmt.Errorf("reserve %s in pool %q: %w", addr, m.cfg.Pool, ErrNotReady)
+			return fmt.Errorf("reserve %s in pool %q: %w", addr, m.cfg.Pool, err)
 		}
 		m.advance(now)
 		if e := m.byToken[r.Token]; e != nil {
@@ -438,70 +605,53 @@ func (m *Manager) Reserve(ctx context.Context, r Reservation, addr netip.Addr) e
 			}
 			return fmt.Errorf("reserve %s in pool %q: token %s already holds %s: %w", addr, m.cfg.Pool, r.Token, e.addr, ErrConflict)
 		}
+		if err := m.pendingLimitLocked(r.Namespace); err != nil {
+			m.mu.Unlock()
+			return fmt.Errorf("reserve %s in pool %q: %w", addr, m.cfg.Pool, err)
+		}
 		e := m.entries[addr]
-		if e != nil {
-			if err := m.takeLocked(e); err != nil {
-				m.mu.Unlock()
-				return fmt.Errorf("reserve in pool %q: %w", m.cfg.Pool, err)
-			}
-			if err := m.pendingLimitLocked(r.Namespace); err != nil {
-				m.putBackLocked(e)
-				m.mu.Unlock()
+		switch {
+		case e == nil:
+			m.mu.Unlock()
+			if err := m.claimAddr(ctx, addr); err != nil {
 				return fmt.Errorf("reserve %s in pool %q: %w", addr, m.cfg.Pool, err)
 			}
-			m.setPending(e, r, now)
+			continue
+		case e.state == StateCooldown:
+			err := &AddressError{Addr: addr, Reason: ErrCoolingDown, State: e.state, Until: e.at}
 			m.mu.Unlock()
-			m.stats.allocations.Add(1)
-			return nil
+			return fmt.Errorf("reserve in pool %q: %w", m.cfg.Pool, err)
+		case e.state == StatePending || e.state == StateAllocated:
+			err := &AddressError{Addr: addr, Reason: ErrInUse, State: e.state, Owner: e.owner}
+			m.mu.Unlock()
+			return fmt.Errorf("reserve in pool %q: %w", m.cfg.Pool, err)
+		case e.state == stateReturning:
+			// Being given back or handed over: wait for that write (it
+			// holds io), then look again.
+			m.mu.Unlock()
+			m.io.Lock()
+			m.io.Unlock() //nolint:staticcheck // an empty critical section: waiting for the write in flight
+			continue
+		case !e.armed:
+			// Free, but the store does not show it armed: a crash after
+			// handing it out would free it. Arm it first.
+			m.mu.Unlock()
+			if err := m.armEntries(ctx, addr); err != nil {
+				return fmt.Errorf("reserve %s in pool %q: %w", addr, m.cfg.Pool, err)
+			}
+			continue
 		}
-		err := m.pendingLimitLocked(r.Namespace)
+		m.readyList.remove(e)
+		m.setPending(e, r, now)
 		m.mu.Unlock()
-		if err != nil {
-			return fmt.Errorf("reserve %s in pool %q: %w", addr, m.cfg.Pool, err)
-		}
-		if attempt > 0 {
-			return fmt.Errorf("reserve %s in pool %q: %w", addr, m.cfg.Pool, ErrConflict)
-		}
-		if err := m.claimAddr(ctx, addr); err != nil {
-			return fmt.Errorf("reserve %s in pool %q: %w", addr, m.cfg.Pool, err)
-		}
-	}
-}
-
-// takeLocked takes e out of whatever free list holds it, for a
-// reservation, or says why it cannot be had.
-func (m *Manager) takeLocked(e *entry) error {
-	switch e.state {
-	case StateFree:
-		m.free.remove(e)
-	case stateSurplus:
-		m.surplus.remove(e)
-	case stateReturning:
-		// Being given back: keep it. The return's completion sees the new
-		// state and claims it again.
-		m.returning--
-	case StateCooldown:
-		return &AddressError{Addr: e.addr, Reason: ErrCoolingDown, State: e.state, Until: e.at}
-	default:
-		return &AddressError{Addr: e.addr, Reason: ErrInUse, State: e.state, Owner: e.owner}
-	}
-	return nil
-}
-
-// putBackLocked undoes takeLocked for a reservation that was refused.
-func (m *Manager) putBackLocked(e *entry) {
-	switch e.state {
-	case StateFree:
-		m.free.pushBack(e)
-	case stateSurplus:
-		m.surplus.pushBack(e)
-	case stateReturning:
-		m.returning++
+		m.stats.allocations.Add(1)
+		return nil
 	}
 }
 
 // CanReserve says, without changing anything, whether Reserve of addr
-// would be refused because of the address's state: for a dry run.
+// would be refused because of the address's state: for a dry run. An
+// address another holder claims is judged by what the store last showed.
 func (m *Manager) CanReserve(addr netip.Addr) error {
 	addr = Canonical(addr)
 	if !m.cfg.Ranges.Contains(addr) {
@@ -509,12 +659,15 @@ func (m *Manager) CanReserve(addr netip.Addr) error {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if !m.ready {
-		return fmt.Errorf("reserve %s in pool %q: %w", addr, m.cfg.Pool, ErrNotReady)
+	if err := m.servingLocked(m.clock.Now()); err != nil {
+		return fmt.Errorf("reserve %s in pool %q: %w", addr, m.cfg.Pool, err)
 	}
 	m.advance(m.clock.Now())
 	e := m.entries[addr]
 	if e == nil {
+		if bs := m.blocks[BlockOf(addr)]; bs != nil && bs.loaded {
+			return elsewhereState(&bs.persisted, addr, m.cfg.Holder, m.clock.Now())
+		}
 		return nil
 	}
 	switch e.state {
@@ -529,8 +682,9 @@ func (m *Manager) CanReserve(addr netip.Addr) error {
 func (m *Manager) setPending(e *entry, r Reservation, now time.Time) {
 	m.touch(e)
 	e.state = StatePending
+	e.armed, e.arming = false, false
 	e.owner = Owner{Token: r.Token, Ref: r.Ref}
-	e.ns, e.admission, e.sealed = r.Namespace, r.Admission, r.Admission == ""
+	e.ns = r.Namespace
 	e.at = now
 	m.pending.pushBack(e)
 	m.pendingNS[e.ns]++
@@ -545,7 +699,7 @@ func (m *Manager) leavePending(e *entry) {
 	} else {
 		delete(m.pendingNS, e.ns)
 	}
-	e.ns, e.admission, e.sealed = "", "", false
+	e.ns = ""
 }
 
 // Bind binds the pending reservation of o.Token to the machine the cluster
@@ -554,8 +708,8 @@ func (m *Manager) leavePending(e *entry) {
 func (m *Manager) Bind(o Owner) (netip.Addr, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if !m.ready {
-		return netip.Addr{}, fmt.Errorf("bind token %s in pool %q: %w", o.Token, m.cfg.Pool, ErrNotReady)
+	if err := m.servingLocked(m.clock.Now()); err != nil {
+		return netip.Addr{}, fmt.Errorf("bind token %s in pool %q: %w", o.Token, m.cfg.Pool, err)
 	}
 	m.advance(m.clock.Now())
 	e := m.byToken[o.Token]
@@ -584,18 +738,18 @@ func (m *Manager) Bind(o Owner) (netip.Addr, error) {
 // the virtual machine it is allocated to, or the token of a pending
 // reservation. Releasing an address that is free, cooling down or not held
 // is a no-op, so a retried release is harmless. A Manager not recovered
-// yet, or closed, refuses with ErrNotReady: nobody would persist it. Bind
-// and Adopt refuse the same way, so that nothing changes a closed Manager
-// and a late Flush of it writes nothing stale.
+// yet, closed or fenced refuses with ErrNotReady: nobody would persist it.
+// Bind and Adopt refuse the same way, so that nothing changes a closed
+// Manager and a late Flush of it writes nothing stale.
 func (m *Manager) Release(addr netip.Addr, owner Owner) error {
 	addr = Canonical(addr)
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if !m.ready {
-		// Not recovered yet, or closed: a release here would be lost.
-		return fmt.Errorf("release %s in pool %q: %w", addr, m.cfg.Pool, ErrNotReady)
-	}
 	now := m.clock.Now()
+	if err := m.servingLocked(now); err != nil {
+		// A release here would be lost.
+		return fmt.Errorf("release %s in pool %q: %w", addr, m.cfg.Pool, err)
+	}
 	m.advance(now)
 	e := m.entries[addr]
 	if e == nil || (e.state != StatePending && e.state != StateAllocated) {
@@ -622,23 +776,74 @@ func owns(e *entry, o Owner) bool {
 	return o.Token != "" && e.owner.Token == o.Token
 }
 
+// Holds reports whether this Manager holds addr (claims it, in any state):
+// with several holders, the one that holds an address looks after the
+// object that carries it.
+func (m *Manager) Holds(addr netip.Addr) bool {
+	addr = Canonical(addr)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.entries[addr] != nil
+}
+
+// HolderOf returns the holder that claims addr as far as this Manager knows:
+// itself, or the other holder the store showed when the block was last
+// read; false when none.
+func (m *Manager) HolderOf(addr netip.Addr) (string, bool) {
+	addr = Canonical(addr)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.entries[addr] != nil {
+		return m.cfg.Holder, true
+	}
+	if bs := m.blocks[BlockOf(addr)]; bs != nil && bs.loaded {
+		return bs.persisted.holderOf(blockOffset(addr))
+	}
+	return "", false
+}
+
 // Adopt makes addr allocated to owner whatever its state, because a live
 // virtual machine carries it: the cluster's objects are the truth. An
 // address another UID holds is a conflict, reported and left as it is. A
 // pending reservation of another token is displaced: if its machine ever
-// appears, adopting it reports the conflict.
-func (m *Manager) Adopt(addr netip.Addr, owner Owner) error {
+// appears, adopting it reports the conflict. An address no holder claims is
+// claimed first, in the store; one another holder claims is refused with
+// ErrHeldElsewhere: that holder adopts it.
+func (m *Manager) Adopt(ctx context.Context, addr netip.Addr, owner Owner) error {
 	addr = Canonical(addr)
 	if !m.cfg.Ranges.Contains(addr) {
 		return fmt.Errorf("adopt %s in pool %q (usable: %s): %w", addr, m.cfg.Pool, m.cfg.Ranges, ErrOutOfRange)
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if !m.ready {
-		return fmt.Errorf("adopt %s in pool %q: %w", addr, m.cfg.Pool, ErrNotReady)
+	for attempt := 0; ; attempt++ {
+		m.mu.Lock()
+		if err := m.servingLocked(m.clock.Now()); err != nil {
+			m.mu.Unlock()
+			return fmt.Errorf("adopt %s in pool %q: %w", addr, m.cfg.Pool, err)
+		}
+		m.advance(m.clock.Now())
+		e := m.entries[addr]
+		switch {
+		case e != nil && e.state != stateReturning:
+			err := m.adoptLocked(addr, owner)
+			m.mu.Unlock()
+			return err
+		case attempt > 4:
+			m.mu.Unlock()
+			return fmt.Errorf("adopt %s in pool %q: %w", addr, m.cfg.Pool, ErrConflict)
+		case e != nil:
+			// Being given back or handed over: wait for that write.
+			m.mu.Unlock()
+			m.io.Lock()
+			m.io.Unlock() //nolint:staticcheck // an empty critical section: waiting for the write in flight
+			continue
+		}
+		m.mu.Unlock()
+		// Claimed in the store before it is ours: no other holder may hold
+		// it at the same time.
+		if err := m.claimAddr(ctx, addr); err != nil {
+			return fmt.Errorf("adopt %s in pool %q: %w", addr, m.cfg.Pool, err)
+		}
 	}
-	m.advance(m.clock.Now())
-	return m.adoptLocked(addr, owner)
 }
 
 func (m *Manager) adoptLocked(addr netip.Addr, owner Owner) error {
@@ -646,7 +851,8 @@ func (m *Manager) adoptLocked(addr netip.Addr, owner Owner) error {
 	switch {
 	case e == nil:
 		e = m.addEntry(addr, StateAllocated)
-		// Claimed without the store's say: persist it with the next flush.
+		// Claimed without a write of its own (only Recover, which writes
+		// before it serves, does this).
 		m.markDirty(addr)
 	case e.state == StateAllocated:
 		if e.owner.UID == owner.UID {
@@ -660,17 +866,18 @@ func (m *Manager) adoptLocked(addr netip.Addr, owner Owner) error {
 			delete(m.byToken, e.owner.Token)
 		}
 	case e.state == StateFree:
-		m.free.remove(e)
+		m.listOf(e).remove(e)
 	case e.state == stateSurplus:
 		m.surplus.remove(e)
-	case e.state == stateReturning:
-		m.returning--
 	case e.state == StateCooldown:
 		m.cooldown.remove(e)
-		m.markDirty(addr)
 	}
 	m.touch(e)
+	// The store must show it in use before the machine may go: the next
+	// write says so (ReleaseDurable flushes until it does).
+	m.markDirty(addr)
 	e.state = StateAllocated
+	e.armed, e.arming = false, false
 	e.owner = owner
 	e.at = time.Time{}
 	if owner.Token != "" {
@@ -681,6 +888,14 @@ func (m *Manager) adoptLocked(addr netip.Addr, owner Owner) error {
 		m.byToken[owner.Token] = e
 	}
 	return nil
+}
+
+// listOf returns the list a free entry is in.
+func (m *Manager) listOf(e *entry) *list {
+	if e.armed {
+		return &m.readyList
+	}
+	return &m.free
 }
 
 // dropToken forgets the token of a pending reservation displaced by a live
@@ -727,21 +942,22 @@ func (m *Manager) advance(now time.Time) int {
 		e.at = time.Time{}
 		kick = m.rest(e) || kick
 	}
-	if kick || m.free.n > m.cfg.HighWatermark {
+	if _, _, high := m.marksLocked(); kick || m.freeLocked() > high {
 		m.Kick()
 	}
 	return expired
 }
 
 // rest puts an address that left its cooldown, or was never used, where it
-// waits for its next owner: the free list, or, when the free list already
-// holds its target or the address is alone in its block (a static request
-// in a large pool), the surplus that Rebalance gives back to the store, so
-// that scattered claims and their blocks do not linger: the free list is
-// refilled densely, in range order, instead. It reports whether the
-// surplus grew.
+// waits for its next owner: the free list (unarmed), or, when the free list
+// already holds its target or the address is alone in its block (a static
+// request in a large pool), the surplus that Rebalance gives back to the
+// store, so that scattered claims and their blocks do not linger: the free
+// list is refilled densely, in range order, instead. It reports whether
+// the surplus grew.
 func (m *Manager) rest(e *entry) bool {
-	if m.free.n >= m.cfg.TargetFree || m.blocks[BlockOf(e.addr)].ours == 1 {
+	e.armed, e.arming = false, false
+	if _, target, _ := m.marksLocked(); m.freeLocked() >= target || m.blocks[BlockOf(e.addr)].ours == 1 {
 		e.state = stateSurplus
 		m.surplus.pushBack(e)
 		return true
@@ -760,6 +976,7 @@ func (m *Manager) toCooldown(e *entry, now time.Time) {
 		delete(m.byToken, e.owner.Token)
 	}
 	e.state = StateCooldown
+	e.armed, e.arming = false, false
 	e.owner = Owner{}
 	e.at = now.Add(m.cfg.Cooldown)
 	m.cooldown.insertByAt(e)
@@ -771,6 +988,7 @@ func (m *Manager) toCooldown(e *entry, now time.Time) {
 func (m *Manager) touch(e *entry) {
 	m.seq++
 	e.changed = m.seq
+	e.orphan = false
 	if len(m.unstored) > 0 {
 		delete(m.unstored, e.addr)
 	}
@@ -807,6 +1025,8 @@ func (m *Manager) addEntry(addr netip.Addr, st State) *entry {
 // removeEntry forgets an address this Manager no longer holds.
 func (m *Manager) removeEntry(e *entry) {
 	delete(m.entries, e.addr)
+	// It may be claimable again: a cached scan that found nothing is stale.
+	m.noClaimableUntil = time.Time{}
 	if b := m.blocks[BlockOf(e.addr)]; b != nil {
 		b.ours--
 	}
@@ -857,7 +1077,7 @@ func (m *Manager) countsLocked() Counts {
 	c := Counts{
 		Usable:   m.cfg.Ranges.Size(),
 		Claimed:  len(m.entries),
-		Free:     m.free.n + m.surplus.n + m.returning,
+		Free:     m.readyList.n + m.free.n + m.surplus.n + m.returning,
 		Pending:  m.pending.n,
 		Cooldown: m.cooldown.n,
 	}
@@ -892,6 +1112,7 @@ func (m *Manager) Stats() Stats {
 		Conflicts: s.conflicts.Load(), ExpiredPendings: s.expired.Load(), Rebalances: s.rebalances.Load(),
 		RebalanceFailures: s.rebalanceFailures.Load(), StoreConflicts: s.storeConflicts.Load(), StoreWrites: s.writes.Load(),
 		PendingLimited: s.pendingLimited.Load(), Unused: s.unused.Load(),
+		Granted: s.granted.Load(), Received: s.received.Load(), TakenOver: s.takenOver.Load(),
 	}
 }
 
@@ -905,20 +1126,20 @@ func (m *Manager) exhaustedLocked() error {
 	return err
 }
 
-// Run rebalances the free list and flushes dirty blocks whenever an
-// allocation crosses a watermark and at least every interval, until ctx
-// ends. Errors are counted and retried on the next round; onError, if set,
-// hears of each.
+// Run rebalances the free list, arms addresses, answers other holders'
+// requests and flushes dirty blocks whenever an allocation crosses a
+// watermark and at least every interval, until ctx ends. Errors are counted
+// and retried on the next round; onError, if set, hears of each.
 func (m *Manager) Run(ctx context.Context, interval time.Duration, onError func(error)) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
+	tick, stop := m.cfg.Timers.NewTicker(interval)
+	defer stop()
 	var backoff time.Duration
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-m.kickC:
-		case <-t.C:
+		case <-tick:
 		}
 		if !m.Ready() {
 			continue
@@ -937,7 +1158,7 @@ func (m *Manager) Run(ctx context.Context, interval time.Duration, onError func(
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(backoff):
+		case <-m.cfg.Timers.After(backoff):
 		}
 	}
 }

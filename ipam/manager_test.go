@@ -229,12 +229,14 @@ func TestBindReleaseAdopt(t *testing.T) {
 			wantErr: ErrConflict, state: StateAllocated,
 		},
 		"adopt a pending address for its own token": {
-			run:   func(m *Manager, a netip.Addr) error { return m.Adopt(a, Owner{Token: "tok", UID: "uid"}) },
+			run: func(m *Manager, a netip.Addr) error {
+				return m.Adopt(context.Background(), a, Owner{Token: "tok", UID: "uid"})
+			},
 			state: StateAllocated,
 		},
 		"adopt a pending address for another machine displaces the reservation": {
 			run: func(m *Manager, a netip.Addr) error {
-				if err := m.Adopt(a, Owner{UID: "live"}); err != nil {
+				if err := m.Adopt(context.Background(), a, Owner{UID: "live"}); err != nil {
 					return err
 				}
 				if _, err := m.Bind(Owner{Token: "tok", UID: "late"}); !errors.Is(err, ErrUnknownToken) {
@@ -247,19 +249,21 @@ func TestBindReleaseAdopt(t *testing.T) {
 		"adopt a cooling address": {
 			run: func(m *Manager, a netip.Addr) error {
 				_ = m.Release(a, Owner{Token: "tok"})
-				return m.Adopt(a, Owner{UID: "uid"})
+				return m.Adopt(context.Background(), a, Owner{UID: "uid"})
 			},
 			state: StateAllocated,
 		},
 		"adopt an address allocated to another uid": {
 			run: func(m *Manager, a netip.Addr) error {
 				_, _ = m.Bind(Owner{Token: "tok", UID: "uid"})
-				return m.Adopt(a, Owner{UID: "uid2"})
+				return m.Adopt(context.Background(), a, Owner{UID: "uid2"})
 			},
 			wantErr: ErrConflict, state: StateAllocated,
 		},
 		"adopt outside the ranges": {
-			run:     func(m *Manager, _ netip.Addr) error { return m.Adopt(addr("192.0.2.1"), Owner{UID: "uid"}) },
+			run: func(m *Manager, _ netip.Addr) error {
+				return m.Adopt(context.Background(), addr("192.0.2.1"), Owner{UID: "uid"})
+			},
 			wantErr: ErrOutOfRange, state: StatePending,
 		},
 	}
@@ -306,7 +310,7 @@ func TestPendingExpiry(t *testing.T) {
 }
 
 func TestWatermarks(t *testing.T) {
-	m, clk, st := newTestManager(t, testPool{cidr: "10.0.0.0/24", low: 4, target: 16, high: 24, cooldown: time.Second})
+	m, clk, st := newTestManager(t, testPool{cidr: "10.0.0.0/24", low: 4, target: 16, high: 24, armBatch: 16, cooldown: time.Second})
 	ctx := t.Context()
 	mustAllocate(t, m, "first")
 	if c := m.Snapshot(); c.Claimed != 16 || st.Puts() != 1 {
@@ -356,7 +360,7 @@ func TestNoStoreIOUnderLock(t *testing.T) {
 	blocking := &blockingStore{Store: NewMemoryStore(), release: make(chan struct{})}
 	m, err := NewManager(Config{
 		Pool: "p", Holder: "h", Ranges: mustRanges(t, RangeSpec{CIDR: "10.0.0.0/24"}),
-		LowWatermark: 8, TargetFree: 16, HighWatermark: 32, Store: blocking, Clock: clk,
+		LowWatermark: 8, TargetFree: 16, HighWatermark: 32, ArmBatch: 16, Store: blocking, Clock: clk,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -452,14 +456,13 @@ func TestRecover(t *testing.T) {
 	if _, err := m1.Bind(Owner{Token: "c", UID: "uid-c"}); err != nil {
 		t.Fatal(err)
 	}
-	cfg.Cooldown = time.Hour // a shorter cooldown never shortens a persisted one; a longer one persisted wins
 	_ = m1.Release(c, Owner{UID: "uid-c"})
 	if err := m1.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
+	released := clk.Now()
 	clk.Step(10 * time.Second)
 
-	cfg.Cooldown = time.Minute
 	m2, _ := NewManager(cfg)
 	rep, err := m2.Recover(ctx, []Holding{
 		{Addr: a, Owner: Owner{Token: "a", UID: "uid-a"}},
@@ -477,6 +480,7 @@ func TestRecover(t *testing.T) {
 		t.Fatalf("conflict = %v", rep.Conflicts[0])
 	}
 	restart := clk.Now()
+	rest := restart.Add(time.Minute) // the longer of the pending TTL (30s) and the cooldown (1m)
 	for _, tc := range []struct {
 		a     netip.Addr
 		state State
@@ -484,25 +488,25 @@ func TestRecover(t *testing.T) {
 	}{
 		{a, StateAllocated, time.Time{}},
 		{addr("10.0.0.9"), StateAllocated, time.Time{}},
-		// pending at the crash: its machine may still appear for the TTL
-		{b, StateCooldown, restart.Add(90 * time.Second)},
-		// released before the crash: at least the crash-safe rest
-		{c, StateCooldown, restart.Add(90 * time.Second)},
-		// claimed for the free list, never handed out: the same rest
-		{addr("10.0.0.4"), StateCooldown, restart.Add(90 * time.Second)},
+		// pending at the crash (in use in the store): its machine may still
+		// appear, or it was released since: the longer rest
+		{b, StateCooldown, rest},
+		// released and written before the crash: its own deadline
+		{c, StateCooldown, released.Add(time.Minute)},
+		// armed, never handed out as far as the store knows: the longer rest
+		{addr("10.0.0.4"), StateCooldown, rest},
+		// claimed for the free list and not armed: free at once
+		{addr("10.0.0.5"), StateFree, time.Time{}},
 	} {
 		st, _, until := m2.Lookup(tc.a)
 		if st != tc.state || !until.Equal(tc.until) {
 			t.Errorf("%s: %s until %s, want %s until %s", tc.a, st, until, tc.state, tc.until)
 		}
 	}
-	// The adopted claim is persisted by the next flush.
-	if err := m2.Flush(ctx); err != nil {
-		t.Fatal(err)
-	}
+	// The adopted claim was written before the Manager served.
 	bl, _ := store.Get(ctx, BlockOf(a))
 	if !bl.Claims["h"].Has(9) {
-		t.Fatal("adopted address 10.0.0.9 not claimed in the store after Flush")
+		t.Fatal("adopted address 10.0.0.9 not claimed in the store after Recover")
 	}
 }
 
@@ -631,13 +635,15 @@ func TestResync(t *testing.T) {
 		{Addr: addr("10.0.0.9"), Owner: Owner{UID: "uid-c"}},
 		{Addr: a, Owner: Owner{UID: "uid-d"}},
 	}, asOf)
-	if rep.Released != 1 || rep.Adopted != 1 || len(rep.Conflicts) != 1 {
+	// An address this Manager does not hold is not its to adopt: the
+	// controller claims it first (Adopt).
+	if rep.Released != 1 || rep.Adopted != 0 || len(rep.Conflicts) != 1 {
 		t.Fatalf("report = %+v", rep)
 	}
 	for _, tc := range []struct {
 		a     netip.Addr
 		state State
-	}{{a, StateAllocated}, {b, StateCooldown}, {p, StatePending}, {addr("10.0.0.9"), StateAllocated}, {late, StateAllocated}} {
+	}{{a, StateAllocated}, {b, StateCooldown}, {p, StatePending}, {addr("10.0.0.9"), StateUnclaimed}, {late, StateAllocated}} {
 		if st, _, _ := m.Lookup(tc.a); st != tc.state {
 			t.Errorf("%s: %s, want %s", tc.a, st, tc.state)
 		}
@@ -653,7 +659,7 @@ func TestClose(t *testing.T) {
 }
 
 func TestDurable(t *testing.T) {
-	m, _, _ := newTestManager(t, testPool{cidr: "10.0.0.0/28", low: 1, target: 2, high: 4})
+	m, _, _ := newTestManager(t, testPool{cidr: "10.0.0.0/28", low: 1, target: 2, high: 4, armBatch: 1})
 	ctx := t.Context()
 	allocated, err := m.Allocate(ctx, Reservation{Token: "a"})
 	if err != nil {
@@ -662,8 +668,22 @@ func TestDurable(t *testing.T) {
 	if _, err := m.Bind(Owner{Token: "a", UID: "uid-a"}); err != nil {
 		t.Fatal(err)
 	}
-	bypassed := addr("10.0.0.12")
-	if err := m.Adopt(bypassed, Owner{UID: "uid-b"}); err != nil {
+	bypassed := addr("10.0.0.12") // claimed by its adoption, in the store at once
+	if err := m.Adopt(context.Background(), bypassed, Owner{UID: "uid-b"}); err != nil {
+		t.Fatal(err)
+	}
+	// A free address the store shows neither in use nor armed, adopted:
+	// only the next write says it is in use.
+	var quiet netip.Addr
+	m.mu.Lock()
+	for e := m.free.head; e != nil; e = e.next {
+		quiet = e.addr
+	}
+	m.mu.Unlock()
+	if !quiet.IsValid() {
+		t.Fatal("no unarmed free address")
+	}
+	if err := m.Adopt(context.Background(), quiet, Owner{UID: "uid-q"}); err != nil {
 		t.Fatal(err)
 	}
 	for _, tt := range []struct {
@@ -671,8 +691,9 @@ func TestDurable(t *testing.T) {
 		addr netip.Addr
 		want bool
 	}{
-		{"claimed before it was handed out", allocated, true},
-		{"adopted, not yet written", bypassed, false},
+		{"armed before it was handed out", allocated, true},
+		{"adopted, unclaimed before", bypassed, true},
+		{"adopted from the free list, not yet written", quiet, false},
 		{"never claimed", addr("10.0.0.13"), false},
 		{"outside every block read", addr("192.0.2.1"), false},
 	} {
@@ -683,7 +704,7 @@ func TestDurable(t *testing.T) {
 	if err := m.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if !m.Durable(bypassed) {
-		t.Errorf("Durable(%s) after a flush = false, want true", bypassed)
+	if !m.Durable(quiet) {
+		t.Errorf("Durable(%s) after a flush = false, want true", quiet)
 	}
 }

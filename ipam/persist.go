@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"math/rand/v2"
 	"net/netip"
 	"slices"
 	"time"
@@ -14,38 +15,93 @@ import (
 // an exhausted pool does not rescan its whole range on every allocation.
 const rescanAfter = time.Second
 
-// Rebalance brings the free list back between the watermarks: below the low
-// watermark it claims up to the target; above the high one it returns
-// addresses down to the target; and it gives back the surplus, addresses
-// out of cooldown that the free list had no room for. Each call makes at
-// most one claiming or returning write (plus re-reads on conflict); Run
-// calls it again while work is left.
+// ErrClaimLost means the store shows another holder on an address this
+// Manager holds: its claims were taken over while it could not tell (see
+// SetFence). The Manager serves nothing until it recovers again.
+var ErrClaimLost = errors.New("claims taken over by another holder")
+
+// writePlan says what a block write changes beyond what the Manager's
+// entries make of the block.
+type writePlan struct {
+	// claim are addresses to claim for this holder; arm, those of them to
+	// arm at once.
+	claim, arm []netip.Addr
+	// give are addresses handed over to other holders (entries in
+	// stateReturning): their bits go to the receiver.
+	give map[string][]netip.Addr
+	// takeFrom is a holder whose claims in the block this write takes
+	// over: adopt are the entries made of them, not yet in the Manager.
+	takeFrom string
+	adopt    []*entry
+	// request replaces this holder's request; answer replaces other
+	// holders' requests (deleting those that are empty).
+	request *Request
+	answer  map[string]Request
+}
+
+// retry runs write until it succeeds, fails with something other than a
+// store conflict, or has conflicted maxStoreRetries times, backing off with
+// jitter between attempts so that several holders writing one block spread
+// out instead of colliding again.
+func (m *Manager) retry(ctx context.Context, write func() error) error {
+	var err error
+	for i := range maxStoreRetries {
+		if err = write(); !errors.Is(err, ErrStoreConflict) {
+			return err
+		}
+		d := time.Millisecond << min(i, 7) // up to 128ms
+		d = d/2 + rand.N(d)                //nolint:gosec // jitter, not a secret
+		select {
+		case <-ctx.Done():
+			return errors.Join(err, ctx.Err())
+		case <-m.cfg.Timers.After(d):
+		}
+	}
+	return fmt.Errorf("%w after %d attempts", err, maxStoreRetries)
+}
+
+// Rebalance brings the free list back between the watermarks: below the
+// low watermark it claims up to the target; with few armed addresses left
+// it arms a batch; it answers other holders' requests, gives back the
+// surplus, and above the high watermark returns addresses down to the
+// target. Each call makes at most one such write (plus re-reads on
+// conflict); Run calls it again while work is left.
 func (m *Manager) Rebalance(ctx context.Context) error {
 	m.mu.Lock()
-	if !m.ready {
+	if m.servingLocked(m.clock.Now()) != nil {
 		m.mu.Unlock()
 		return nil
 	}
 	m.advance(m.clock.Now())
-	n, surplus := m.free.n, m.surplus.n
+	low, target, high := m.marksLocked()
+	n, ready, unarmed, surplus := m.freeLocked(), m.readyList.n, m.free.n+m.surplus.n, m.surplus.n
+	requested := m.requestedLocked()
 	m.mu.Unlock()
 	var err error
 	switch {
-	case n < m.cfg.LowWatermark:
+	case requested.IsValid():
+		m.stats.rebalances.Add(1)
+		err = m.serveRequests(ctx, requested)
+		m.Kick()
+	case n < low && m.claimable() > 0:
 		m.stats.rebalances.Add(1)
 		var avail int
-		avail, err = m.claim(ctx, m.cfg.TargetFree)
-		if err == nil && avail > n && avail < m.cfg.LowWatermark {
+		avail, err = m.claim(ctx, target)
+		if err == nil && avail > n && avail < low {
 			// The block ran out before the target: go on in the next.
 			m.Kick()
 		}
+	case ready < (m.cfg.ArmBatch+1)/2 && unarmed > 0:
+		m.stats.rebalances.Add(1)
+		err = m.arm(ctx)
+		m.Kick()
 	case surplus > 0:
 		m.stats.rebalances.Add(1)
 		err = m.giveBack(ctx, m.pickSurplusLocked)
 		m.Kick()
-	case n > m.cfg.HighWatermark:
+	case n > high:
 		m.stats.rebalances.Add(1)
-		err = m.giveBack(ctx, func() []*entry { return m.pickFreeTailLocked(n - m.cfg.TargetFree) })
+		err = m.giveBack(ctx, func() []*entry { return m.pickFreeTailLocked(n - target) })
 	default:
 		return nil
 	}
@@ -54,6 +110,12 @@ func (m *Manager) Rebalance(ctx context.Context) error {
 		return fmt.Errorf("rebalance pool %q: %w", m.cfg.Pool, err)
 	}
 	return nil
+}
+
+func (m *Manager) claimable() uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.claimableLocked()
 }
 
 // Flush writes every block whose claims or cooldowns changed since it was
@@ -72,36 +134,62 @@ func (m *Manager) Flush(ctx context.Context) error {
 	slices.SortFunc(dirty, netip.Prefix.Compare)
 	var errs []error
 	for _, p := range dirty {
-		var err error
-		for range maxStoreRetries {
-			if err = m.writeBlock(ctx, p, nil); !errors.Is(err, ErrStoreConflict) {
-				break
-			}
-		}
-		if err != nil {
+		if err := m.retry(ctx, func() error { return m.writeBlock(ctx, p, writePlan{}) }); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
 }
 
+// Seal prepares a planned handover: the Manager stops serving, disarms its
+// free addresses and writes its exact state, so that whoever recovers its
+// claims next (itself after a restart, or another holder taking them
+// over) frees every free address at once instead of resting it. Call it
+// once no admission can reach this Manager any more.
+func (m *Manager) Seal(ctx context.Context) error {
+	m.mu.Lock()
+	m.ready = false
+	for e := m.readyList.head; e != nil; e = m.readyList.head {
+		m.readyList.remove(e)
+		e.armed = false
+		m.free.pushBack(e)
+		m.markDirty(e.addr)
+	}
+	m.mu.Unlock()
+	// Flush writes whatever the Manager's state is, closed or not; it
+	// refuses only when fenced, or when the claims were lost.
+	if err := m.Flush(ctx); err != nil {
+		return fmt.Errorf("seal pool %q: %w", m.cfg.Pool, err)
+	}
+	return nil
+}
+
 // Durable reports whether addr's release is already safe from a crash
 // without a Flush: the block as last written shows addr claimed by this
-// holder, so a restart that finds it on no live machine rests it for the
-// pending TTL plus the cooldown (see Recover), longer than the cooldown
-// the release started. An address adopted since the last write has no
-// stored claim: a restart would find it free, so its release must be
-// flushed before the machine that held it may go.
+// holder and in use or armed (so a restart, or a holder taking the claims
+// over, rests it), or cooling down until no earlier than it does now.
 func (m *Manager) Durable(addr netip.Addr) bool {
 	addr = Canonical(addr)
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	bs := m.blocks[BlockOf(addr)]
+	e := m.entries[addr]
+	return e != nil && m.durableLocked(e)
+}
+
+func (m *Manager) durableLocked(e *entry) bool {
+	bs := m.blocks[BlockOf(e.addr)]
 	if bs == nil || !bs.loaded || bs.returning {
 		return false
 	}
-	h, ok := bs.persisted.holderOf(blockOffset(addr))
-	return ok && h == m.cfg.Holder
+	off, b, h := blockOffset(e.addr), &bs.persisted, m.cfg.Holder
+	if !has(b.Claims, h, off) {
+		return false
+	}
+	if !b.Exact || has(b.InUse, h, off) || has(b.Armed, h, off) {
+		return true
+	}
+	d, ok := b.Cooldowns[e.addr]
+	return ok && e.state == StateCooldown && !d.Before(e.at.Truncate(time.Second))
 }
 
 // ReleaseDurable releases addr as Release does and returns once the release
@@ -113,7 +201,7 @@ func (m *Manager) ReleaseDurable(ctx context.Context, addr netip.Addr, owner Own
 	if err := m.Release(addr, owner); err != nil {
 		return err
 	}
-	if m.Durable(addr) {
+	if !m.Holds(addr) || m.Durable(addr) {
 		return nil
 	}
 	if err := m.Flush(ctx); err != nil {
@@ -123,24 +211,30 @@ func (m *Manager) ReleaseDurable(ctx context.Context, addr netip.Addr, owner Own
 }
 
 // claim fills the free list up to target with never-claimed addresses in
-// range order, all from one block so that it is a single write. It returns
-// how many addresses the free list then holds: zero means nothing is left.
+// range order, all from one block so that it is a single write, arming as
+// many as the armed batch lacks. It returns how many addresses the free
+// list then holds: zero means nothing is left.
 func (m *Manager) claim(ctx context.Context, target int) (int, error) {
 	m.io.Lock()
 	defer m.io.Unlock()
 	for range maxStoreRetries {
 		m.mu.Lock()
-		if n := m.free.n; n >= target {
+		if err := m.servingLocked(m.clock.Now()); err != nil {
+			m.mu.Unlock()
+			return 0, err
+		}
+		if n := m.freeLocked(); n >= target {
 			// Another claim filled the list while this one waited.
 			m.mu.Unlock()
 			return n, nil
 		}
-		p, picks, next, load := m.pickLocked(target - m.free.n)
+		p, picks, next, load := m.pickLocked(target - m.freeLocked())
 		if len(picks) == 0 && !load {
-			n := m.free.n
+			n := m.freeLocked()
 			m.mu.Unlock()
 			return n, nil
 		}
+		armN := min(len(picks), max(m.cfg.ArmBatch-m.readyList.n, 0))
 		m.mu.Unlock()
 		if load {
 			if err := m.load(ctx, p); err != nil {
@@ -148,7 +242,7 @@ func (m *Manager) claim(ctx context.Context, target int) (int, error) {
 			}
 			continue
 		}
-		if err := m.writeBlock(ctx, p, picks); err != nil {
+		if err := m.writeBlock(ctx, p, writePlan{claim: picks, arm: picks[:armN]}); err != nil {
 			if errors.Is(err, ErrStoreConflict) {
 				continue
 			}
@@ -156,71 +250,183 @@ func (m *Manager) claim(ctx context.Context, target int) (int, error) {
 		}
 		m.mu.Lock()
 		m.cursor = next
-		for _, a := range picks {
-			if m.entries[a] == nil {
-				m.free.pushBack(m.addEntry(a, StateFree))
+		for i, a := range picks {
+			if m.entries[a] != nil {
+				continue
+			}
+			e := m.addEntry(a, StateFree)
+			if i < armN {
+				e.armed = true
+				m.readyList.pushBack(e)
+			} else {
+				m.free.pushBack(e)
 			}
 		}
-		n := m.free.n
+		n := m.freeLocked()
 		m.mu.Unlock()
 		return n, nil
 	}
 	return 0, fmt.Errorf("claim addresses: %w after %d attempts", ErrStoreConflict, maxStoreRetries)
 }
 
-// claimAddr claims one specific address for Reserve and puts it at the tail
-// of the free list, where ordinary allocations reach it last.
+// claimAddr claims one specific address, armed, for Reserve or Adopt. An
+// address another holder claims is refused if the store shows it in use or
+// cooling down there, and asked for otherwise.
 func (m *Manager) claimAddr(ctx context.Context, a netip.Addr) error {
-	m.io.Lock()
-	defer m.io.Unlock()
 	p := BlockOf(a)
-	for range maxStoreRetries {
-		m.mu.Lock()
-		if m.entries[a] != nil {
-			m.mu.Unlock()
-			return nil
-		}
-		bs := m.blocks[p]
-		if bs == nil || !bs.loaded {
-			m.mu.Unlock()
-			if err := m.load(ctx, p); err != nil {
+	err := func() error {
+		m.io.Lock()
+		defer m.io.Unlock()
+		return m.retry(ctx, func() error {
+			m.mu.Lock()
+			if m.entries[a] != nil {
+				m.mu.Unlock()
+				return nil
+			}
+			bs := m.blocks[p]
+			if bs == nil || !bs.loaded {
+				m.mu.Unlock()
+				if err := m.load(ctx, p); err != nil {
+					return err
+				}
+				return ErrStoreConflict // look again
+			}
+			if h, ok := bs.persisted.holderOf(blockOffset(a)); ok && h != m.cfg.Holder {
+				err := elsewhereState(&bs.persisted, a, m.cfg.Holder, m.clock.Now())
+				m.mu.Unlock()
+				if err == nil {
+					return errAskHolder
+				}
 				return err
 			}
-			continue
-		}
-		if h, ok := bs.persisted.holderOf(blockOffset(a)); ok && h != m.cfg.Holder {
 			m.mu.Unlock()
-			return fmt.Errorf("address %s is claimed by holder %q: %w", a, h, ErrInUse)
-		}
-		m.mu.Unlock()
-		if err := m.writeBlock(ctx, p, []netip.Addr{a}); err != nil {
-			if errors.Is(err, ErrStoreConflict) {
-				continue
+			if err := m.writeBlock(ctx, p, writePlan{claim: []netip.Addr{a}, arm: []netip.Addr{a}}); err != nil {
+				return err
 			}
-			return err
-		}
-		m.mu.Lock()
-		if m.entries[a] == nil {
-			m.free.pushBack(m.addEntry(a, StateFree))
-		}
-		m.mu.Unlock()
+			m.mu.Lock()
+			if m.entries[a] == nil {
+				e := m.addEntry(a, StateFree)
+				e.armed = true
+				m.readyList.pushBack(e)
+			}
+			m.mu.Unlock()
+			return nil
+		})
+	}()
+	if errors.Is(err, errAskHolder) {
+		return m.askFor(ctx, a)
+	}
+	return err
+}
+
+// errAskHolder: another holder claims the address and the store shows it
+// free there; ask that holder for it.
+var errAskHolder = errors.New("ask the holder")
+
+// elsewhereState says why an address another holder claims cannot be had,
+// by what the store last showed: in use or armed there (it may have been
+// handed out), or cooling down; nil when it showed it free.
+func elsewhereState(b *Block, a netip.Addr, self string, now time.Time) error {
+	off := blockOffset(a)
+	h, ok := b.holderOf(off)
+	if !ok || h == self {
 		return nil
 	}
-	return fmt.Errorf("claim address %s: %w after %d attempts", a, ErrStoreConflict, maxStoreRetries)
+	if d, ok := b.Cooldowns[a]; ok && d.After(now) {
+		return &AddressError{Addr: a, Reason: ErrCoolingDown, State: StateCooldown, Until: d, Holder: h}
+	}
+	if !b.Exact || has(b.InUse, h, off) {
+		return &AddressError{Addr: a, Reason: ErrInUse, State: StateAllocated, Holder: h}
+	}
+	return nil
+}
+
+// arm writes the next batch of unarmed free addresses as armed, from the
+// block of the first of them, so that they may be handed out.
+func (m *Manager) arm(ctx context.Context) error {
+	m.io.Lock()
+	defer m.io.Unlock()
+	m.mu.Lock()
+	var p netip.Prefix
+	var picked []*entry
+	for _, l := range []*list{&m.free, &m.surplus} {
+		for e, seen := l.head, 0; e != nil && len(picked) < m.cfg.ArmBatch && seen < 8*m.cfg.ArmBatch; e, seen = e.next, seen+1 {
+			if !p.IsValid() {
+				p = BlockOf(e.addr)
+			}
+			if BlockOf(e.addr) == p && !e.arming {
+				picked = append(picked, e)
+			}
+		}
+	}
+	m.mu.Unlock()
+	if len(picked) == 0 {
+		return nil
+	}
+	return m.armPicked(ctx, p, picked)
+}
+
+// armEntries arms the one free address a, for Reserve.
+func (m *Manager) armEntries(ctx context.Context, a netip.Addr) error {
+	m.io.Lock()
+	defer m.io.Unlock()
+	m.mu.Lock()
+	e := m.entries[a]
+	m.mu.Unlock()
+	if e == nil {
+		return nil
+	}
+	return m.armPicked(ctx, BlockOf(a), []*entry{e})
+}
+
+// armPicked writes the picked entries of block p armed and, on success,
+// moves those still free to the ready list. The caller holds io.
+func (m *Manager) armPicked(ctx context.Context, p netip.Prefix, picked []*entry) error {
+	m.mu.Lock()
+	for _, e := range picked {
+		e.arming = true
+	}
+	m.mu.Unlock()
+	err := m.retry(ctx, func() error { return m.writeBlock(ctx, p, writePlan{}) })
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, e := range picked {
+		if !e.arming {
+			continue // handed out or changed meanwhile
+		}
+		e.arming = false
+		if err != nil || e.armed || m.entries[e.addr] != e {
+			continue
+		}
+		switch e.state {
+		case StateFree:
+			m.free.remove(e)
+		case stateSurplus:
+			m.surplus.remove(e)
+		default:
+			continue
+		}
+		e.state, e.armed = StateFree, true
+		m.readyList.pushBack(e)
+	}
+	return err
 }
 
 // pickFreeTailLocked takes up to n free addresses for a give-back: the
 // ones freed most recently (those idle the longest stay to be handed out
-// first), from the block of the free list's tail, so that it is a single
+// first), unarmed ones first, from one block, so that it is a single
 // write.
 func (m *Manager) pickFreeTailLocked(n int) []*entry {
 	var picked []*entry
-	if t := m.free.tail; t != nil {
-		p := BlockOf(t.addr)
-		for e := t; e != nil && len(picked) < n; {
+	var p netip.Prefix
+	for _, l := range []*list{&m.free, &m.readyList} {
+		for e := l.tail; e != nil && len(picked) < n; {
 			prev := e.prev
-			if BlockOf(e.addr) == p {
-				m.free.remove(e)
+			if !p.IsValid() {
+				p = BlockOf(e.addr)
+			}
+			if BlockOf(e.addr) == p && !e.arming {
+				l.remove(e)
 				picked = append(picked, e)
 			}
 			e = prev
@@ -237,7 +443,7 @@ func (m *Manager) pickSurplusLocked() []*entry {
 		p := BlockOf(h.addr)
 		for e := h; e != nil; {
 			next := e.next
-			if BlockOf(e.addr) == p {
+			if BlockOf(e.addr) == p && !e.arming {
 				m.surplus.remove(e)
 				picked = append(picked, e)
 			}
@@ -259,46 +465,40 @@ func (m *Manager) giveBack(ctx context.Context, pick func() []*entry) error {
 		return nil
 	}
 	for _, e := range picked {
-		e.state = stateReturning
+		e.state, e.armed = stateReturning, false
 	}
 	m.returning += len(picked)
 	p := BlockOf(picked[0].addr)
 	bs := m.blocks[p]
 	bs.returning = true
 	m.mu.Unlock()
-	var err error
-	for range maxStoreRetries {
-		if err = m.writeBlock(ctx, p, nil); !errors.Is(err, ErrStoreConflict) {
-			break
-		}
-	}
+	err := m.retry(ctx, func() error { return m.writeBlock(ctx, p, writePlan{}) })
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	m.settleReturningLocked(p, bs, picked, err)
+	m.mu.Unlock()
+	if err != nil {
+		m.reload(ctx, p)
+	}
+	return err
+}
+
+// settleReturningLocked ends a write that gave picked away. A write that
+// failed may have landed all the same (a timeout after the commit), so the
+// addresses are given up either way, and the block is read again before
+// anything trusts what it shows.
+func (m *Manager) settleReturningLocked(p netip.Prefix, bs *blockState, picked []*entry, err error) {
 	bs.returning = false
 	if err != nil {
-		// The write may have landed all the same (a timeout after the
-		// commit), so the addresses are given up either way: the next
-		// write agrees with the store, and the block is read again
-		// before anything trusts what it shows.
 		bs.loaded = false
 	}
 	for _, e := range picked {
-		switch {
-		case e.state != stateReturning:
-			// Adopted or reserved while the write was under way: the
-			// write dropped its claim, so claim it again.
+		m.returning--
+		m.removeEntry(e)
+		if err != nil {
 			m.markDirty(e.addr)
-		case err != nil:
-			m.returning--
-			m.removeEntry(e)
-			m.markDirty(e.addr)
-		default:
-			m.returning--
-			m.removeEntry(e)
 		}
 	}
 	m.forgetIfIdleLocked(p, bs)
-	return err
 }
 
 // pickLocked finds up to want never-claimed addresses, starting at the
@@ -331,9 +531,7 @@ func (m *Manager) pickLocked(want int) (p netip.Prefix, picks []netip.Addr, next
 		}
 		for ok && BlockOf(x) == p && len(picks) < want {
 			if m.entries[x] == nil {
-				// Claimed by this holder without an entry: given back by
-				// a write that failed, free to take again.
-				if h, taken := bs.persisted.holderOf(blockOffset(x)); !taken || h == m.cfg.Holder {
+				if _, taken := bs.persisted.holderOf(blockOffset(x)); !taken {
 					picks = append(picks, x)
 				}
 			}
@@ -375,25 +573,88 @@ func (m *Manager) load(ctx context.Context, p netip.Prefix) error {
 	bs := m.blockFor(p.Addr())
 	m.setPersistedLocked(bs, b)
 	bs.loaded = true
+	m.materializeLocked(bs)
 	// New claims elsewhere may have freed or taken addresses.
 	m.noClaimableUntil = time.Time{}
 	return nil
 }
 
+// orphanRest is how long an orphan waits for a resync: as good as forever.
+const orphanRest = 100 * 365 * 24 * time.Hour
+
+// materializeLocked makes entries of the addresses the store shows claimed
+// by this holder that it holds no entry for: handed over by another holder,
+// taken over by a write whose reply was lost, or kept by a give-back that
+// failed. One the store shows free is free; one cooling down keeps its
+// deadline; one it shows in use or armed may be on a live machine that
+// nothing will tell this Manager of again, so it is an orphan: it cools
+// down until the next Resync, with every live machine in hand, adopts it
+// or starts its rest.
+func (m *Manager) materializeLocked(bs *blockState) {
+	b := &bs.persisted
+	bm := b.Claims[m.cfg.Holder]
+	if bm == nil || bs.returning {
+		return
+	}
+	now := m.clock.Now()
+	var cooling []*entry
+	for off := range BlockSize {
+		if !bm.Has(off) {
+			continue
+		}
+		a := blockAddr(b.Prefix, off)
+		if m.entries[a] != nil || !m.cfg.Ranges.Contains(a) {
+			continue
+		}
+		until, free := m.restUntil(b, m.cfg.Holder, a, off, now)
+		e := m.addEntry(a, StateFree)
+		if free {
+			m.rest(e)
+			continue
+		}
+		e.state, e.at = StateCooldown, until
+		if has(b.InUse, m.cfg.Holder, off) || has(b.Armed, m.cfg.Holder, off) || !b.Exact {
+			e.at, e.orphan = now.Add(orphanRest), true
+		}
+		cooling = append(cooling, e)
+	}
+	m.pushCoolingLocked(cooling)
+}
+
 // setPersistedLocked records b as what the store holds for bs, keeping the
-// count of addresses claimed elsewhere current.
+// count of addresses claimed elsewhere current, and notes requests of
+// other holders to answer.
 func (m *Manager) setPersistedLocked(bs *blockState, b Block) {
-	n := 0
+	n, free := 0, 0
 	for h, bm := range b.Claims {
 		if h == m.cfg.Holder {
 			continue
 		}
-		for _, w := range bm {
-			n += bits.OnesCount64(w)
+		for w, x := range bm {
+			n += bits.OnesCount64(x)
+			if b.Exact {
+				if u := b.InUse[h]; u != nil {
+					x &^= u[w]
+				}
+				free += bits.OnesCount64(x)
+			}
+		}
+	}
+	if free > 0 {
+		for a := range b.Cooldowns {
+			if h, ok := b.holderOf(blockOffset(a)); ok && h != m.cfg.Holder && !has(b.InUse, h, blockOffset(a)) {
+				free--
+			}
 		}
 	}
 	m.elsewhere += n - bs.elsewhere
-	bs.persisted, bs.elsewhere = b, n
+	m.othersFree += free - bs.othersFree
+	bs.persisted, bs.elsewhere, bs.othersFree = b, n, free
+	for h := range b.Requests {
+		if h != m.cfg.Holder && bs.ours > 0 {
+			bs.requested = true
+		}
+	}
 }
 
 // forgetIfIdleLocked drops the state of a block that holds nothing and has
@@ -406,10 +667,11 @@ func (m *Manager) forgetIfIdleLocked(p netip.Prefix, bs *blockState) {
 	}
 }
 
-// writeBlock writes block p as this Manager's state makes it, plus extra
-// claims, with compare-and-swap. On a conflict it re-reads the block and
-// returns an error matching ErrStoreConflict, for the caller to retry.
-func (m *Manager) writeBlock(ctx context.Context, p netip.Prefix, extra []netip.Addr) error {
+// writeBlock writes block p as this Manager's state makes it, changed as
+// plan says, with compare-and-swap. On a conflict it re-reads the block and
+// returns an error matching ErrStoreConflict, for the caller to retry. A
+// fenced Manager writes nothing.
+func (m *Manager) writeBlock(ctx context.Context, p netip.Prefix, plan writePlan) error {
 	m.mu.Lock()
 	bs := m.blocks[p]
 	if bs == nil || !bs.loaded {
@@ -420,14 +682,22 @@ func (m *Manager) writeBlock(ctx context.Context, p netip.Prefix, extra []netip.
 		m.mu.Lock()
 		bs = m.blocks[p]
 	}
-	nb := m.buildLocked(bs, extra)
+	if m.fence != nil && !m.fence() || m.lost {
+		m.mu.Unlock()
+		return fmt.Errorf("write block %s of pool %q: %w", p, m.cfg.Pool, ErrNotReady)
+	}
+	nb, err := m.buildLocked(bs, plan)
+	if err != nil {
+		m.lost = true
+		m.mu.Unlock()
+		return fmt.Errorf("write block %s of pool %q: %w", p, m.cfg.Pool, err)
+	}
 	gen := bs.gen
 	m.mu.Unlock()
 
-	if len(nb.Claims) == 0 && len(nb.Cooldowns) == 0 {
+	if len(nb.Claims) == 0 && len(nb.Cooldowns) == 0 && len(nb.Requests) == 0 {
 		// Nobody claims anything here: the block goes, and with it the
 		// Manager's memory of it.
-		var err error
 		if nb.Version != "" {
 			err = m.cfg.Store.Delete(ctx, p, nb.Version)
 			m.stats.writes.Add(1)
@@ -455,54 +725,156 @@ func (m *Manager) writeBlock(ctx context.Context, p netip.Prefix, extra []netip.
 	return nil
 }
 
-// writeFailed re-reads block p after a write lost a compare-and-swap, and
-// returns err for the caller to retry.
+// writeFailed marks block p to be read again after a write lost a
+// compare-and-swap, or reads it again after any other failure, and returns
+// err for the caller to retry.
 func (m *Manager) writeFailed(ctx context.Context, p netip.Prefix, err error) error {
 	if errors.Is(err, ErrStoreConflict) {
+		// Read it again just before the next attempt, after the backoff,
+		// not now: the writers it lost to may write again meanwhile.
 		m.stats.storeConflicts.Add(1)
-		if lerr := m.load(ctx, p); lerr != nil {
-			return errors.Join(err, lerr)
+		m.mu.Lock()
+		if bs := m.blocks[p]; bs != nil {
+			bs.loaded = false
 		}
+		m.mu.Unlock()
+		return err
+	}
+	// Any other failure may have landed all the same (a reply lost after
+	// the commit): read the block again before trusting what it shows, at
+	// once if the store answers, so that what landed is known.
+	m.mu.Lock()
+	bs := m.blocks[p]
+	returning := bs != nil && bs.returning
+	m.mu.Unlock()
+	if !returning {
+		m.reload(ctx, p)
 	}
 	return err
 }
 
+// reload reads block p again, or marks it to be read before it is trusted
+// when the store does not answer.
+func (m *Manager) reload(ctx context.Context, p netip.Prefix) {
+	if err := m.load(ctx, p); err != nil {
+		m.mu.Lock()
+		if bs := m.blocks[p]; bs != nil {
+			bs.loaded = false
+		}
+		m.mu.Unlock()
+	}
+}
+
 // buildLocked derives the block to persist from memory: this holder's
-// claims are every address it holds in the block (plus extra), its
-// cooldowns every address of its cooling down there; other holders' claims
-// and cooldowns are kept as read.
-func (m *Manager) buildLocked(bs *blockState, extra []netip.Addr) Block {
+// claims are every address it holds in the block (plus plan.claim), in use
+// those pending or allocated, armed those free and armed (or being armed),
+// and its cooldowns every address of its cooling down there. Other holders'
+// claims and cooldowns are kept as read, but for what the plan hands over
+// or takes over. It refuses, with ErrClaimLost, to write an address another
+// holder claims: then this holder's claims were taken over.
+func (m *Manager) buildLocked(bs *blockState, plan writePlan) (Block, error) {
 	nb := bs.persisted.Clone()
+	nb.Exact = true
+	self := m.cfg.Holder
 	p := nb.Prefix
 	if nb.Cooldowns == nil {
 		nb.Cooldowns = map[netip.Addr]time.Time{}
 	}
+	if plan.takeFrom != "" {
+		delete(nb.Claims, plan.takeFrom)
+		delete(nb.InUse, plan.takeFrom)
+		delete(nb.Armed, plan.takeFrom)
+		delete(nb.Requests, plan.takeFrom)
+	}
 	for a := range nb.Cooldowns {
-		if h, ok := nb.holderOf(blockOffset(a)); !ok || h == m.cfg.Holder {
+		if h, ok := nb.holderOf(blockOffset(a)); !ok || h == self {
 			delete(nb.Cooldowns, a)
 		}
 	}
-	ours := new(Bitmap)
+	ours, inUse, armed := new(Bitmap), new(Bitmap), new(Bitmap)
 	base := toU128(p.Addr())
 	is4 := p.Addr().Is4()
-	for off := range BlockSize {
-		a := fromU128(base.add(uint64(off)), is4)
-		e := m.entries[a]
-		if e == nil || e.state == stateReturning {
-			continue
-		}
+	add := func(e *entry) {
+		off := blockOffset(e.addr)
 		ours.Set(off)
-		if e.state == StateCooldown {
-			nb.Cooldowns[a] = e.at
+		switch {
+		case e.state == StatePending, e.state == StateAllocated, e.orphan:
+			// An orphan's deadline is a placeholder: the store goes on
+			// saying it may be in use.
+			inUse.Set(off)
+		case e.state == StateCooldown:
+			nb.Cooldowns[e.addr] = e.at
+		case e.state == StateFree, e.state == stateSurplus:
+			if e.armed || e.arming {
+				armed.Set(off)
+			}
 		}
 	}
-	for _, a := range extra {
+	for off := range BlockSize {
+		if bs.ours == 0 {
+			break
+		}
+		a := fromU128(base.add(uint64(off)), is4)
+		if e := m.entries[a]; e != nil && e.state != stateReturning {
+			add(e)
+		}
+	}
+	for _, e := range plan.adopt {
+		add(e)
+	}
+	for _, a := range plan.claim {
 		ours.Set(blockOffset(a))
 	}
-	if ours.Empty() {
-		delete(nb.Claims, m.cfg.Holder)
-	} else {
-		nb.Claims[m.cfg.Holder] = ours
+	for _, a := range plan.arm {
+		armed.Set(blockOffset(a))
 	}
-	return nb
+	for w := range ours {
+		for h, bm := range nb.Claims {
+			if h != self && bm[w]&ours[w] != 0 {
+				return Block{}, fmt.Errorf("holder %q claims addresses this holder holds: %w", h, ErrClaimLost)
+			}
+		}
+	}
+	for h, addrs := range plan.give {
+		bm := nb.Claims[h]
+		if bm == nil {
+			bm = new(Bitmap)
+			nb.Claims[h] = bm
+		}
+		for _, a := range addrs {
+			bm.Set(blockOffset(a))
+		}
+	}
+	setBitmap(nb.Claims, self, ours)
+	if nb.InUse == nil {
+		nb.InUse = map[string]*Bitmap{}
+	}
+	if nb.Armed == nil {
+		nb.Armed = map[string]*Bitmap{}
+	}
+	setBitmap(nb.InUse, self, inUse)
+	setBitmap(nb.Armed, self, armed)
+	if plan.request != nil {
+		if nb.Requests == nil {
+			nb.Requests = map[string]Request{}
+		}
+		nb.Requests[self] = *plan.request
+	}
+	for h, r := range plan.answer {
+		nb.Requests[h] = r
+	}
+	for h, r := range nb.Requests {
+		if r.Count <= 0 && (r.Addrs == nil || r.Addrs.Empty()) || m.peers != nil && !m.peers[h] {
+			delete(nb.Requests, h)
+		}
+	}
+	return nb, nil
+}
+
+func setBitmap(m map[string]*Bitmap, h string, bm *Bitmap) {
+	if bm.Empty() {
+		delete(m, h)
+	} else {
+		m[h] = bm
+	}
 }

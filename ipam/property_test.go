@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -18,6 +19,11 @@ func TestProperties(t *testing.T) {
 	case raceEnabled:
 		sequences = 600
 	}
+	// IPAM_SEQUENCES=N runs N sequences instead, for a longer search;
+	// IPAM_SEED=S runs only sequence S, to replay a failure.
+	if n, err := strconv.Atoi(os.Getenv("IPAM_SEQUENCES")); err == nil && n > 0 {
+		sequences = n
+	}
 	for seed := range uint64(sequences) {
 		if s := os.Getenv("IPAM_SEED"); s != "" && s != fmt.Sprint(seed) {
 			continue
@@ -31,7 +37,7 @@ func TestProperties(t *testing.T) {
 			maxPending = 1 + rng.IntN(4)
 		}
 		h, err := newHarness(rng.IntN(len(harnessPools)),
-			time.Duration(rng.IntN(60))*time.Second, time.Duration(1+rng.IntN(30))*time.Second, low, target, high, maxPending)
+			time.Duration(rng.IntN(60))*time.Second, time.Duration(1+rng.IntN(30))*time.Second, low, target, high, maxPending, 1+rng.IntN(3))
 		if err != nil {
 			t.Fatalf("seed %d: %v", seed, err)
 		}
@@ -55,7 +61,7 @@ func FuzzOperations(f *testing.F) {
 		if len(data) < 2 {
 			return
 		}
-		h, err := newHarness(int(data[0]), 10*time.Second, 5*time.Second, int(data[1]%3), 3, 5, int(data[1]/3%4))
+		h, err := newHarness(int(data[0]), 10*time.Second, 5*time.Second, int(data[1]%3), 3, 5, int(data[1]/3%4), 1+int(data[0]/8%3))
 		if err != nil {
 			t.Fatal(err)
 		}

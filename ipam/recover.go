@@ -3,9 +3,9 @@ package ipam
 import (
 	"context"
 	"fmt"
-	"math/bits"
 	"net/netip"
 	"slices"
+	"time"
 )
 
 // Holding is an address found on a live virtual machine.
@@ -17,25 +17,43 @@ type Holding struct {
 // RecoveryReport says what Recover found.
 type RecoveryReport struct {
 	// Allocated counts live addresses now allocated; Cooldown, claimed
-	// addresses on no live machine, now cooling down.
-	Allocated, Cooldown int
+	// addresses on no live machine, now cooling down (some of them only
+	// resting, because a crash may have left them in use); Free, claimed
+	// addresses the store shows free, free again at once.
+	Allocated, Cooldown, Free int
 	// Dropped counts claims outside the pool's current ranges, released.
 	Dropped int
 	// OutOfRange lists live addresses outside the pool's ranges.
 	OutOfRange []Holding
+	// Elsewhere lists live addresses another holder claims: that holder
+	// looks after them.
+	Elsewhere []Holding
 	// Conflicts lists live addresses held by two machines: the first one
 	// keeps it, each later one is here.
 	Conflicts []error
 }
 
-// Recover rebuilds the Manager's state from the store's claims and
-// cooldowns and the addresses on live virtual machines, then marks it
-// ready. Live addresses become allocated, whoever claimed them. Addresses
-// this holder claimed that no live machine carries go into cooldown: they
-// may have been handed out just before a crash, to a machine the cluster
-// has not stored yet. They rest for the pending TTL plus the cooldown, or
-// until their persisted deadline if that is later (say, the cooldown was
-// shortened since).
+// rest is how long an address a crash may have left in use rests: it may
+// have been handed out to a machine not stored yet (which can appear for
+// the pending TTL, and never ran), or released since the last write (which
+// needs the cooldown); not both, so the longer of the two.
+func (m *Manager) restAfterCrash() time.Duration { return max(m.cfg.PendingTTL, m.cfg.Cooldown) }
+
+// Recover rebuilds the Manager's state from the store and the addresses on
+// live virtual machines, then marks it ready.
+//
+//   - A live address this holder claims, or that no holder claims, becomes
+//     allocated to its machine; one another holder claims is left to it.
+//   - A claimed address on no live machine that the store shows cooling
+//     down keeps its deadline; one it shows in use or armed rests for the
+//     longer of the pending TTL and the cooldown (a crash may have left it
+//     handed out, or released since the last write); every other one is
+//     free at once.
+//   - A block written before vmipam recorded what is in use rests all of
+//     its claimed addresses on no live machine for the pending TTL plus the
+//     cooldown, as before.
+//
+// Claims of addresses no holder had are written before the Manager serves.
 func (m *Manager) Recover(ctx context.Context, live []Holding) (RecoveryReport, error) {
 	var rep RecoveryReport
 	blocks, err := m.cfg.Store.List(ctx)
@@ -45,8 +63,8 @@ func (m *Manager) Recover(ctx context.Context, live []Holding) (RecoveryReport, 
 	m.io.Lock()
 	defer m.io.Unlock()
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	now := m.clock.Now()
+	m.ready = false
 	m.reset(len(live))
 	for _, b := range blocks {
 		if b.Claims == nil {
@@ -60,11 +78,19 @@ func (m *Manager) Recover(ctx context.Context, live []Holding) (RecoveryReport, 
 			bs.gen++
 		}
 	}
+	var fresh []netip.Prefix // blocks with claims no holder had
 	for _, h := range live {
 		h.Addr = Canonical(h.Addr)
 		if !m.cfg.Ranges.Contains(h.Addr) {
 			rep.OutOfRange = append(rep.OutOfRange, h)
 			continue
+		}
+		bs := m.blockFor(h.Addr)
+		if owner, ok := bs.persisted.holderOf(blockOffset(h.Addr)); ok && owner != m.cfg.Holder {
+			rep.Elsewhere = append(rep.Elsewhere, h)
+			continue
+		} else if !ok {
+			fresh = append(fresh, BlockOf(h.Addr))
 		}
 		if err := m.adoptLocked(h.Addr, h.Owner); err != nil {
 			rep.Conflicts = append(rep.Conflicts, err)
@@ -72,45 +98,86 @@ func (m *Manager) Recover(ctx context.Context, live []Holding) (RecoveryReport, 
 		}
 		rep.Allocated++
 	}
-	// A reservation handed out just before the crash may still see its
-	// machine stored for up to the pending TTL, and the cooldown runs from
-	// then.
-	rest := m.cfg.PendingTTL + m.cfg.Cooldown
 	var cooling []*entry
 	for p, bs := range m.blocks {
-		bm := bs.persisted.Claims[m.cfg.Holder]
+		b := &bs.persisted
+		bm := b.Claims[m.cfg.Holder]
 		if bm == nil {
 			continue
 		}
-		for w, word := range bm {
-			for word != 0 {
-				off := w*64 + bits.TrailingZeros64(word)
-				word &= word - 1
-				a := blockAddr(p, off)
-				if m.entries[a] != nil {
-					continue
-				}
-				if !m.cfg.Ranges.Contains(a) {
-					bs.gen++
-					rep.Dropped++
-					continue
-				}
-				// A persisted deadline only ever lengthens the rest: one
-				// that looks shorter may be stale, since an adopted
-				// address leaves cooldown early and may be released again
-				// before the next flush.
-				until := now.Add(rest)
-				if d := bs.persisted.Cooldowns[a]; d.After(until) {
-					until = d
-				} else {
-					bs.gen++
-				}
-				e := m.addEntry(a, StateCooldown)
-				e.at = until
-				cooling = append(cooling, e)
+		for off := range BlockSize {
+			if !bm.Has(off) {
+				continue
 			}
+			a := blockAddr(p, off)
+			if m.entries[a] != nil {
+				continue
+			}
+			if !m.cfg.Ranges.Contains(a) {
+				bs.gen++
+				rep.Dropped++
+				continue
+			}
+			until, free := m.restUntil(b, m.cfg.Holder, a, off, now)
+			if free {
+				e := m.addEntry(a, StateFree)
+				m.free.pushBack(e)
+				rep.Free++
+				continue
+			}
+			if d := b.Cooldowns[a]; !until.Equal(d) {
+				bs.gen++
+			}
+			e := m.addEntry(a, StateCooldown)
+			e.at = until
+			cooling = append(cooling, e)
 		}
 	}
+	m.pushCoolingLocked(cooling)
+	rep.Cooldown = len(cooling)
+	m.mu.Unlock()
+	// An address no holder claimed is ours only once the store says so:
+	// write it before serving, and yield it to a holder that claimed it
+	// meanwhile.
+	slices.SortFunc(fresh, netip.Prefix.Compare)
+	for _, p := range slices.Compact(fresh) {
+		if err := m.retry(ctx, func() error { return m.writeFresh(ctx, p, &rep) }); err != nil {
+			return rep, fmt.Errorf("recover pool %q: %w", m.cfg.Pool, err)
+		}
+	}
+	m.mu.Lock()
+	m.ready = true
+	m.mu.Unlock()
+	m.Kick()
+	return rep, nil
+}
+
+// restUntil decides what a claimed address of holder h on no live machine
+// becomes after a crash: free at once, or resting until the time returned.
+func (m *Manager) restUntil(b *Block, h string, a netip.Addr, off int, now time.Time) (time.Time, bool) {
+	d, cooling := b.Cooldowns[a]
+	switch {
+	case !b.Exact:
+		// An older block says nothing of what was in use: rest it all.
+		until := now.Add(m.cfg.PendingTTL + m.cfg.Cooldown)
+		if d.After(until) {
+			until = d
+		}
+		return until, false
+	case has(b.InUse, h, off) || has(b.Armed, h, off):
+		until := now.Add(m.restAfterCrash())
+		if d.After(until) {
+			until = d
+		}
+		return until, false
+	case cooling && d.After(now):
+		return d, false
+	}
+	return time.Time{}, true
+}
+
+// pushCoolingLocked queues recovered cooling entries in deadline order.
+func (m *Manager) pushCoolingLocked(cooling []*entry) {
 	slices.SortFunc(cooling, func(a, b *entry) int {
 		if c := a.at.Compare(b.at); c != 0 {
 			return c
@@ -118,12 +185,167 @@ func (m *Manager) Recover(ctx context.Context, live []Holding) (RecoveryReport, 
 		return a.addr.Compare(b.addr)
 	})
 	for _, e := range cooling {
-		m.cooldown.pushBack(e)
+		m.cooldown.insertByAt(e)
 	}
-	rep.Cooldown = len(cooling)
-	m.ready = true
+}
+
+// writeFresh writes block p with the claims Recover made of addresses no
+// holder claimed; an address another holder claimed meanwhile is dropped
+// from this Manager and reported as held elsewhere.
+func (m *Manager) writeFresh(ctx context.Context, p netip.Prefix, rep *RecoveryReport) error {
+	m.mu.Lock()
+	bs := m.blocks[p]
+	for a, e := range m.entries {
+		if BlockOf(a) != p {
+			continue
+		}
+		if h, ok := bs.persisted.holderOf(blockOffset(a)); ok && h != m.cfg.Holder {
+			if e.owner.Token != "" && m.byToken[e.owner.Token] == e {
+				delete(m.byToken, e.owner.Token)
+			}
+			m.removeEntry(e)
+			rep.Allocated--
+			rep.Elsewhere = append(rep.Elsewhere, Holding{Addr: a, Owner: e.owner})
+		}
+	}
+	m.mu.Unlock()
+	return m.writeBlock(ctx, p, writePlan{})
+}
+
+// TakeoverReport says what Takeover moved.
+type TakeoverReport struct {
+	// Allocated, Cooldown and Free count the addresses taken over, by what
+	// they became; Dropped, claims outside the current ranges.
+	Allocated, Cooldown, Free, Dropped int
+	// Blocks counts the blocks rewritten.
+	Blocks int
+}
+
+// Takeover moves the claims of holder from, which has left (its lease
+// lapsed, or it released it after sealing), to this Manager, block by
+// block, each a compare-and-swap that clears the other holder's claims as
+// it sets these: live addresses become allocated to their machines,
+// cooling ones keep their deadline, those the store shows in use or armed
+// rest as after a crash, and the rest are free. A holder that sealed its
+// blocks left nothing in use but what was pending, so its free addresses
+// are free here at once. The caller must be sure that from no longer writes:
+// see docs/design.md, "Fencing".
+func (m *Manager) Takeover(ctx context.Context, from string, live []Holding) (TakeoverReport, error) {
+	var rep TakeoverReport
+	if from == m.cfg.Holder {
+		return rep, fmt.Errorf("take over pool %q: holder %q cannot take over itself; recover instead", m.cfg.Pool, from)
+	}
+	blocks, err := m.cfg.Store.List(ctx)
+	if err != nil {
+		return rep, fmt.Errorf("take over holder %q in pool %q: list blocks: %w", from, m.cfg.Pool, err)
+	}
+	owners := make(map[netip.Addr]Owner, len(live))
+	for _, h := range live {
+		owners[Canonical(h.Addr)] = h.Owner
+	}
+	m.io.Lock()
+	defer m.io.Unlock()
+	for _, b := range blocks {
+		if bm := b.Claims[from]; bm == nil || bm.Empty() {
+			continue
+		}
+		p := b.Prefix
+		m.mu.Lock()
+		if err := m.servingLocked(m.clock.Now()); err != nil {
+			m.mu.Unlock()
+			return rep, fmt.Errorf("take over holder %q in pool %q: %w", from, m.cfg.Pool, err)
+		}
+		bs := m.blockFor(p.Addr())
+		m.setPersistedLocked(bs, b)
+		bs.loaded = true
+		m.mu.Unlock()
+		var moved TakeoverReport
+		var staged []*entry
+		err := m.retry(ctx, func() error {
+			m.mu.Lock()
+			staged, moved = m.stageTakeoverLocked(m.blocks[p], from, owners)
+			m.mu.Unlock()
+			return m.writeBlock(ctx, p, writePlan{takeFrom: from, adopt: staged})
+		})
+		if err != nil {
+			// The write may have landed (a reply lost after the commit):
+			// the block was read again, and what it shows ours became
+			// orphans; those on live machines are theirs now.
+			m.mu.Lock()
+			for _, e := range staged {
+				if e.state == StateAllocated && m.entries[e.addr] != nil && m.entries[e.addr].orphan {
+					_ = m.adoptLocked(e.addr, e.owner)
+				}
+			}
+			m.mu.Unlock()
+			return rep, fmt.Errorf("take over holder %q in pool %q: %w", from, m.cfg.Pool, err)
+		}
+		m.mu.Lock()
+		var cooling []*entry
+		for _, e := range staged {
+			if m.entries[e.addr] != nil {
+				continue
+			}
+			m.entries[e.addr] = e
+			m.blockFor(e.addr).ours++
+			switch e.state {
+			case StateAllocated:
+				if e.owner.Token != "" {
+					m.byToken[e.owner.Token] = e
+				}
+			case StateCooldown:
+				cooling = append(cooling, e)
+			default:
+				m.rest(e)
+			}
+		}
+		m.pushCoolingLocked(cooling)
+		m.mu.Unlock()
+		rep.Allocated += moved.Allocated
+		rep.Cooldown += moved.Cooldown
+		rep.Free += moved.Free
+		rep.Dropped += moved.Dropped
+		rep.Blocks++
+		m.stats.takenOver.Add(uint64(moved.Allocated + moved.Cooldown + moved.Free))
+	}
 	m.Kick()
 	return rep, nil
+}
+
+// stageTakeoverLocked makes, without adding them, the entries this Manager
+// takes over from holder from in a block.
+func (m *Manager) stageTakeoverLocked(bs *blockState, from string, owners map[netip.Addr]Owner) ([]*entry, TakeoverReport) {
+	var rep TakeoverReport
+	b := &bs.persisted
+	bm := b.Claims[from]
+	if bm == nil {
+		return nil, rep
+	}
+	now := m.clock.Now()
+	var staged []*entry
+	for off := range BlockSize {
+		if !bm.Has(off) {
+			continue
+		}
+		a := blockAddr(b.Prefix, off)
+		if !m.cfg.Ranges.Contains(a) {
+			rep.Dropped++
+			continue
+		}
+		e := &entry{addr: a}
+		if o, ok := owners[a]; ok {
+			e.state, e.owner = StateAllocated, o
+			rep.Allocated++
+		} else if until, free := m.restUntil(b, from, a, off, now); free {
+			e.state = StateFree
+			rep.Free++
+		} else {
+			e.state, e.at = StateCooldown, until
+			rep.Cooldown++
+		}
+		staged = append(staged, e)
+	}
+	return staged, rep
 }
 
 // ResyncReport says what Resync changed.
@@ -134,32 +356,40 @@ type ResyncReport struct {
 	// Adopted counts live addresses that were not allocated to their
 	// machine, now allocated.
 	Adopted int
+	// Deferred counts releases left for the next resync, because the store
+	// does not show the address in use yet (it was adopted since the last
+	// write): a crash before that write would otherwise free it early.
+	Deferred int
+	// Settled counts orphans (see materializeLocked) on no live machine,
+	// now resting as after a crash.
+	Settled int
 	// Conflicts lists live addresses held by two machines.
 	Conflicts []error
 }
 
 // Resync reconciles the Manager with a full list of the live machines, taken
 // after Mark returned asOf: an address allocated to a UID missing from live
-// goes into cooldown, and a live address not allocated to its machine is
-// adopted. Entries that changed after asOf are left alone, since the list
-// may not show that change yet (a machine bound, or released, while it was
-// being taken); so are pending reservations, whose machines may not be
-// stored yet.
+// goes into cooldown, and a live address this Manager holds but not for its
+// machine is adopted. Entries that changed after asOf are left alone, since
+// the list may not show that change yet (a machine bound, or released, while
+// it was being taken); so are pending reservations, whose machines may not
+// be stored yet, and addresses this Manager does not hold (their holder, or
+// the controller, sees to them).
 func (m *Manager) Resync(live []Holding, asOf uint64) ResyncReport {
 	var rep ResyncReport
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.servingLocked(m.clock.Now()) != nil {
+		return rep
+	}
 	now := m.clock.Now()
 	m.advance(now)
 	uids := make(map[string]bool, len(live))
 	for _, h := range live {
 		h.Addr = Canonical(h.Addr)
 		uids[h.Owner.UID] = true
-		if !m.cfg.Ranges.Contains(h.Addr) {
-			continue
-		}
 		e := m.entries[h.Addr]
-		if e != nil && (e.changed > asOf || e.state == StateAllocated && e.owner.UID == h.Owner.UID) {
+		if e == nil || e.state == stateReturning || e.changed > asOf || e.state == StateAllocated && e.owner.UID == h.Owner.UID {
 			continue
 		}
 		if err := m.adoptLocked(h.Addr, h.Owner); err != nil {
@@ -168,11 +398,28 @@ func (m *Manager) Resync(live []Holding, asOf uint64) ResyncReport {
 		}
 		rep.Adopted++
 	}
+	var settled []*entry
 	for _, e := range m.entries {
+		if e.orphan && e.state == StateCooldown && e.changed <= asOf {
+			settled = append(settled, e)
+			continue
+		}
 		if e.state == StateAllocated && e.changed <= asOf && !uids[e.owner.UID] {
+			if !m.durableLocked(e) {
+				rep.Deferred++
+				continue
+			}
 			m.toCooldown(e, now)
 			rep.Released++
 		}
+	}
+	for _, e := range settled {
+		// On no live machine: the rest a crash would give it, from now.
+		m.cooldown.remove(e)
+		e.orphan = false
+		e.at = now.Add(m.restAfterCrash())
+		m.cooldown.insertByAt(e)
+		rep.Settled++
 	}
 	if rep.Released > 0 {
 		m.stats.releases.Add(uint64(rep.Released))

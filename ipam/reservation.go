@@ -21,28 +21,6 @@ func (m *Manager) pendingLimitLocked(ns string) error {
 	return &PendingLimitError{Pool: m.cfg.Pool, Namespace: ns, Limit: limit}
 }
 
-// Reenter reports whether addr is pending for token under the same
-// admission (Reservation.Admission) and has not been sealed, as when the
-// API server invokes the mutating webhook again within one admission after
-// a later webhook changed the object. It then seals the reservation: the
-// API server re-invokes a webhook at most once, and a token copied from a
-// stored object onto another one must never be trusted.
-func (m *Manager) Reenter(token, admission string, addr netip.Addr) bool {
-	addr = Canonical(addr)
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if !m.ready || admission == "" {
-		return false
-	}
-	m.advance(m.clock.Now())
-	e := m.byToken[token]
-	if e == nil || e.state != StatePending || e.addr != addr || e.sealed || e.admission != admission {
-		return false
-	}
-	e.sealed = true
-	return true
-}
-
 // Reserved returns the address pending or allocated for token, if any.
 func (m *Manager) Reserved(token string) (netip.Addr, bool) {
 	m.mu.Lock()
@@ -52,17 +30,6 @@ func (m *Manager) Reserved(token string) (netip.Addr, bool) {
 		return e.addr, true
 	}
 	return netip.Addr{}, false
-}
-
-// Seal marks the pending reservation of token as no longer re-enterable:
-// the validating webhook calls it once the admission's mutations are over,
-// before the object can be stored and its token seen.
-func (m *Manager) Seal(token string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if e := m.byToken[token]; e != nil && e.state == StatePending {
-		e.sealed = true
-	}
 }
 
 // Unstored is a reservation that lapsed (its pending TTL passed) without

@@ -96,6 +96,7 @@ func (s *MemoryStore) Delete(_ context.Context, prefix netip.Prefix, version str
 		return fmt.Errorf("delete block %s at version %q (current %q): %w", prefix, version, cur.Version, ErrStoreConflict)
 	}
 	delete(s.blocks, prefix)
+	s.seq++
 	return nil
 }
 

@@ -176,7 +176,8 @@ func (s *Store) Put(ctx context.Context, b ipam.Block) (string, error) {
 			OwnerReferences: []metav1.OwnerReference{s.owner},
 			ResourceVersion: b.Version,
 		},
-		Spec: v1alpha1.IPBlockSpec{Pool: s.pool, Prefix: e.Prefix, Claims: e.Claims, Cooldowns: e.Cooldowns},
+		Spec: v1alpha1.IPBlockSpec{Pool: s.pool, Prefix: e.Prefix, Claims: e.Claims, InUse: e.InUse, Armed: e.Armed,
+			Cooldowns: e.Cooldowns, Requests: requestsOf(e.Requests), Format: int32(e.Format)},
 	}
 	if b.Version == "" {
 		if err := s.c.Create(ctx, obj); err != nil {
@@ -219,7 +220,7 @@ func (s *Store) Delete(ctx context.Context, prefix netip.Prefix, version string)
 // decode turns an IPBlock of this pool into a Block versioned by its
 // resourceVersion.
 func (s *Store) decode(obj *v1alpha1.IPBlock) (ipam.Block, error) {
-	e := ipam.EncodedBlock{Prefix: obj.Spec.Prefix, Claims: obj.Spec.Claims, Cooldowns: obj.Spec.Cooldowns}
+	e := EncodedOf(obj)
 	b, err := e.Decode(obj.ResourceVersion)
 	if err != nil {
 		return ipam.Block{}, fmt.Errorf("read IPBlock %s: %w", obj.Name, err)
@@ -241,4 +242,28 @@ func checkPrefix(p netip.Prefix) error {
 		return fmt.Errorf("prefix %s is not a block: want a masked /%d (IPv4) or /%d (IPv6)", p, 32-ipam.BlockBits, 128-ipam.BlockBits)
 	}
 	return nil
+}
+
+// EncodedOf returns an IPBlock's spec as ipam's persisted form.
+func EncodedOf(obj *v1alpha1.IPBlock) ipam.EncodedBlock {
+	e := ipam.EncodedBlock{Prefix: obj.Spec.Prefix, Claims: obj.Spec.Claims, InUse: obj.Spec.InUse, Armed: obj.Spec.Armed,
+		Cooldowns: obj.Spec.Cooldowns, Format: int(obj.Spec.Format)}
+	if len(obj.Spec.Requests) > 0 {
+		e.Requests = make(map[string]ipam.EncodedRequest, len(obj.Spec.Requests))
+		for h, r := range obj.Spec.Requests {
+			e.Requests[h] = ipam.EncodedRequest{Count: int(r.Count), Addrs: r.Addrs}
+		}
+	}
+	return e
+}
+
+func requestsOf(in map[string]ipam.EncodedRequest) map[string]v1alpha1.IPBlockRequest {
+	if len(in) == 0 {
+		return nil
+	}
+	out := make(map[string]v1alpha1.IPBlockRequest, len(in))
+	for h, r := range in {
+		out[h] = v1alpha1.IPBlockRequest{Count: int32(r.Count), Addrs: r.Addrs}
+	}
+	return out
 }

@@ -15,54 +15,31 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation"
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/ipam"
 	"github.com/vmipam/vmipam/kubestore"
+	"github.com/vmipam/vmipam/test/harness"
 )
 
 // k8s talks to the envtest API server directly, without a cache: it serves
 // both as the Store's writer and as its reader, as mgr.GetAPIReader() would.
 var k8s client.Client
 
-func TestMain(m *testing.M) { os.Exit(run(m)) }
-
-func run(m *testing.M) int {
-	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
-		fmt.Fprintln(os.Stderr, "kubestore tests need a real kube-apiserver and etcd, and KUBEBUILDER_ASSETS is not set: "+
-			"run them with `make test`, or with `KUBEBUILDER_ASSETS=$(hack/envtest-assets.sh) go test ./kubestore/` from the repository root")
-		return 1
-	}
-	scheme := runtime.NewScheme()
-	if err := v1alpha1.AddToScheme(scheme); err != nil {
-		fmt.Fprintln(os.Stderr, "register API types:", err)
-		return 1
-	}
-	env := &envtest.Environment{
-		Scheme:                scheme,
-		CRDDirectoryPaths:     []string{filepath.Join("..", "deploy", "crd")},
-		ErrorIfCRDPathMissing: true,
-	}
-	cfg, err := env.Start()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "start envtest control plane:", err)
-		return 1
-	}
-	defer func() {
-		if err := env.Stop(); err != nil {
-			fmt.Fprintln(os.Stderr, "stop envtest control plane:", err)
+// TestMain starts a kube-apiserver and etcd with vmipam's CRDs; under
+// -short it starts none and only the tests that need none run.
+func TestMain(m *testing.M) {
+	os.Exit(harness.Main(m, func() (func(bool) error, error) {
+		env, err := harness.StartEnv(harness.EnvOptions{CRDs: []string{filepath.Join("..", "deploy", "crd")}})
+		if err != nil {
+			return nil, err
 		}
-	}()
-	if k8s, err = client.New(cfg, client.Options{Scheme: scheme}); err != nil {
-		fmt.Fprintln(os.Stderr, "build client:", err)
-		return 1
-	}
-	return m.Run()
+		k8s = env.Client
+		return func(bool) error { return env.Stop() }, nil
+	}))
 }
 
 // pools numbers the pools created, so that names stay unique under -count.
@@ -207,6 +184,7 @@ func TestBlockName(t *testing.T) {
 }
 
 func TestPutGet(t *testing.T) {
+	harness.NeedControlPlane(t)
 	s := newStore(newPool(t, "putget"))
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	v4, v6 := netip.MustParsePrefix("10.0.0.0/20"), netip.MustParsePrefix("fd00::/116")
@@ -281,6 +259,7 @@ func TestPutGet(t *testing.T) {
 }
 
 func TestPutConflict(t *testing.T) {
+	harness.NeedControlPlane(t)
 	pool := newPool(t, "conflict")
 	s := newStore(pool)
 	tests := map[string]struct {
@@ -343,6 +322,7 @@ func TestPutConflict(t *testing.T) {
 // TestDelete: a block goes only at its current version; a stale version
 // is a conflict that deletes nothing, and a block already gone is no error.
 func TestDelete(t *testing.T) {
+	harness.NeedControlPlane(t)
 	pool := newPool(t, "delete")
 	s := newStore(pool)
 	ctx := t.Context()
@@ -377,6 +357,7 @@ func mustPut(t *testing.T, s *kubestore.Store, b ipam.Block) string {
 }
 
 func TestOwnerAndLabel(t *testing.T) {
+	harness.NeedControlPlane(t)
 	tests := map[string]string{
 		"short pool name":                "owned",
 		"pool name longer than a label":  "owned-" + strings.Repeat("l", 80),
@@ -429,6 +410,7 @@ func TestOwnerAndLabel(t *testing.T) {
 }
 
 func TestList(t *testing.T) {
+	harness.NeedControlPlane(t)
 	ctx := t.Context()
 	a, b := newPool(t, "list-a"), newPool(t, "list-b")
 	sa, sb := newStore(a), newStore(b)
@@ -478,6 +460,7 @@ func TestList(t *testing.T) {
 }
 
 func TestListRefusesBadBlocks(t *testing.T) {
+	harness.NeedControlPlane(t)
 	tests := map[string]struct {
 		// objName names the object in the pool.
 		objName func(pool string) string
@@ -521,6 +504,7 @@ func TestListRefusesBadBlocks(t *testing.T) {
 }
 
 func TestGetRefusesOtherPoolsBlock(t *testing.T) {
+	harness.NeedControlPlane(t)
 	ctx := t.Context()
 	pool := newPool(t, "get-owner")
 	s := newStore(pool)
@@ -540,6 +524,7 @@ func TestGetRefusesOtherPoolsBlock(t *testing.T) {
 }
 
 func TestPutRefusesNonBlockPrefix(t *testing.T) {
+	harness.NeedControlPlane(t)
 	s := newStore(newPool(t, "non-block"))
 	for _, p := range []string{"10.5.0.0/24", "10.5.0.1/20", "fd00::/64"} {
 		if _, err := s.Put(t.Context(), ipam.Block{Prefix: netip.MustParsePrefix(p)}); err == nil {
@@ -552,6 +537,7 @@ func TestPutRefusesNonBlockPrefix(t *testing.T) {
 // that its successor, recovered from the API server alone, honours what the
 // first one handed out and released.
 func TestManagerRecovery(t *testing.T) {
+	harness.NeedControlPlane(t)
 	ctx := t.Context()
 	pool := newPool(t, "recovery")
 	ranges, err := ipam.ParseRanges([]ipam.RangeSpec{{CIDR: "10.20.0.0/24"}})
@@ -627,14 +613,16 @@ func TestManagerRecovery(t *testing.T) {
 	if rep.Allocated != 1 || rep.Cooldown < 2 {
 		t.Errorf("Recover report %+v, want 1 allocated and at least the pending and released addresses cooling down", rep)
 	}
-	rest := ceilSecond(clk.Now().Add(cfg.PendingTTL + cfg.Cooldown))
+	// Handed out since the last write: it rests for the longer of the
+	// pending TTL (its machine may still be stored) and the cooldown.
+	rest := ceilSecond(clk.Now().Add(max(cfg.PendingTTL, cfg.Cooldown)))
 	tests := map[string]struct {
 		addr      netip.Addr
 		wantState ipam.State
 		wantUntil time.Time
 	}{
 		"bound address stays allocated":                 {addr: bound, wantState: ipam.StateAllocated},
-		"address handed out before the crash cools":     {addr: pending, wantState: ipam.StateCooldown, wantUntil: clk.Now().Add(cfg.PendingTTL + cfg.Cooldown)},
+		"address handed out before the crash cools":     {addr: pending, wantState: ipam.StateCooldown, wantUntil: clk.Now().Add(max(cfg.PendingTTL, cfg.Cooldown))},
 		"released address keeps its persisted deadline": {addr: released, wantState: ipam.StateCooldown, wantUntil: releasedUntil},
 	}
 	for name, tc := range tests {
@@ -676,6 +664,7 @@ func TestManagerRecovery(t *testing.T) {
 // through the API server; resourceVersion compare-and-swap is all that keeps
 // them apart.
 func TestConcurrentManagers(t *testing.T) {
+	harness.NeedControlPlane(t)
 	pool := newPool(t, "race")
 	// 107 addresses across the boundary of two blocks.
 	ranges, err := ipam.ParseRanges([]ipam.RangeSpec{{CIDR: "10.1.0.0/16", First: "10.1.15.200", Last: "10.1.16.50"}})

@@ -78,15 +78,6 @@ func (p *Pool) Reserve(ctx context.Context, r ipam.Reservation, addr netip.Addr)
 // nothing: for a dry run.
 func (p *Pool) CanReserve(addr netip.Addr) error { return p.m.CanReserve(addr) }
 
-// Reenter reports whether addr is still reserved for token by the same
-// admission (a reinvoked mutating webhook); see ipam.Manager.Reenter.
-func (p *Pool) Reenter(token, admission string, addr netip.Addr) bool {
-	return p.m.Reenter(token, admission, addr)
-}
-
-// Seal ends the admission of token's reservation; see ipam.Manager.Seal.
-func (p *Pool) Seal(token string) { p.m.Seal(token) }
-
 // Holding says how the pool holds addr for an object with the given token
 // and UID.
 type Holding int
@@ -126,8 +117,16 @@ func (p *Pool) Holds(addr netip.Addr, token, uid string) Holding {
 // Bind binds the reservation of o.Token to the stored object o.UID.
 func (p *Pool) Bind(o ipam.Owner) (netip.Addr, error) { return p.m.Bind(o) }
 
-// Adopt makes addr allocated to the live object o, whatever its state.
-func (p *Pool) Adopt(addr netip.Addr, o ipam.Owner) error { return p.m.Adopt(addr, o) }
+// Adopt makes addr allocated to the live object o, whatever its state; an
+// address no holder claims is claimed first. One another holder claims is
+// refused: that holder adopts it.
+func (p *Pool) Adopt(ctx context.Context, addr netip.Addr, o ipam.Owner) error {
+	return p.m.Adopt(ctx, addr, o)
+}
+
+// Held reports whether this replica holds addr: with several replicas, the
+// one that holds an address looks after the object carrying it.
+func (p *Pool) Held(addr netip.Addr) bool { return p.m.Holds(addr) }
 
 // Release puts addr, held by o, into cooldown and returns once the release
 // survives a crash: the object may then go.

@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -52,6 +53,8 @@ type Options struct {
 	// RunInterval is how often each Manager expires, rebalances and
 	// flushes when nothing kicks it. Default 1s.
 	RunInterval time.Duration
+	// Timers, if set, are the allocators' timers (tests).
+	Timers ipam.Timers
 	// ResyncInterval is how often each pool is reconciled against every
 	// live object, catching objects whose finalizer was removed by force.
 	// Default 5m.
@@ -69,6 +72,20 @@ type Options struct {
 	ObserveAllocation func(pool string, d time.Duration, err error)
 	// NoteDuplicate, if set, hears of every duplicate found.
 	NoteDuplicate func(pool string)
+	// Lease configures this replica's holder Lease (its Holder is the
+	// Holder above). Every allocator of this replica serves only while
+	// the Lease is held.
+	Lease LeaseOptions
+	// Informers, if set, deliver the IPBlocks as they change, so that an
+	// allocator answers another holder's request for addresses at once
+	// (pass mgr.GetCache()); without, requests are noticed when blocks are
+	// read.
+	Informers Informers
+}
+
+// Informers is the part of controller-runtime's cache the registry uses.
+type Informers interface {
+	GetInformer(ctx context.Context, obj client.Object, opts ...cache.InformerGetOption) (cache.Informer, error)
 }
 
 // Registry holds the pools' allocators.
@@ -77,9 +94,16 @@ type Registry struct {
 	clock   ipam.Clock
 	started chan struct{}
 	baseCtx context.Context
+	lease   *lease
+	// leased is closed once the holder Lease was first acquired.
+	leased chan struct{}
 
 	mu    sync.RWMutex
 	pools map[string]*Pool
+	// peers are the live holders, as last listed; peerCounts, what the
+	// others among them published of their pools.
+	peers      []string
+	peerCounts map[string]map[string]holderCounts
 }
 
 type systemClock struct{}
@@ -105,38 +129,44 @@ func NewRegistry(opts Options) *Registry {
 	if clk == nil {
 		clk = systemClock{}
 	}
-	return &Registry{opts: opts, clock: clk, started: make(chan struct{}), pools: map[string]*Pool{}}
+	opts.Lease.Holder = opts.Holder
+	r := &Registry{
+		opts: opts, clock: clk, started: make(chan struct{}), leased: make(chan struct{}), pools: map[string]*Pool{},
+		lease: newLease(opts.Client, opts.APIReader, opts.Lease),
+	}
+	r.lease.counts = r.publishedCounts
+	return r
 }
 
-// Start runs the periodic status, proof and resync loops until ctx ends,
-// then stops every pool.
+// Start acquires this replica's holder Lease, then keeps it and runs the
+// periodic status, proof, resync and takeover loops until ctx ends; then it
+// seals every pool and releases the Lease, so that another holder takes
+// the claims over without resting them.
 func (r *Registry) Start(ctx context.Context) error {
 	r.baseCtx = ctx
 	close(r.started)
+	log := logf.FromContext(ctx)
+	if err := r.lease.acquire(ctx); err != nil {
+		return nil // stopped before it held the Lease
+	}
+	close(r.leased)
+	log.Info("Holding the holder lease", "holder", r.opts.Holder)
+	r.watchBlocks(ctx)
 	status := time.NewTicker(r.opts.StatusInterval)
 	defer status.Stop()
 	resync := time.NewTicker(r.opts.ResyncInterval)
 	defer resync.Stop()
 	prove := time.NewTicker(r.opts.ProveInterval)
 	defer prove.Stop()
-	log := logf.FromContext(ctx)
+	renew := time.NewTicker(r.lease.opts.RetryPeriod)
+	defer renew.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			// A graceful shutdown persists what is dirty; a crash would
-			// not, and recovery is built for that too.
-			flushCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			r.mu.Lock()
-			for name, p := range r.pools {
-				p.stop()
-				if err := p.m.Flush(flushCtx); err != nil {
-					log.Error(err, "Flushing pool at shutdown", "pool", name)
-				}
-				delete(r.pools, name)
-			}
-			r.mu.Unlock()
+			r.shutdown(ctx)
 			return nil
+		case <-renew.C:
+			r.keepLease(ctx)
 		case <-status.C:
 			for _, p := range r.list() {
 				if err := r.writeStatus(ctx, p); err != nil && ctx.Err() == nil {
@@ -195,6 +225,11 @@ func (r *Registry) Ensure(ctx context.Context, pool *vmipamv1.IPPool) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+	select {
+	case <-r.leased:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 	r.mu.RLock()
 	old := r.pools[pool.Name]
 	r.mu.RUnlock()
@@ -225,13 +260,17 @@ func (r *Registry) Ensure(ctx context.Context, pool *vmipamv1.IPPool) error {
 	if err != nil {
 		return fmt.Errorf("recover pool %s: %w", pool.Name, err)
 	}
+	p.m.SetFence(r.lease.valid)
+	r.mu.RLock()
+	p.m.SetPeers(r.peers)
+	r.mu.RUnlock()
 	rep, err := p.m.Recover(ctx, live)
 	if err != nil {
 		return fmt.Errorf("recover pool %s: %w", pool.Name, err)
 	}
 	p.noteConflicts(rep.Conflicts)
-	logf.FromContext(ctx).Info("Recovered pool", "pool", pool.Name, "allocated", rep.Allocated,
-		"cooldown", rep.Cooldown, "dropped", rep.Dropped, "conflicts", len(rep.Conflicts), "outOfRange", len(rep.OutOfRange))
+	logf.FromContext(ctx).Info("Recovered pool", "pool", pool.Name, "allocated", rep.Allocated, "free", rep.Free,
+		"cooldown", rep.Cooldown, "dropped", rep.Dropped, "elsewhere", len(rep.Elsewhere), "conflicts", len(rep.Conflicts), "outOfRange", len(rep.OutOfRange))
 	for _, c := range rep.Conflicts {
 		r.warn(pool, "DuplicateAddress", c.Error())
 	}
@@ -288,7 +327,7 @@ func (r *Registry) build(pool *vmipamv1.IPPool) (*Pool, error) {
 		maxPending = int(*n)
 	}
 	cfg := ipam.Config{
-		Pool: pool.Name, Holder: r.opts.Holder, Ranges: ranges,
+		Pool: pool.Name, Holder: r.opts.Holder, Ranges: ranges, Timers: r.opts.Timers,
 		Cooldown: cooldown, PendingTTL: ttl, MaxPendingPerNamespace: maxPending,
 		Store: kubestore.New(r.opts.Client, r.opts.APIReader, pool), Clock: r.opts.Clock,
 	}
@@ -333,13 +372,20 @@ func (r *Registry) warn(pool *vmipamv1.IPPool, reason, msg string) {
 	}
 }
 
-// Ready reports an error until every IPPool in the cluster has a
-// recovered allocator at its current generation.
+// Ready reports an error until this replica holds its Lease and every
+// IPPool in the cluster has a recovered allocator at its current
+// generation.
 func (r *Registry) Ready(ctx context.Context) error {
 	select {
-	case <-r.started:
+	case <-r.leased:
 	default:
-		return errors.New("pool registry not started")
+		if err := r.lease.waitingFor(); err != nil {
+			return fmt.Errorf("the holder lease is not held yet: %w", err)
+		}
+		return errors.New("the holder lease is not held yet")
+	}
+	if !r.lease.valid() {
+		return errors.New("the holder lease has not been renewed in time")
 	}
 	var list vmipamv1.IPPoolList
 	if err := r.opts.Client.List(ctx, &list); err != nil {

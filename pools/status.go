@@ -11,14 +11,57 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/ipam"
 )
 
-// writeStatus writes a pool's counts and conditions when they changed.
+// publishedCounts is what this holder publishes on its Lease: its share of
+// each ready pool.
+func (r *Registry) publishedCounts() string {
+	out := map[string]holderCounts{}
+	for _, p := range r.list() {
+		if !p.m.Ready() {
+			continue
+		}
+		c := p.m.Snapshot()
+		out[p.name] = holderCounts{Allocated: c.Allocated, Pending: c.Pending, Free: c.Free, Cooldown: c.Cooldown}
+	}
+	raw, err := json.Marshal(out)
+	if err != nil {
+		return "{}"
+	}
+	return string(raw)
+}
+
+// poolCounts adds up a pool's counts over the live holders: this one's
+// from its allocator, the others' as they last published them on their
+// Leases (at most a retry period old). Claims are disjoint, so the sums
+// count every address once.
+func (r *Registry) poolCounts(p *Pool) ipam.Counts {
+	c := p.m.Snapshot()
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	for _, h := range r.peers {
+		o, ok := r.peerCounts[h][p.name]
+		if h == r.opts.Holder || !ok {
+			continue
+		}
+		c.Allocated += o.Allocated
+		c.Pending += o.Pending
+		c.Free += o.Free
+		c.Cooldown += o.Cooldown
+	}
+	return c
+}
+
+// writeStatus writes a pool's counts and conditions when they changed. Of
+// the live replicas, one writes each pool's status (chosen by the pool's
+// UID), with every holder's counts added up, so replicas do not overwrite
+// each other's partial views.
 func (r *Registry) writeStatus(ctx context.Context, p *Pool) error {
-	if !p.m.Ready() {
+	if !p.m.Ready() || !r.Chosen("status/"+string(p.uid)) {
 		return nil
 	}
-	c := p.m.Snapshot()
+	c := r.poolCounts(p)
 	p.mu.Lock()
 	gen, deleting := p.generation, p.deleting
 	p.mu.Unlock()

@@ -127,6 +127,7 @@ func (t Target) Stamp(obj *unstructured.Unstructured, addr, pool, token string) 
 	}
 	SetAnnotation(obj, vmipamv1.PoolAnnotation, pool)
 	SetAnnotation(obj, vmipamv1.TokenAnnotation, token)
+	SetAnnotation(obj, vmipamv1.AddressAnnotation, addr)
 	AddFinalizer(obj)
 	return nil
 }

@@ -30,7 +30,7 @@ func (t Target) Trim(obj any) (any, error) {
 	}
 	if ann, ok := src["annotations"].(map[string]any); ok {
 		keep := map[string]any{}
-		for _, k := range []string{vmipamv1.TokenAnnotation, vmipamv1.PoolAnnotation, t.AddressAnnotation} {
+		for _, k := range []string{vmipamv1.TokenAnnotation, vmipamv1.PoolAnnotation, vmipamv1.AddressAnnotation, t.AddressAnnotation} {
 			if v, ok := ann[k]; ok && k != "" {
 				keep[k] = v
 			}

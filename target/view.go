@@ -27,7 +27,7 @@ const maxAddressItems = 16
 type View struct {
 	APIVersion, Kind                     string
 	Name, GenerateName, Namespace, UID   string
-	Token, StampedPool                   string
+	Token, StampedPool, StampedAddress   string
 	HasToken                             bool
 	HasFinalizer                         bool
 	Addresses                            []string
@@ -51,6 +51,7 @@ const (
 	pAnnotations
 	pToken
 	pStampedPool
+	pStampedAddress
 	pFinalizers
 	pAddress
 	pPool
@@ -69,12 +70,13 @@ func (t Target) Read(raw []byte) (*View, error) {
 		pAPIVersion: {"apiVersion"}, pKind: {"kind"}, pMetadata: {"metadata"},
 		pName: {"metadata", "name"}, pGenerateName: {"metadata", "generateName"},
 		pNamespace: {"metadata", "namespace"}, pUID: {"metadata", "uid"},
-		pAnnotations: {"metadata", "annotations"},
-		pToken:       {"metadata", "annotations", vmipamv1.TokenAnnotation},
-		pStampedPool: {"metadata", "annotations", vmipamv1.PoolAnnotation},
-		pFinalizers:  {"metadata", "finalizers"},
-		pAddress:     t.addressLocation(),
-		pPool:        t.PoolField,
+		pAnnotations:    {"metadata", "annotations"},
+		pToken:          {"metadata", "annotations", vmipamv1.TokenAnnotation},
+		pStampedPool:    {"metadata", "annotations", vmipamv1.PoolAnnotation},
+		pStampedAddress: {"metadata", "annotations", vmipamv1.AddressAnnotation},
+		pFinalizers:     {"metadata", "finalizers"},
+		pAddress:        t.addressLocation(),
+		pPool:           t.PoolField,
 	}
 	for i := 1; i < len(t.AddressesField); i++ {
 		paths = append(paths, t.AddressesField[:i])
@@ -109,6 +111,7 @@ func (t Target) Read(raw []byte) (*View, error) {
 	annPath := meta.Child("annotations")
 	v.HasToken = str(pToken, annPath.Key(vmipamv1.TokenAnnotation), &v.Token)
 	str(pStampedPool, annPath.Key(vmipamv1.PoolAnnotation), &v.StampedPool)
+	str(pStampedAddress, annPath.Key(vmipamv1.AddressAnnotation), &v.StampedAddress)
 	if f := vals[pFinalizers]; f != nil && jsonscan.KindOf(f) != jsonscan.KindNull {
 		v.hasFins = true
 		err := jsonscan.Each(f, func(_ int, elem []byte) bool {
@@ -182,11 +185,11 @@ func (v *View) Describe() string {
 }
 
 // StampPatch returns the JSON patch (RFC 6902) that stamps on the object v
-// was read from the address, the pool and the reservation token, and
-// vmipam's finalizer. It is built from v alone: the object is never copied
-// or re-encoded.
+// was read from the address (in its field and as vmipam's address
+// annotation), the pool and the reservation token, and vmipam's finalizer.
+// It is built from v alone: the object is never copied or re-encoded.
 func (t Target) StampPatch(v *View, addr, pool, token string) []jsonpatch.Operation {
-	set := map[string]string{vmipamv1.PoolAnnotation: pool, vmipamv1.TokenAnnotation: token}
+	set := map[string]string{vmipamv1.PoolAnnotation: pool, vmipamv1.TokenAnnotation: token, vmipamv1.AddressAnnotation: addr}
 	if len(t.AddressesField) == 0 {
 		set[t.AddressAnnotation] = addr
 	}
@@ -198,7 +201,8 @@ func (t Target) StampPatch(v *View, addr, pool, token string) []jsonpatch.Operat
 }
 
 // DryRunPatch returns the patch a dry run gets: the pool it would draw
-// from and the finalizer, and no token (a dry run reserves nothing).
+// from and the finalizer, and no token or address annotation (a dry run
+// reserves nothing).
 func (t Target) DryRunPatch(v *View, pool string) []jsonpatch.Operation {
 	return t.metadataOps(v, map[string]string{vmipamv1.PoolAnnotation: pool}, true)
 }
@@ -230,6 +234,7 @@ func (t Target) metadataOps(v *View, set map[string]string, dropToken bool) []js
 		for _, k := range slices.Sorted(maps.Keys(set)) {
 			if k == vmipamv1.TokenAnnotation && v.HasToken && v.Token == set[k] ||
 				k == vmipamv1.PoolAnnotation && v.StampedPool == set[k] ||
+				k == vmipamv1.AddressAnnotation && v.StampedAddress == set[k] ||
 				k == t.AddressAnnotation && k != "" && strings.Join(v.Addresses, ",") == set[k] {
 				continue
 			}
@@ -238,6 +243,9 @@ func (t Target) metadataOps(v *View, set map[string]string, dropToken bool) []js
 	}
 	if dropToken && v.HasToken {
 		ops = append(ops, jsonpatch.NewOperation("remove", "/metadata/annotations/"+EscapePointer(vmipamv1.TokenAnnotation), nil))
+	}
+	if dropToken && v.StampedAddress != "" {
+		ops = append(ops, jsonpatch.NewOperation("remove", "/metadata/annotations/"+EscapePointer(vmipamv1.AddressAnnotation), nil))
 	}
 	if !v.HasFinalizer {
 		if v.hasFins {

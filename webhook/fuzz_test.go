@@ -58,7 +58,7 @@ func fuzzServers(f *testing.F) map[string]http.Handler {
 	wrap := func(h admission.Handler) http.Handler { return srv.Handler(h) }
 	return map[string]http.Handler{
 		"mutate":   wrap(&VMDefaulter{Registry: reg, Target: target.VirtualMachine}),
-		"validate": wrap(&VMValidator{Registry: reg, Target: target.VirtualMachine}),
+		"validate": wrap(&VMValidator{Target: target.VirtualMachine}),
 		"ippool":   wrap(NewIPPoolValidator(c, scheme)),
 	}
 }

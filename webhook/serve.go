@@ -47,6 +47,10 @@ type Limits struct {
 	// the deadline a request asks for. Defaults 10s and 30s, the API
 	// server's own default and maximum for webhooks.
 	DefaultTimeout, MaxTimeout time.Duration
+	// Draining, when set and true, makes each response close its
+	// connection, so that a caller keeping connections alive (the API
+	// server) dials again and reaches a replica that is not shutting down.
+	Draining func() bool
 }
 
 // Defaults of Limits.
@@ -111,6 +115,9 @@ func (s *Server) Handler(h admission.Handler) http.Handler {
 
 func (s *Server) serve(w http.ResponseWriter, r *http.Request, h admission.Handler) {
 	log := logf.FromContext(r.Context())
+	if d := s.limits.Draining; d != nil && d() {
+		w.Header().Set("Connection", "close")
+	}
 	if r.Method != http.MethodPost {
 		http.Error(w, "admission webhooks take POST", http.StatusMethodNotAllowed)
 		return

@@ -3,13 +3,13 @@ package webhook
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/netip"
 	"slices"
+	"strings"
 
 	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
@@ -36,12 +36,16 @@ const (
 	IPPoolValidatorPath = "/validate-vmipam-io-v1alpha1-ippool"
 )
 
-// +kubebuilder:webhook:path=/mutate-vmipam-io-v1alpha1-virtualmachine,mutating=true,failurePolicy=fail,sideEffects=NoneOnDryRun,groups=vmipam.io,resources=virtualmachines,verbs=create,versions=v1alpha1,name=mvirtualmachine.vmipam.io,admissionReviewVersions=v1,timeoutSeconds=5,reinvocationPolicy=IfNeeded
+// +kubebuilder:webhook:path=/mutate-vmipam-io-v1alpha1-virtualmachine,mutating=true,failurePolicy=fail,sideEffects=NoneOnDryRun,groups=vmipam.io,resources=virtualmachines,verbs=create,versions=v1alpha1,name=mvirtualmachine.vmipam.io,admissionReviewVersions=v1,timeoutSeconds=5,reinvocationPolicy=Never
 
 // VMDefaulter gives an object its address on CREATE: it picks the pool,
 // reserves an address under a fresh token (the object has no UID yet, and
 // no name with generateName), and stamps the address, the pool, the token
 // and the releasing finalizer.
+//
+// The API server calls it once per admission (reinvocationPolicy: Never),
+// and any replica may answer: a token already on the object was copied
+// from another object and is replaced, never trusted.
 type VMDefaulter struct {
 	Registry *pools.Registry
 	Target   target.Target
@@ -95,13 +99,6 @@ func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admissi
 	if !pool.Ready() {
 		return deny(apierrors.NewServiceUnavailable(fmt.Sprintf("IPPool %s is recovering its state; retry in a few seconds", pool.Name())))
 	}
-	adm := admissionKey(req, v)
-	// Reinvoked in the same admission: our stamp is present and its
-	// reservation still open to this admission. Any other token was
-	// copied from another object and is replaced.
-	if static.IsValid() && v.HasToken && v.StampedPool == pool.Name() && pool.Reenter(v.Token, adm, static) {
-		return patched(d.Target.FinalizerPatch(v))
-	}
 	if static.IsValid() && !pool.Ranges().Contains(static) {
 		return invalid(field.Invalid(addrPath, v.Addresses[0],
 			fmt.Sprintf("outside IPPool %s (usable: %s); ask for an address inside it, or leave the field empty", pool.Name(), pool.Ranges())))
@@ -124,7 +121,7 @@ func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admissi
 	if err != nil {
 		return admission.Errored(http.StatusInternalServerError, err)
 	}
-	r := ipam.Reservation{Token: token, Namespace: v.Namespace, Ref: v.Describe(), Admission: adm}
+	r := ipam.Reservation{Token: token, Namespace: v.Namespace, Ref: v.Describe()}
 	a := static
 	if static.IsValid() {
 		log.V(1).Info("Reserving address", "object", v.Describe(), "pool", pool.Name(), "address", static)
@@ -167,14 +164,14 @@ func (d *VMDefaulter) nameTaken(ctx context.Context, v *target.View) (admission.
 	return deny(apierrors.NewAlreadyExists(gr(d.Target), v.Name)), true
 }
 
-// +kubebuilder:webhook:path=/validate-vmipam-io-v1alpha1-virtualmachine,mutating=false,failurePolicy=fail,sideEffects=NoneOnDryRun,groups=vmipam.io,resources=virtualmachines,verbs=create;update,versions=v1alpha1,name=vvirtualmachine.vmipam.io,admissionReviewVersions=v1,timeoutSeconds=5,patch=`{"matchConditions":[{"name":"guarded-fields-change","expression":"request.operation != 'UPDATE' || (has(object.spec) && has(object.spec.addresses) ? object.spec.addresses : []) != (has(oldObject.spec) && has(oldObject.spec.addresses) ? oldObject.spec.addresses : []) || (has(object.metadata.annotations) && 'vmipam.io/token' in object.metadata.annotations ? object.metadata.annotations['vmipam.io/token'] : '') != (has(oldObject.metadata.annotations) && 'vmipam.io/token' in oldObject.metadata.annotations ? oldObject.metadata.annotations['vmipam.io/token'] : '') || (has(object.metadata.annotations) && 'vmipam.io/pool' in object.metadata.annotations ? object.metadata.annotations['vmipam.io/pool'] : '') != (has(oldObject.metadata.annotations) && 'vmipam.io/pool' in oldObject.metadata.annotations ? oldObject.metadata.annotations['vmipam.io/pool'] : '')"}]}`
+// +kubebuilder:webhook:path=/validate-vmipam-io-v1alpha1-virtualmachine,mutating=false,failurePolicy=fail,sideEffects=None,groups=vmipam.io,resources=virtualmachines,verbs=create;update,versions=v1alpha1,name=vvirtualmachine.vmipam.io,admissionReviewVersions=v1,timeoutSeconds=5,patch=`{"matchConditions":[{"name":"guarded-fields-change","expression":"request.operation != 'UPDATE' || (has(object.spec) && has(object.spec.addresses) ? object.spec.addresses : []) != (has(oldObject.spec) && has(oldObject.spec.addresses) ? oldObject.spec.addresses : []) || (has(object.metadata.annotations) && 'vmipam.io/token' in object.metadata.annotations ? object.metadata.annotations['vmipam.io/token'] : '') != (has(oldObject.metadata.annotations) && 'vmipam.io/token' in oldObject.metadata.annotations ? oldObject.metadata.annotations['vmipam.io/token'] : '') || (has(object.metadata.annotations) && 'vmipam.io/pool' in object.metadata.annotations ? object.metadata.annotations['vmipam.io/pool'] : '') != (has(oldObject.metadata.annotations) && 'vmipam.io/pool' in oldObject.metadata.annotations ? oldObject.metadata.annotations['vmipam.io/pool'] : '') || (has(object.metadata.annotations) && 'vmipam.io/address' in object.metadata.annotations ? object.metadata.annotations['vmipam.io/address'] : '') != (has(oldObject.metadata.annotations) && 'vmipam.io/address' in oldObject.metadata.annotations ? oldObject.metadata.annotations['vmipam.io/address'] : '')"}]}`
 
-// VMValidator keeps what vmipam stamped immutable: the address, the pool
-// and the token cannot change once set, and an address can only appear on
-// an existing object when vmipam reserved it for that object. On CREATE it
-// checks that the address is still the one vmipam reserved, and seals the
-// reservation: the admission's mutations are over, so its token, once
-// visible on the stored object, is never trusted again (see Reenter).
+// VMValidator keeps what vmipam stamped immutable: the address, the pool,
+// the token and the address annotation cannot change once set, and an
+// address can only appear on an existing object when vmipam stamped it. On
+// CREATE it checks that the address is still the one vmipam stamped: no
+// later mutating webhook changed it. It holds no state, so any replica
+// answers for any other's admissions.
 //
 // The API server calls it for every CREATE, but for an UPDATE only when the
 // addresses, the token or the pool annotation change (the match condition
@@ -182,14 +179,13 @@ func (d *VMDefaulter) nameTaken(ctx context.Context, v *target.View) (admission.
 // finalizer included, cost no webhook call and do not fail while vmipam is
 // unreachable.
 type VMValidator struct {
-	Registry *pools.Registry
-	Target   target.Target
+	Target target.Target
 }
 
 var _ admission.Handler = (*VMValidator)(nil)
 
 // Handle implements admission.Handler.
-func (v *VMValidator) Handle(ctx context.Context, req admission.Request) admission.Response {
+func (v *VMValidator) Handle(_ context.Context, req admission.Request) admission.Response {
 	if resp, ok := serves(req, v.Target, "validating"); !ok {
 		return resp
 	}
@@ -201,29 +197,23 @@ func (v *VMValidator) Handle(ctx context.Context, req admission.Request) admissi
 		return resp
 	}
 	addrPath := field.NewPath(v.Target.AddressPath())
+	ann := field.NewPath("metadata", "annotations")
 	var errs field.ErrorList
 	switch req.Operation {
 	case admissionv1.Create:
-		if req.DryRun != nil && *req.DryRun || len(obj.Addresses) == 0 || !obj.HasToken {
+		if req.DryRun != nil && *req.DryRun || !obj.HasToken {
 			return admission.Allowed("")
 		}
-		// The address must still be the one vmipam reserved for this
-		// object: a later mutating webhook must not have changed it.
-		a, ferr := parseCanonical(addrPath, obj.Addresses[0])
-		if ferr != nil {
-			return deny(invalidErr(v.Target, obj, field.ErrorList{ferr}))
-		}
-		switch st, p := v.holding(ctx, obj, a); st {
-		case held:
-			p.Seal(obj.Token)
-		case holdingUnknown:
-			return deny(apierrors.NewServiceUnavailable("vmipam is still recovering its pools; retry in a few seconds"))
-		case lapsed:
-			return deny(apierrors.NewServiceUnavailable(fmt.Sprintf(
-				"vmipam no longer holds the reservation of %s for this object (it restarted during the admission, or the request outlived the pool's pendingTTL); retry the create", a)))
-		default:
-			errs = append(errs, field.Invalid(addrPath, obj.Addresses[0],
-				"differs from the address vmipam reserved for this object: another mutating webhook changed it; vmipam's address cannot be overridden"))
+		// The address must still be the one vmipam stamped: a later
+		// mutating webhook must not have changed or removed it.
+		switch {
+		case obj.StampedAddress == "":
+			errs = append(errs, field.Required(ann.Key(vmipamv1.AddressAnnotation),
+				"vmipam stamps the address it reserved here with the token; a later mutating webhook removed it"))
+		case len(obj.Addresses) != 1 || obj.Addresses[0] != obj.StampedAddress:
+			errs = append(errs, field.Invalid(addrPath, strings.Join(obj.Addresses, ","), fmt.Sprintf(
+				"differs from the address vmipam reserved for this object (%s): another mutating webhook changed it; vmipam's address cannot be overridden",
+				obj.StampedAddress)))
 		}
 	case admissionv1.Update:
 		old, resp, ok := readObject(v.Target, req, req.OldObject.Raw)
@@ -234,59 +224,27 @@ func (v *VMValidator) Handle(ctx context.Context, req admission.Request) admissi
 		case len(old.Addresses) > 0 && !slices.Equal(old.Addresses, obj.Addresses):
 			errs = append(errs, field.Forbidden(addrPath,
 				fmt.Sprintf("is immutable once assigned (was %v); delete and recreate the object to get another address", old.Addresses)))
-		case len(old.Addresses) == 0 && len(obj.Addresses) > 0:
-			a, ferr := parseCanonical(addrPath, obj.Addresses[0])
-			if ferr != nil {
-				errs = append(errs, ferr)
-			} else if st, _ := v.holding(ctx, obj, a); st != held {
-				errs = append(errs, field.Forbidden(addrPath,
-					"addresses are assigned by vmipam when the object is created; to ask for a specific one, delete and recreate the object with it"))
+		case len(old.Addresses) == 0 && len(obj.Addresses) > 0 && (obj.StampedAddress == "" || obj.Addresses[0] != obj.StampedAddress ||
+			obj.StampedAddress == old.StampedAddress):
+			// Only vmipam's controller adds an address after the create
+			// (to an object that bypassed the webhook), stamping it anew.
+			errs = append(errs, field.Forbidden(addrPath,
+				"addresses are assigned by vmipam when the object is created; to ask for a specific one, delete and recreate the object with it"))
+		}
+		for _, f := range []struct{ key, was, now string }{
+			{vmipamv1.TokenAnnotation, old.Token, obj.Token},
+			{vmipamv1.PoolAnnotation, old.StampedPool, obj.StampedPool},
+			{vmipamv1.AddressAnnotation, old.StampedAddress, obj.StampedAddress},
+		} {
+			if f.was != "" && f.was != f.now {
+				errs = append(errs, field.Forbidden(ann.Key(f.key), fmt.Sprintf("is immutable once set by vmipam (was %q)", f.was)))
 			}
-		}
-		ann := field.NewPath("metadata", "annotations")
-		if old.Token != "" && old.Token != obj.Token {
-			errs = append(errs, field.Forbidden(ann.Key(vmipamv1.TokenAnnotation), fmt.Sprintf("is immutable once set by vmipam (was %q)", old.Token)))
-		}
-		if old.StampedPool != "" && old.StampedPool != obj.StampedPool {
-			errs = append(errs, field.Forbidden(ann.Key(vmipamv1.PoolAnnotation), fmt.Sprintf("is immutable once set by vmipam (was %q)", old.StampedPool)))
 		}
 	}
 	if len(errs) > 0 {
 		return deny(invalidErr(v.Target, obj, errs))
 	}
 	return admission.Allowed("")
-}
-
-type holdingState int
-
-const (
-	// held: the pool holds the address for this object.
-	held holdingState = iota
-	// lapsed: nobody holds it; this object's reservation lapsed.
-	lapsed
-	// heldElsewhere: another object holds it, or it is not the pool's.
-	heldElsewhere
-	// holdingUnknown: the pool is still recovering.
-	holdingUnknown
-)
-
-// holding says whether the pool stamped on obj holds a pending for obj's
-// token or allocated to its UID.
-func (v *VMValidator) holding(ctx context.Context, obj *target.View, a netip.Addr) (holdingState, *pools.Pool) {
-	p := v.Registry.Get(obj.StampedPool)
-	switch {
-	case p == nil && v.Registry.Ready(ctx) != nil, p != nil && !p.Ready():
-		return holdingUnknown, nil
-	case p == nil:
-		return heldElsewhere, nil
-	}
-	switch p.Holds(a, obj.Token, obj.UID) {
-	case pools.Held:
-		return held, p
-	case pools.Lapsed:
-		return lapsed, p
-	}
-	return heldElsewhere, p
 }
 
 // serves refuses, without any side effect, a review of a kind, resource or
@@ -373,18 +331,6 @@ func parseCanonical(path *field.Path, s string) (netip.Addr, *field.Error) {
 		return netip.Addr{}, field.Invalid(path, s, fmt.Sprintf("not in canonical form: %s %s", why, c))
 	}
 	return a, nil
-}
-
-// admissionKey identifies the admission request that made a reservation:
-// the requesting user, the namespace and the object's name or name prefix,
-// which a reinvocation of the same admission repeats.
-func admissionKey(req admission.Request, v *target.View) string {
-	h := sha256.New()
-	for _, s := range []string{req.UserInfo.Username, req.UserInfo.UID, v.Namespace, v.Name, v.GenerateName} {
-		h.Write([]byte(s))
-		h.Write([]byte{0})
-	}
-	return hex.EncodeToString(h.Sum(nil)[:16])
 }
 
 // newToken returns a fresh reservation token.

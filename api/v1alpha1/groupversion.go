@@ -35,6 +35,10 @@ const (
 	TokenAnnotation = "vmipam.io/token"
 	// PoolAnnotation names the IPPool the address was taken from.
 	PoolAnnotation = "vmipam.io/pool"
+	// AddressAnnotation records the address vmipam stamped at admission, so
+	// that the validating webhook (on any replica, holding no state) can
+	// tell that no later admission step changed it.
+	AddressAnnotation = "vmipam.io/address"
 	// Finalizer keeps a VirtualMachine until its address is released into
 	// cooldown.
 	Finalizer = "vmipam.io/release-address"

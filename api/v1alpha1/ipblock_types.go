@@ -20,10 +20,37 @@ type IPBlockSpec struct {
 	// +optional
 	// +kubebuilder:validation:MaxProperties=64
 	Claims map[string]string `json:"claims,omitempty"`
+	// InUse maps a holder to the bitmap of its claimed offsets pending or
+	// allocated at its last write; Armed, to those it may hand out before
+	// it writes again. Recovery rests these and frees the rest.
+	// +optional
+	// +kubebuilder:validation:MaxProperties=64
+	InUse map[string]string `json:"inUse,omitempty"`
+	// +optional
+	// +kubebuilder:validation:MaxProperties=64
+	Armed map[string]string `json:"armed,omitempty"`
+	// Requests maps a holder to what it asks the block's other holders to
+	// hand over.
+	// +optional
+	// +kubebuilder:validation:MaxProperties=64
+	Requests map[string]IPBlockRequest `json:"requests,omitempty"`
+	// Format is 2 once InUse and Armed are recorded.
+	// +optional
+	Format int32 `json:"format,omitempty"`
 	// Cooldowns is base64 of (uint16 offset, int64 Unix seconds) records.
 	// +optional
 	// +kubebuilder:validation:MaxLength=65536
 	Cooldowns string `json:"cooldowns,omitempty"`
+}
+
+// IPBlockRequest is a holder's request for addresses of a block: a count
+// of any free ones, and the base64 bitmap of specific ones.
+type IPBlockRequest struct {
+	// +optional
+	Count int32 `json:"count,omitempty"`
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Addrs string `json:"addrs,omitempty"`
 }
 
 // IPBlock persists the allocator's claims and cooldowns for one block of a

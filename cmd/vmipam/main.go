@@ -4,6 +4,7 @@
 package main
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"flag"
@@ -11,11 +12,14 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/certwatcher"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
@@ -28,6 +32,7 @@ import (
 	"github.com/vmipam/vmipam/certs/clientauth"
 	"github.com/vmipam/vmipam/internal/app"
 	"github.com/vmipam/vmipam/metrics"
+	"github.com/vmipam/vmipam/pools"
 	"github.com/vmipam/vmipam/target"
 	"github.com/vmipam/vmipam/webhook"
 )
@@ -48,7 +53,7 @@ type options struct {
 	serviceName, metricsService   string
 	extraSANs                     string
 	mutatingConfig, validatingCfg string
-	resync                        time.Duration
+	resync, drain                 time.Duration
 	clientCA, clientCN            string
 	limits                        webhook.Limits
 	// clientCNSet records that --webhook-client-cn was given, which
@@ -63,12 +68,16 @@ func main() {
 	flag.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "Address /healthz and /readyz bind to.")
 	flag.StringVar(&o.pprofAddr, "pprof-bind-address", "", "Address net/http/pprof binds to, for profiling (off when empty; bind it to localhost).")
 	flag.BoolVar(&o.enableHTTP2, "enable-http2", false, "Serve HTTP/2 on the webhook and metrics servers (off by default: CVE-2023-44487 and CVE-2023-39325).")
-	flag.BoolVar(&o.leaderElect, "leader-elect", false, "Run the address controller under leader election (the webhook serves on every replica).")
-	flag.DurationVar(&o.leaseDuration, "leader-elect-lease-duration", 15*time.Second, "How long a replica that is not the leader waits, after the last renewal it saw, before it takes the lease.")
-	flag.DurationVar(&o.renewDeadline, "leader-elect-renew-deadline", 10*time.Second, "How long the leader keeps trying to renew before it gives up the lease and exits (so that a restart starts afresh). Raise it, with the lease duration, to ride out longer API server outages.")
-	flag.DurationVar(&o.retryPeriod, "leader-elect-retry-period", 2*time.Second, "How often the leader renews, and the others try to take, the lease.")
-	flag.StringVar(&o.namespace, "namespace", envOr("POD_NAMESPACE", "vmipam-system"), "vmipam's own namespace: its Secret, lease and events.")
-	flag.StringVar(&o.holder, "holder", "vmipam", "This replica's stable name in the pools' claims.")
+	flag.BoolVar(&o.leaderElect, "leader-elect", false, "Deprecated and ignored: every replica runs every controller, each looking after the addresses it holds.")
+	flag.DurationVar(&o.leaseDuration, "lease-duration", pools.DefaultLeaseDuration, "How long after a replica's last renewal of its holder lease another replica may take its claims over.")
+	flag.DurationVar(&o.renewDeadline, "lease-renew-deadline", pools.DefaultRenewDeadline, "How long after the last renewal it sent a replica stops handing out addresses (fencing); shorter than --lease-duration, by more than the clock skew between nodes and the longest pause of the process. The replica keeps renewing and serves again once a renewal lands in time.")
+	flag.DurationVar(&o.retryPeriod, "lease-retry-period", pools.DefaultRetryPeriod, "How often a replica renews its holder lease and looks for replicas that left.")
+	flag.DurationVar(&o.leaseDuration, "leader-elect-lease-duration", pools.DefaultLeaseDuration, "Deprecated: --lease-duration.")
+	flag.DurationVar(&o.renewDeadline, "leader-elect-renew-deadline", pools.DefaultRenewDeadline, "Deprecated: --lease-renew-deadline.")
+	flag.DurationVar(&o.retryPeriod, "leader-elect-retry-period", pools.DefaultRetryPeriod, "Deprecated: --lease-retry-period.")
+	flag.StringVar(&o.namespace, "namespace", envOr("POD_NAMESPACE", "vmipam-system"), "vmipam's own namespace: its Secret, holder leases and events.")
+	flag.StringVar(&o.holder, "holder", envOr("POD_NAME", hostname()), "This replica's name in the pools' claims and its holder lease: stable across its restarts, and used by one process at a time (the pod's name, from $POD_NAME).")
+	flag.DurationVar(&o.drain, "shutdown-drain", 10*time.Second, "On SIGTERM, how long to keep serving, not ready and closing connections, while the Service stops sending requests here; then shut down, sealing the pools.")
 	flag.StringVar(&o.webhookHost, "webhook-host", "", "Address the webhook server binds to (all interfaces when empty).")
 	flag.IntVar(&o.webhookPort, "webhook-port", 9443, "Port of the webhook server.")
 	flag.StringVar(&o.certMode, "cert-mode", "self", "Serving certificates: \"self\" (vmipam keeps a CA and a certificate in a Secret and injects the CA) or \"cert-manager\" (files in --cert-dir, reloaded on change).")
@@ -103,11 +112,15 @@ func main() {
 func (o options) validate() error {
 	switch {
 	case o.leaseDuration <= 0 || o.renewDeadline <= 0 || o.retryPeriod <= 0:
-		return errors.New("--leader-elect-lease-duration, --leader-elect-renew-deadline and --leader-elect-retry-period must be positive")
+		return errors.New("--lease-duration, --lease-renew-deadline and --lease-retry-period must be positive")
 	case o.leaseDuration <= o.renewDeadline:
-		return fmt.Errorf("--leader-elect-lease-duration (%s) must be longer than --leader-elect-renew-deadline (%s)", o.leaseDuration, o.renewDeadline)
+		return fmt.Errorf("--lease-duration (%s) must be longer than --lease-renew-deadline (%s): a replica must stop serving before another may take its claims over", o.leaseDuration, o.renewDeadline)
 	case float64(o.renewDeadline) <= 1.2*float64(o.retryPeriod):
-		return fmt.Errorf("--leader-elect-renew-deadline (%s) must be longer than 1.2 × --leader-elect-retry-period (%s)", o.renewDeadline, o.retryPeriod)
+		return fmt.Errorf("--lease-renew-deadline (%s) must be longer than 1.2 × --lease-retry-period (%s)", o.renewDeadline, o.retryPeriod)
+	case o.holder == "":
+		return errors.New("--holder is empty: give each replica a stable name (the pod's name, from $POD_NAME)")
+	case o.drain < 0:
+		return errors.New("--shutdown-drain must not be negative")
 	case o.limits.MaxBodyBytes <= 0 || o.limits.MaxInflightBytes <= 0 || o.limits.MaxConcurrent <= 0 || o.limits.ReadTimeout <= 0:
 		return errors.New("--webhook-max-body-bytes, --webhook-max-inflight-bytes, --webhook-max-concurrent and --webhook-read-timeout must be positive")
 	case o.limits.MaxInflightBytes < o.limits.MaxBodyBytes:
@@ -148,19 +161,15 @@ func run(o options) error {
 		return err
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                        app.Scheme,
-		Metrics:                       metricsOptions(o, tlsOpts),
-		HealthProbeBindAddress:        o.probeAddr,
-		PprofBindAddress:              o.pprofAddr,
-		LeaderElection:                o.leaderElect,
-		LeaderElectionID:              "vmipam.vmipam.io",
-		LeaderElectionNamespace:       o.namespace,
-		LeaderElectionReleaseOnCancel: true,
-		LeaseDuration:                 &o.leaseDuration,
-		RenewDeadline:                 &o.renewDeadline,
-		RetryPeriod:                   &o.retryPeriod,
-		WebhookServer:                 webhookServer,
-		Cache:                         app.CacheOptions(target.VirtualMachine, o.namespace),
+		Scheme:                 app.Scheme,
+		Metrics:                metricsOptions(o, tlsOpts),
+		HealthProbeBindAddress: o.probeAddr,
+		PprofBindAddress:       o.pprofAddr,
+		WebhookServer:          &gatedServer{Server: webhookServer, serving: cert.serving},
+		Cache:                  app.CacheOptions(target.VirtualMachine, o.namespace),
+		// Not before the pools are sealed (Registry) and the webhook
+		// drained (the signal handler below).
+		GracefulShutdownTimeout: ptr.To(45 * time.Second),
 	})
 	if err != nil {
 		return fmt.Errorf("create manager: %w", err)
@@ -173,15 +182,69 @@ func run(o options) error {
 			return fmt.Errorf("add client CA watcher: %w", err)
 		}
 	}
-	if _, err := app.Setup(mgr, app.Options{Holder: o.holder, ResyncInterval: o.resync, Limits: o.limits}); err != nil {
+	var draining atomic.Bool
+	o.limits.Draining = draining.Load
+	if _, err := app.Setup(mgr, app.Options{
+		Holder: o.holder, Namespace: o.namespace, ResyncInterval: o.resync, Limits: o.limits, Draining: draining.Load,
+		Lease: pools.LeaseOptions{Duration: o.leaseDuration, RenewDeadline: o.renewDeadline, RetryPeriod: o.retryPeriod},
+	}); err != nil {
 		return err
+	}
+	if o.leaderElect {
+		setupLog.Info("--leader-elect is deprecated and ignored: every replica runs every controller")
 	}
 	setupLog.Info("Starting vmipam", "namespace", o.namespace, "holder", o.holder, "certMode", o.certMode,
 		"webhookPort", o.webhookPort, "webhookClientAuth", clientAuth != nil)
-	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil {
+	if err := mgr.Start(drainingSignalHandler(o.drain, &draining)); err != nil {
 		return fmt.Errorf("run manager: %w", err)
 	}
 	return nil
+}
+
+// drainingSignalHandler returns a context that ends drain after the first
+// SIGTERM or SIGINT: meanwhile the replica reports not ready and closes
+// each connection after its response, so that the Service and the API
+// server's kept-alive connections move to the other replicas before this
+// one stops (the API server keeps reusing connections to a terminating
+// webhook pod otherwise: kubernetes issue 127335). A second signal ends it
+// at once; a third exits.
+func drainingSignalHandler(drain time.Duration, draining *atomic.Bool) context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	c := make(chan os.Signal, 3)
+	signal.Notify(c, syscall.SIGTERM, os.Interrupt)
+	go func() {
+		<-c
+		draining.Store(true)
+		setupLog.Info("Draining before shutdown: not ready, closing connections", "for", drain)
+		select {
+		case <-time.After(drain):
+		case <-c:
+		}
+		cancel()
+		<-c
+		os.Exit(1)
+	}()
+	return ctx
+}
+
+// gatedServer starts the webhook server only once a certificate can be
+// served, so that no caller meets a TLS error while a starting replica
+// has none yet.
+type gatedServer struct {
+	crwebhook.Server
+	serving func() bool
+}
+
+// Start waits for the certificate, then serves.
+func (g *gatedServer) Start(ctx context.Context) error {
+	for !g.serving() {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return g.Server.Start(ctx)
 }
 
 // servingCert is where the webhook and the metrics servers take their
@@ -194,6 +257,15 @@ type servingCert struct {
 	}
 	// watcher is the source with cert-manager, a runnable of the manager.
 	watcher *certwatcher.CertWatcher
+}
+
+// serving reports whether there is a certificate to serve.
+func (s *servingCert) serving() bool {
+	if s.source == nil {
+		return false
+	}
+	_, err := s.source.GetCertificate(&tls.ClientHelloInfo{})
+	return err == nil
 }
 
 // configureTLS makes a server serve the certificate; it also keeps
@@ -324,6 +396,11 @@ func setupCerts(mgr ctrl.Manager, o options, cert *servingCert) error {
 	}
 	metrics.SetCertificateExpiry(m.NotAfter)
 	return nil
+}
+
+func hostname() string {
+	h, _ := os.Hostname()
+	return h
 }
 
 func envOr(k, def string) string {

@@ -22,8 +22,8 @@ func TestValidateLeaseFlags(t *testing.T) {
 	}{
 		{"defaults", 15 * time.Second, 10 * time.Second, 2 * time.Second, ""},
 		{"long outages", 120 * time.Second, 90 * time.Second, 5 * time.Second, ""},
-		{"lease not longer than renew", 10 * time.Second, 10 * time.Second, 2 * time.Second, "--leader-elect-lease-duration (10s) must be longer"},
-		{"renew too close to retry", 15 * time.Second, 2 * time.Second, 2 * time.Second, "1.2 × --leader-elect-retry-period"},
+		{"lease not longer than renew", 10 * time.Second, 10 * time.Second, 2 * time.Second, "--lease-duration (10s) must be longer"},
+		{"renew too close to retry", 15 * time.Second, 2 * time.Second, 2 * time.Second, "1.2 × --lease-retry-period"},
 		{"zero", 0, 10 * time.Second, 2 * time.Second, "must be positive"},
 	}
 	for _, tt := range tests {
@@ -45,7 +45,7 @@ func TestValidateLeaseFlags(t *testing.T) {
 func validOptions() options {
 	return options{
 		leaseDuration: 15 * time.Second, renewDeadline: 10 * time.Second, retryPeriod: 2 * time.Second,
-		certMode: "self", clientCN: "kube-apiserver",
+		holder: "vmipam-0", drain: 10 * time.Second, certMode: "self", clientCN: "kube-apiserver",
 		limits: webhook.Limits{
 			MaxBodyBytes: webhook.DefaultMaxBodyBytes, MaxInflightBytes: webhook.DefaultMaxInflightBytes,
 			MaxConcurrent: webhook.DefaultMaxConcurrent, ReadTimeout: 10 * time.Second,
@@ -66,6 +66,8 @@ func TestValidateFlags(t *testing.T) {
 		"client CA and CN":         {change: func(o *options) { o.clientCA, o.clientCN, o.clientCNSet = "/ca.crt", "apiserver", true }},
 		"client CA, empty CN":      {change: func(o *options) { o.clientCA, o.clientCN, o.clientCNSet = "/ca.crt", "", true }, wantErr: "--webhook-client-cn must not be empty"},
 		"client CN without the CA": {change: func(o *options) { o.clientCNSet = true }, wantErr: "--webhook-client-cn needs --webhook-client-ca"},
+		"no holder":                {change: func(o *options) { o.holder = "" }, wantErr: "--holder is empty"},
+		"negative drain":           {change: func(o *options) { o.drain = -time.Second }, wantErr: "--shutdown-drain"},
 		"no body limit":            {change: func(o *options) { o.limits.MaxBodyBytes = 0 }, wantErr: "must be positive"},
 		"in-flight below a body": {change: func(o *options) { o.limits.MaxInflightBytes = o.limits.MaxBodyBytes - 1 },
 			wantErr: "--webhook-max-inflight-bytes (7340031) must be at least --webhook-max-body-bytes (7340032)"},

@@ -5,10 +5,12 @@
 package app
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -37,8 +39,13 @@ func init() {
 
 // Options configure Setup.
 type Options struct {
-	// Holder names this replica in the pools' claims (stable).
+	// Holder names this replica in the pools' claims: stable across its
+	// restarts, used by one process at a time (the pod's name).
 	Holder string
+	// Namespace is vmipam's own namespace, where the holder Leases live.
+	Namespace string
+	// Lease times the holder Lease; zero fields take the defaults.
+	Lease pools.LeaseOptions
 	// Target is the kind given addresses; defaults to VirtualMachine.
 	Target *target.Target
 	// Clock defaults to the system clock.
@@ -50,6 +57,10 @@ type Options struct {
 	MaxConcurrentReconciles int
 	// Limits bound what one admission request may cost.
 	Limits webhook.Limits
+	// Draining, when set, reports that the process is shutting down: the
+	// replica then reports not ready, so that the Service sends admissions
+	// to the other replicas.
+	Draining func() bool
 }
 
 // CacheOptions returns the informer cache options vmipam needs: objects of
@@ -57,8 +68,9 @@ type Options struct {
 // Secrets only in vmipam's own namespace, which is all RBAC grants.
 func CacheOptions(t target.Target, namespace string) cache.Options {
 	return cache.Options{ByObject: map[client.Object]cache.ByObject{
-		&corev1.Secret{}: {Namespaces: map[string]cache.Config{namespace: {}}},
-		t.New():          {Transform: t.Trim},
+		&corev1.Secret{}:        {Namespaces: map[string]cache.Config{namespace: {}}},
+		&coordinationv1.Lease{}: {Namespaces: map[string]cache.Config{namespace: {}}},
+		t.New():                 {Transform: t.Trim},
 	}}
 }
 
@@ -72,8 +84,14 @@ func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
 	if opts.Holder == "" {
 		opts.Holder = "vmipam"
 	}
+	lease := opts.Lease
+	lease.Namespace = opts.Namespace
+	if lease.Namespace == "" {
+		lease.Namespace = "vmipam-system"
+	}
 	reg := pools.NewRegistry(pools.Options{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Target: t, Holder: opts.Holder, Clock: opts.Clock,
+		Lease: lease, Informers: mgr.GetCache(),
 		RunInterval: opts.RunInterval, ResyncInterval: opts.ResyncInterval, StatusInterval: opts.StatusInterval, ProveInterval: opts.ProveInterval,
 		Recorder:          mgr.GetEventRecorder("vmipam"),
 		ObserveAllocation: metrics.ObserveAllocation, NoteDuplicate: metrics.NoteDuplicate,
@@ -102,7 +120,7 @@ func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
 		handler admission.Handler
 	}{
 		webhook.DefaulterPath:       {"virtualmachine-mutating", &webhook.VMDefaulter{Registry: reg, Target: t, Reader: mgr.GetCache()}},
-		webhook.ValidatorPath:       {"virtualmachine-validating", &webhook.VMValidator{Registry: reg, Target: t}},
+		webhook.ValidatorPath:       {"virtualmachine-validating", &webhook.VMValidator{Target: t}},
 		webhook.IPPoolValidatorPath: {"ippool-validating", webhook.NewIPPoolValidator(mgr.GetAPIReader(), mgr.GetScheme())},
 	} {
 		srv.Register(path, adm.Handler(metrics.InstrumentAdmission(h.name, h.handler)))
@@ -112,6 +130,16 @@ func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
 	}
 	if err := mgr.AddReadyzCheck("webhook", srv.StartedChecker()); err != nil {
 		return nil, fmt.Errorf("add readyz check: %w", err)
+	}
+	if d := opts.Draining; d != nil {
+		if err := mgr.AddReadyzCheck("draining", func(*http.Request) error {
+			if d() {
+				return errors.New("shutting down")
+			}
+			return nil
+		}); err != nil {
+			return nil, fmt.Errorf("add readyz check: %w", err)
+		}
 	}
 	if err := mgr.AddReadyzCheck("pools", func(req *http.Request) error { return reg.Ready(req.Context()) }); err != nil {
 		return nil, fmt.Errorf("add readyz check: %w", err)

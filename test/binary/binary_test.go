@@ -23,6 +23,7 @@ import (
 )
 
 func TestBinary(t *testing.T) {
+	harness.NeedControlPlane(t)
 	ctx := t.Context()
 	cl, err := harness.Start(ctx, filepath.Join("..", ".."), t.TempDir())
 	if err != nil {

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
@@ -231,7 +232,7 @@ func TestChaos(t *testing.T) {
 
 	// Every deletion completes: vmipam releases the address and removes its
 	// finalizer.
-	if err := poll(2*time.Minute, func() error {
+	if err := harness.Poll(ctx, 200*time.Millisecond, 2*time.Minute, func() error {
 		var l vmipamv1.VirtualMachineList
 		if err := c.List(ctx, &l, client.InNamespace(ns)); err != nil {
 			return err
@@ -267,14 +268,14 @@ func TestChaos(t *testing.T) {
 
 	// The state at rest, from the API server: VMs, IPPool status, IPBlocks.
 	var rest restState
-	deadline := time.Now().Add(45 * time.Second)
-	for {
+	// What is still wrong after 45s is reported below, one error each.
+	_ = harness.Poll(ctx, time.Second, 45*time.Second, func() error {
 		rest = readRest(ctx, c, ns, s.cidr, usable)
-		if len(rest.problems) == 0 || time.Now().After(deadline) {
-			break
+		if len(rest.problems) > 0 {
+			return errors.New(rest.problems[0])
 		}
-		sleep(ctx, time.Second)
-	}
+		return nil
+	})
 	fig.live = len(rest.vms)
 	fig.endDups = rest.dups
 	fig.endNoAddr = rest.noAddr
@@ -335,7 +336,7 @@ func TestChaos(t *testing.T) {
 	if len(full.vms) != usable {
 		t.Errorf("%d VirtualMachines after filling the pool, want %d (usable)", len(full.vms), usable)
 	}
-	if err := poll(30*time.Second, func() error {
+	if err := harness.Poll(ctx, 200*time.Millisecond, 30*time.Second, func() error {
 		p := &vmipamv1.IPPool{}
 		if err := c.Get(ctx, client.ObjectKey{Name: poolName}, p); err != nil {
 			return err
@@ -691,17 +692,4 @@ func latest(ts ...time.Time) time.Time {
 		}
 	}
 	return m
-}
-
-// poll calls cond until it returns nil or timeout passes, and returns its
-// last error.
-func poll(timeout time.Duration, cond func() error) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		err := cond()
-		if err == nil || time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
 }

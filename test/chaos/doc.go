@@ -45,6 +45,7 @@
 //
 // It prints a table of figures (operations, kills, restarts, duplicates,
 // leaks, VMs without address, refusals by reason and by what was going on)
-// and fails on any of the above. findings_test.go holds fast, deterministic
-// regression tests for the two vmipam bugs the suite found.
+// and fails on any of the above. The fast, deterministic regression tests
+// for the two vmipam bugs the suite found live beside the code they test:
+// pools/resync_test.go and ipam/run_test.go.
 package chaos

@@ -22,13 +22,11 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"math/big"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -44,7 +42,6 @@ import (
 
 	"github.com/vmipam/vmipam/certs"
 	"github.com/vmipam/vmipam/certs/pki"
-	"github.com/vmipam/vmipam/internal/app"
 	"github.com/vmipam/vmipam/test/harness"
 )
 
@@ -69,115 +66,70 @@ var (
 	clientCA, otherCA *pki.KeyPair
 )
 
+// TestMain starts the control plane and vmipam once for the package. Every
+// test needs them: under -short none runs.
 func TestMain(m *testing.M) {
-	flag.Parse()
-	harness.SetTestLogger(testing.Verbose())
-	code, err := run(m)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		if code == 0 {
-			code = 1
-		}
-	}
-	os.Exit(code)
+	os.Exit(harness.MainControlPlaneOnly(m, setup))
 }
 
-func run(m *testing.M) (int, error) {
-	if _, err := harness.Assets(); err != nil {
-		return 1, err
-	}
+// setup starts the control plane and vmipam, and returns how to stop them.
+func setup() (teardown func(failed bool) error, err error) {
+	harness.SetTestLogger(testing.Verbose())
 	dir, err := os.MkdirTemp("", "vmipam-clientauth-")
 	if err != nil {
-		return 1, err
+		return nil, err
 	}
-	defer func() { _ = os.RemoveAll(dir) }()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-
 	c, err := start(ctx, dir)
 	if err != nil {
-		return 1, err
+		return nil, errors.Join(err, os.RemoveAll(dir))
 	}
 	cluster = c
-	defer func() { _ = c.Stop() }()
+	stop := func() error { return errors.Join(c.Stop(), os.RemoveAll(dir)) }
 	p, err := c.StartVMIPAM(ctx, logs,
 		"--webhook-client-ca", clientCAFile, "--webhook-client-cn", apiServerCN,
 		// The metrics endpoint serves vmipam's certificate over HTTPS,
 		// as deployed.
 		"--metrics-secure=true")
 	if err != nil {
-		return 1, fmt.Errorf("%w\nvmipam's logs:\n%s", err, logs.String())
+		return nil, errors.Join(fmt.Errorf("%w\nvmipam's logs:\n%s", err, logs.String()), stop())
 	}
-	defer p.Kill()
-	code := m.Run()
-	if code != 0 {
-		fmt.Fprintf(os.Stderr, "vmipam's logs:\n%s\n", logs.String())
-	}
-	return code, nil
+	return func(failed bool) error {
+		p.Kill()
+		if failed {
+			fmt.Fprintf(os.Stderr, "vmipam's logs:\n%s\n", logs.String())
+		}
+		return stop()
+	}, nil
 }
 
 // start builds vmipam, creates the PKI and the admission configuration,
 // starts a control plane that uses it, and installs the webhook Service and
 // configurations vmipam serves.
 func start(ctx context.Context, dir string) (*harness.Cluster, error) {
-	c := &harness.Cluster{Binary: filepath.Join(dir, "vmipam")}
-	build := exec.CommandContext(ctx, "go", "build", "-o", c.Binary, "./cmd/vmipam")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("build vmipam: %w\n%s", err, out)
-	}
-	ports := make([]int, 3)
-	for i := range ports {
-		var err error
-		if ports[i], err = freePort(); err != nil {
-			return nil, err
-		}
-	}
-	c.WebhookPort, c.MetricsPort, c.ProbePort = ports[0], ports[1], ports[2]
-
-	var err error
-	if clientCA, err = pki.NewCA("webhook-client-ca", time.Now(), 24*time.Hour); err != nil {
-		return nil, err
-	}
-	if otherCA, err = pki.NewCA("other-ca", time.Now(), 24*time.Hour); err != nil {
-		return nil, err
-	}
-	clientCAFile = filepath.Join(dir, "client-ca.crt")
-	if err := os.WriteFile(clientCAFile, clientCA.CertPEM, 0o600); err != nil {
-		return nil, err
-	}
-	admissionConfig, err := writeAdmissionConfig(dir, c.WebhookPort)
-	if err != nil {
-		return nil, err
-	}
-
-	c.Env = &envtest.Environment{CRDDirectoryPaths: []string{filepath.Join(root, "deploy", "crd")}, ErrorIfCRDPathMissing: true}
-	c.Env.ControlPlane.GetAPIServer().Configure().Set("admission-control-config-file", admissionConfig)
-	cfg, err := c.Env.Start()
-	if err != nil {
-		return nil, fmt.Errorf("start control plane: %w", err)
-	}
-	c.Config = cfg
-	stop := func(err error) error { return errors.Join(err, c.Stop()) }
-	if c.Client, err = client.New(cfg, client.Options{Scheme: app.Scheme}); err != nil {
-		return nil, stop(err)
-	}
-	if err := install(ctx, c.Client, c.WebhookPort); err != nil {
-		return nil, stop(err)
-	}
-	user, err := c.Env.AddUser(envtest.User{Name: "vmipam-clientauth", Groups: []string{"system:masters"}}, nil)
-	if err != nil {
-		return nil, stop(err)
-	}
-	kc, err := user.KubeConfig()
-	if err != nil {
-		return nil, stop(err)
-	}
-	c.Kubeconfig = filepath.Join(dir, "kubeconfig")
-	if err := os.WriteFile(c.Kubeconfig, kc, 0o600); err != nil {
-		return nil, stop(err)
-	}
-	return c, nil
+	return harness.StartWith(ctx, root, dir, harness.ClusterOptions{
+		Configure: func(c *harness.Cluster, env *envtest.Environment) error {
+			var err error
+			if clientCA, err = pki.NewCA("webhook-client-ca", time.Now(), 24*time.Hour); err != nil {
+				return err
+			}
+			if otherCA, err = pki.NewCA("other-ca", time.Now(), 24*time.Hour); err != nil {
+				return err
+			}
+			clientCAFile = filepath.Join(dir, "client-ca.crt")
+			if err := os.WriteFile(clientCAFile, clientCA.CertPEM, 0o600); err != nil {
+				return err
+			}
+			admissionConfig, err := writeAdmissionConfig(dir, c.WebhookPort)
+			if err != nil {
+				return err
+			}
+			env.ControlPlane.GetAPIServer().Configure().Set("admission-control-config-file", admissionConfig)
+			return nil
+		},
+		Install: func(ctx context.Context, c *harness.Cluster) error { return install(ctx, c.Client, c.WebhookPort) },
+	})
 }
 
 // writeAdmissionConfig writes what an administrator gives kube-apiserver
@@ -376,15 +328,6 @@ func convert(doc map[string]any, out any) error {
 		return err
 	}
 	return json.Unmarshal(b, out)
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("find a free port: %w", err)
-	}
-	defer func() { _ = l.Close() }()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // lockedBuffer collects vmipam's output, written by the process's copying

@@ -12,6 +12,8 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+
+	"github.com/vmipam/vmipam/test/harness"
 )
 
 const (
@@ -24,6 +26,7 @@ const (
 // each changes what it promises and nothing else, and that the API server
 // accepts the result.
 func TestComponents(t *testing.T) {
+	harness.NeedControlPlane(t)
 	sources := webhookSources(t)
 	tests := map[string]struct {
 		dir, install string

@@ -9,7 +9,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -26,7 +25,6 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 )
 
@@ -52,73 +50,50 @@ var (
 	cfg         *rest.Config
 )
 
+// TestMain starts the control plane and installs what every dry-run needs;
+// under -short it starts none and only the tests that need no kubectl and
+// no API server run.
 func TestMain(m *testing.M) {
+	os.Exit(harness.Main(m, setup))
+}
+
+// setup starts the control plane, installs what every dry-run needs (vmipam's
+// namespace and CRDs, applied for real from the default overlay, and
+// stand-in CRDs for cert-manager and the Prometheus Operator), and returns
+// how to stop it.
+func setup() (func(bool) error, error) {
+	logf.SetLogger(logr.Discard())
+	klog.SetLogger(logr.Discard())
 	assets, err := harness.Assets()
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+		return nil, err
 	}
 	kubectlPath = filepath.Join(assets, "kubectl")
 	if _, err := os.Stat(kubectlPath); err != nil {
-		fmt.Fprintf(os.Stderr, "no kubectl in KUBEBUILDER_ASSETS (%v): rebuild the assets with hack/envtest-assets.sh\n", err)
-		os.Exit(1)
+		return nil, fmt.Errorf("no kubectl in KUBEBUILDER_ASSETS (%w): rebuild the assets with hack/envtest-assets.sh", err)
 	}
-	flag.Parse()
-	logf.SetLogger(logr.Discard())
-	klog.SetLogger(logr.Discard())
-	os.Exit(run(m))
-}
-
-// run starts the control plane, installs what every dry-run needs (vmipam's
-// namespace and CRDs, applied for real from the default overlay, and
-// stand-in CRDs for cert-manager and the Prometheus Operator) and runs the
-// tests.
-func run(m *testing.M) int {
 	tmp, err := os.MkdirTemp("", "vmipam-deploy-test-")
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "temporary directory: %v\n", err)
-		return 1
+		return nil, fmt.Errorf("temporary directory: %w", err)
 	}
-	defer func() { _ = os.RemoveAll(tmp) }()
 	// kubectl caches discovery; keep that out of the user's home directory.
 	cacheDir = filepath.Join(tmp, "cache")
-
-	testEnv := &envtest.Environment{
-		CRDDirectoryPaths:     []string{filepath.Join("testdata")},
-		ErrorIfCRDPathMissing: true,
-	}
-	if cfg, err = testEnv.Start(); err != nil {
-		fmt.Fprintf(os.Stderr, "start envtest: %v\n", err)
-		return 1
-	}
-	defer func() {
-		if err := testEnv.Stop(); err != nil {
-			fmt.Fprintf(os.Stderr, "stop envtest: %v\n", err)
-		}
-	}()
-	admin, err := testEnv.AddUser(envtest.User{Name: "admin", Groups: []string{"system:masters"}}, nil)
+	env, err := harness.StartEnv(harness.EnvOptions{CRDs: []string{"testdata"}})
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "add admin user: %v\n", err)
-		return 1
+		return nil, errors.Join(err, os.RemoveAll(tmp))
 	}
-	kc, err := admin.KubeConfig()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "admin kubeconfig: %v\n", err)
-		return 1
-	}
+	cfg = env.Config
+	teardown := func(bool) error { return errors.Join(env.Stop(), os.RemoveAll(tmp)) }
 	kubeconfig = filepath.Join(tmp, "kubeconfig")
-	if err := os.WriteFile(kubeconfig, kc, 0o600); err != nil {
-		fmt.Fprintf(os.Stderr, "write kubeconfig: %v\n", err)
-		return 1
+	if err := env.WriteKubeconfig(kubeconfig, "admin"); err != nil {
+		return nil, errors.Join(err, teardown(false))
 	}
-
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := installPrerequisites(ctx); err != nil {
-		fmt.Fprintf(os.Stderr, "install vmipam's namespace and CRDs: %v\n", err)
-		return 1
+		return nil, errors.Join(fmt.Errorf("install vmipam's namespace and CRDs: %w", err), teardown(false))
 	}
-	return m.Run()
+	return teardown, nil
 }
 
 // installPrerequisites applies, for real, the Namespace and the

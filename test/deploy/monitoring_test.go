@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/vmipam/vmipam/certs"
+	"github.com/vmipam/vmipam/test/harness"
 )
 
 const dashboardFile = "deploy/monitoring/grafana-dashboard.json"
@@ -44,6 +45,7 @@ var (
 )
 
 func TestMonitoring(t *testing.T) {
+	harness.NeedControlPlane(t)
 	tests := map[string]struct {
 		dir, install string
 		// trusted returns the Secret and key holding the CA that signs

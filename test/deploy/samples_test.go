@@ -5,9 +5,11 @@ import (
 	"testing"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/test/harness"
 )
 
 func TestSamples(t *testing.T) {
+	harness.NeedControlPlane(t)
 	r := mustRender(t, "deploy/samples")
 
 	var pool vmipamv1.IPPool

@@ -2,7 +2,9 @@
 // reliability suite and the end-to-end benchmark: a real kube-apiserver and
 // etcd (envtest's binaries, built by hack/envtest-assets.sh), the vmipam
 // binary with self-managed certificates, and the webhook configurations
-// pointing at it on loopback. It does not depend on package testing.
+// pointing at it on loopback. It is also the one way the test suites start
+// a control plane (StartEnv, Main, NeedControlPlane) and wait for a
+// condition (Eventually, Poll).
 package harness
 
 import (
@@ -12,7 +14,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -25,7 +26,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"github.com/vmipam/vmipam/internal/app"
 	"github.com/vmipam/vmipam/internal/localcluster"
 )
 
@@ -46,7 +46,9 @@ type Cluster struct {
 	Kubeconfig string
 	// Binary is the built vmipam binary.
 	Binary string
-	// WebhookPort, MetricsPort and ProbePort are vmipam's ports.
+	// WebhookPort, MetricsPort and ProbePort are vmipam's ports. With
+	// StartReplicas, WebhookPort is the proxy's and each Replica has ports
+	// of its own; MetricsPort and ProbePort are then unused.
 	WebhookPort, MetricsPort, ProbePort int
 
 	dir string
@@ -55,6 +57,23 @@ type Cluster struct {
 // Start builds vmipam from the repository at root into dir, starts a
 // control plane, and installs the CRDs and webhook configurations.
 func Start(ctx context.Context, root, dir string) (*Cluster, error) {
+	return StartWith(ctx, root, dir, ClusterOptions{})
+}
+
+// ClusterOptions change what StartWith sets up; the zero value is Start's.
+type ClusterOptions struct {
+	// Configure runs once the ports are chosen, before the control plane
+	// starts: e.g. to write an admission configuration that names the
+	// webhook port, and give it to the API server.
+	Configure func(c *Cluster, env *envtest.Environment) error
+	// Install replaces the default install: vmipam's namespace and the
+	// generated webhook configurations calling
+	// https://127.0.0.1:<WebhookPort>.
+	Install func(ctx context.Context, c *Cluster) error
+}
+
+// StartWith is Start, changed by o.
+func StartWith(ctx context.Context, root, dir string, o ClusterOptions) (*Cluster, error) {
 	if _, err := Assets(); err != nil {
 		return nil, err
 	}
@@ -64,43 +83,51 @@ func Start(ctx context.Context, root, dir string) (*Cluster, error) {
 	if out, err := build.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("build vmipam: %w\n%s", err, out)
 	}
-	c.Env = &envtest.Environment{CRDDirectoryPaths: []string{filepath.Join(root, "deploy", "crd")}, ErrorIfCRDPathMissing: true}
-	cfg, err := c.Env.Start()
-	if err != nil {
-		return nil, fmt.Errorf("start control plane: %w", err)
-	}
-	cfg.QPS, cfg.Burst = 5000, 10000
-	c.Config = cfg
-	if c.Client, err = client.New(cfg, client.Options{Scheme: app.Scheme}); err != nil {
-		return nil, c.stopWith(fmt.Errorf("client: %w", err))
-	}
 	ports := make([]int, 3)
 	for i := range ports {
+		var err error
 		if ports[i], err = freePort(); err != nil {
-			return nil, c.stopWith(err)
+			return nil, err
 		}
 	}
 	c.WebhookPort, c.MetricsPort, c.ProbePort = ports[0], ports[1], ports[2]
-	if err := c.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}}); err != nil {
-		return nil, c.stopWith(fmt.Errorf("create namespace: %w", err))
-	}
-	if err := localcluster.InstallWebhooks(ctx, c.Client, filepath.Join(root, "deploy", "webhook", "manifests.yaml"),
-		"https://127.0.0.1:"+strconv.Itoa(c.WebhookPort), Namespace); err != nil {
-		return nil, c.stopWith(err)
-	}
-	user, err := c.Env.AddUser(envtest.User{Name: "vmipam-harness", Groups: []string{"system:masters"}}, nil)
+	env, err := StartEnv(EnvOptions{
+		CRDs: []string{filepath.Join(root, "deploy", "crd")},
+		// The end-to-end benchmark creates as fast as it can.
+		QPS: 5000, Burst: 10000,
+		Configure: func(e *envtest.Environment) error {
+			if o.Configure == nil {
+				return nil
+			}
+			return o.Configure(c, e)
+		},
+	})
 	if err != nil {
-		return nil, c.stopWith(fmt.Errorf("add user: %w", err))
+		return nil, err
 	}
-	kc, err := user.KubeConfig()
-	if err != nil {
+	c.Env, c.Config, c.Client = env.Environment, env.Config, env.Client
+	install := o.Install
+	if install == nil {
+		install = func(ctx context.Context, c *Cluster) error { return c.installWebhooks(ctx, root) }
+	}
+	if err := install(ctx, c); err != nil {
 		return nil, c.stopWith(err)
 	}
 	c.Kubeconfig = filepath.Join(dir, "kubeconfig")
-	if err := os.WriteFile(c.Kubeconfig, kc, 0o600); err != nil {
+	if err := env.WriteKubeconfig(c.Kubeconfig, "vmipam-harness"); err != nil {
 		return nil, c.stopWith(err)
 	}
 	return c, nil
+}
+
+// installWebhooks creates vmipam's namespace and the generated webhook
+// configurations, calling vmipam on loopback.
+func (c *Cluster) installWebhooks(ctx context.Context, root string) error {
+	if err := c.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}}); err != nil {
+		return fmt.Errorf("create namespace: %w", err)
+	}
+	return localcluster.InstallWebhooks(ctx, c.Client, filepath.Join(root, "deploy", "webhook", "manifests.yaml"),
+		"https://127.0.0.1:"+strconv.Itoa(c.WebhookPort), Namespace)
 }
 
 func (c *Cluster) stopWith(err error) error {
@@ -119,27 +146,50 @@ func (c *Cluster) Stop() error {
 type Process struct {
 	cmd    *exec.Cmd
 	exited chan error
+	done   chan struct{}
 }
 
 // StartVMIPAM starts the vmipam binary with its logs going to logs and the
 // extra flags appended, and waits until /readyz answers 200.
 func (c *Cluster) StartVMIPAM(ctx context.Context, logs io.Writer, extra ...string) (*Process, error) {
-	args := append([]string{
-		"--kubeconfig", c.Kubeconfig, "--namespace", Namespace, "--leader-elect",
-		"--webhook-host", "127.0.0.1", "--webhook-port", strconv.Itoa(c.WebhookPort), "--webhook-extra-sans", "127.0.0.1",
-		"--metrics-bind-address", "127.0.0.1:" + strconv.Itoa(c.MetricsPort), "--metrics-secure=false",
-		"--health-probe-bind-address", "127.0.0.1:" + strconv.Itoa(c.ProbePort),
-	}, extra...)
+	return c.startVMIPAM(ctx, ports{webhook: c.WebhookPort, metrics: c.MetricsPort, probe: c.ProbePort}, "", logs, extra)
+}
+
+// ports are one vmipam process's listening ports on 127.0.0.1.
+type ports struct{ webhook, metrics, probe int }
+
+// vmipamArgs is the one place the harness builds vmipam's command line;
+// holder "" is "vmipam", the same across restarts.
+func (c *Cluster) vmipamArgs(pt ports, holder string) []string {
+	if holder == "" {
+		holder = "vmipam"
+	}
+	args := []string{"--kubeconfig", c.Kubeconfig, "--namespace", Namespace, "--holder", holder}
+	args = append(args,
+		"--webhook-host", "127.0.0.1", "--webhook-port", strconv.Itoa(pt.webhook), "--webhook-extra-sans", "127.0.0.1",
+		"--metrics-bind-address", "127.0.0.1:"+strconv.Itoa(pt.metrics), "--metrics-secure=false",
+		"--health-probe-bind-address", "127.0.0.1:"+strconv.Itoa(pt.probe),
+	)
+	return args
+}
+
+func (c *Cluster) startVMIPAM(ctx context.Context, pt ports, holder string, logs io.Writer, extra []string) (*Process, error) {
+	args := append(c.vmipamArgs(pt, holder), extra...)
 	cmd := exec.Command(c.Binary, args...)
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start vmipam: %w", err)
 	}
-	p := &Process{cmd: cmd, exited: make(chan error, 1)}
-	go func() { p.exited <- cmd.Wait() }()
+	p := &Process{cmd: cmd, exited: make(chan error, 1), done: make(chan struct{})}
+	go func() {
+		err := cmd.Wait()
+		// Done first: who has seen the exit status sees Done closed.
+		close(p.done)
+		p.exited <- err
+	}()
 	deadline := time.Now().Add(90 * time.Second)
 	for {
-		code, body, err := c.Get("http://127.0.0.1:" + strconv.Itoa(c.ProbePort) + "/readyz")
+		code, body, err := c.Get("http://127.0.0.1:" + strconv.Itoa(pt.probe) + "/readyz")
 		if err == nil && code == http.StatusOK {
 			return p, nil
 		}
@@ -157,6 +207,12 @@ func (c *Cluster) StartVMIPAM(ctx context.Context, logs io.Writer, extra ...stri
 		}
 	}
 }
+
+// Done is closed once the process has exited, for whatever reason.
+func (p *Process) Done() <-chan struct{} { return p.done }
+
+// Pid is the process's id.
+func (p *Process) Pid() int { return p.cmd.Process.Pid }
 
 // Kill sends SIGKILL and waits for the process to be gone, as a crash or
 // an OOM kill would end it.
@@ -195,27 +251,6 @@ func (c *Cluster) Get(url string) (int, string, error) {
 func (c *Cluster) Metrics() (string, error) {
 	_, body, err := c.Get("http://127.0.0.1:" + strconv.Itoa(c.MetricsPort) + "/metrics")
 	return body, err
-}
-
-// TB is the part of testing.TB that Eventually needs.
-type TB interface {
-	Helper()
-	Fatalf(format string, args ...any)
-}
-
-// Eventually polls cond until it returns nil, failing tb with cond's last
-// error when timeout passes first.
-func Eventually(tb TB, timeout time.Duration, what string, cond func() error) {
-	tb.Helper()
-	deadline := time.Now().Add(timeout)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = cond(); err == nil {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	tb.Fatalf("timed out after %s waiting for %s: %v", timeout, what, err)
 }
 
 func freePort() (int, error) {

@@ -7,7 +7,6 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"flag"
 	"fmt"
 	"net"
 	"os"
@@ -45,36 +44,28 @@ var (
 	k8sClient client.Client
 )
 
+// TestMain starts the control plane with the generated CRDs and webhook
+// manifests. Every test needs it: under -short none runs.
 func TestMain(m *testing.M) {
-	if _, err := harness.Assets(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	flag.Parse()
-	// Shutdowns in the restart tests log expected errors.
-	harness.SetTestLogger(testing.Verbose())
-	root := filepath.Join("..", "..")
-	testEnv = &envtest.Environment{
-		CRDDirectoryPaths:     []string{filepath.Join(root, "deploy", "crd")},
-		ErrorIfCRDPathMissing: true,
-		WebhookInstallOptions: envtest.WebhookInstallOptions{Paths: []string{filepath.Join(root, "deploy", "webhook")}},
-	}
-	var err error
-	if cfg, err = testEnv.Start(); err != nil {
-		fmt.Fprintf(os.Stderr, "start envtest: %v\n", err)
-		os.Exit(1)
-	}
-	// Many concurrent clients: lift client-go's default rate limit.
-	cfg.QPS, cfg.Burst = 1000, 2000
-	if k8sClient, err = client.New(cfg, client.Options{Scheme: app.Scheme}); err != nil {
-		fmt.Fprintf(os.Stderr, "client: %v\n", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	if err := testEnv.Stop(); err != nil {
-		fmt.Fprintf(os.Stderr, "stop envtest: %v\n", err)
-	}
-	os.Exit(code)
+	os.Exit(harness.MainControlPlaneOnly(m, func() (func(bool) error, error) {
+		// Shutdowns in the restart tests log expected errors.
+		harness.SetTestLogger(testing.Verbose())
+		root := filepath.Join("..", "..")
+		env, err := harness.StartEnv(harness.EnvOptions{
+			CRDs:     []string{filepath.Join(root, "deploy", "crd")},
+			Webhooks: []string{filepath.Join(root, "deploy", "webhook")},
+		})
+		if err != nil {
+			return nil, err
+		}
+		testEnv, cfg, k8sClient = env.Environment, env.Config, env.Client
+		// vmipam's own namespace, for its holder Lease.
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: harness.Namespace}}
+		if err := k8sClient.Create(context.Background(), ns); err != nil {
+			return nil, errors.Join(fmt.Errorf("create namespace %s: %w", harness.Namespace, err), env.Stop())
+		}
+		return func(bool) error { return env.Stop() }, nil
+	}))
 }
 
 // vmipam is one running instance of vmipam's manager.
@@ -105,7 +96,7 @@ func startVMIPAM(t *testing.T, clk *clocktesting.FakeClock) *vmipam {
 		t.Fatalf("new manager: %v", err)
 	}
 	reg, err := app.Setup(mgr, app.Options{
-		Holder: "test", Clock: clk,
+		Holder: "test", Namespace: harness.Namespace, Clock: clk,
 		RunInterval: 50 * time.Millisecond, ResyncInterval: time.Second, StatusInterval: 200 * time.Millisecond, ProveInterval: 200 * time.Millisecond,
 		Limits:                  webhook.Limits{ReadTimeout: 2 * time.Second},
 		MaxConcurrentReconciles: 8,

@@ -1,0 +1,341 @@
+package ipam
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"time"
+)
+
+// grantWait bounds how long a holder waits for another holder to answer
+// its request; the caller's context may end the wait sooner.
+const grantWait = 1500 * time.Millisecond
+
+// grantPoll is how often a waiting holder reads the block for the answer.
+const grantPoll = 25 * time.Millisecond
+
+// SetPeers tells the Manager which holders of the pool are alive, itself
+// included: only their requests are answered (a dead holder's are dropped
+// with the next write of their block), and with several the watermarks
+// shrink so that a small pool is not stranded in their free lists.
+func (m *Manager) SetPeers(holders []string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.peers = make(map[string]bool, len(holders))
+	for _, h := range holders {
+		m.peers[h] = true
+	}
+	m.peers[m.cfg.Holder] = true
+}
+
+// Observe tells the Manager of a version of one of its pool's blocks seen
+// elsewhere (an informer): if another holder asks for addresses there and
+// this Manager holds some, the next rebalance reads the block and answers.
+//
+// It also notices addresses handed over to this holder that it holds no
+// entry for (a grant it stopped waiting for): the next rebalance reads the
+// block, and they join the free list.
+func (m *Manager) Observe(b Block) {
+	asks := false
+	for h := range b.Requests {
+		asks = asks || h != m.cfg.Holder
+	}
+	m.mu.Lock()
+	bs := m.blocks[b.Prefix]
+	kick := false
+	if asks && bs != nil && bs.ours > 0 {
+		bs.requested, kick = true, true
+	}
+	if bm := b.Claims[m.cfg.Holder]; bm != nil && (bs == nil || !bs.returning) {
+		for off := range BlockSize {
+			if bm.Has(off) && m.entries[blockAddr(b.Prefix, off)] == nil {
+				bs = m.blockFor(b.Prefix.Addr())
+				bs.requested, kick = true, true
+				break
+			}
+		}
+	}
+	m.mu.Unlock()
+	if kick {
+		m.Kick()
+	}
+}
+
+// requestedLocked returns a block where another holder may ask for
+// addresses, or the zero prefix.
+func (m *Manager) requestedLocked() netip.Prefix {
+	for p, bs := range m.blocks {
+		if bs.requested {
+			return p
+		}
+	}
+	return netip.Prefix{}
+}
+
+// askFor asks the other holders for addresses: the specific a when valid
+// (a static request), else any free ones, written as a request into a
+// block where they claim addresses. It waits for their answer, up to
+// grantWait or ctx's deadline, and takes what they hand over into the free
+// list, armed.
+func (m *Manager) askFor(ctx context.Context, a netip.Addr) error {
+	m.mu.Lock()
+	var p netip.Prefix
+	if a.IsValid() {
+		p = BlockOf(a)
+	} else {
+		best := 0
+		for q, bs := range m.blocks {
+			if bs.loaded && bs.elsewhere > best && m.livePeersIn(bs) {
+				p, best = q, bs.elsewhere
+			}
+		}
+	}
+	m.mu.Unlock()
+	if !p.IsValid() {
+		return nil
+	}
+	want := func() Request {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		r := m.blockFor(p.Addr()).persisted.Requests[m.cfg.Holder]
+		if a.IsValid() {
+			if r.Addrs == nil {
+				r.Addrs = new(Bitmap)
+			} else {
+				cp := *r.Addrs
+				r.Addrs = &cp
+			}
+			r.Addrs.Set(blockOffset(a))
+		} else {
+			r.Count = max(r.Count, m.cfg.ArmBatch)
+		}
+		return r
+	}
+	m.io.Lock()
+	err := m.retry(ctx, func() error {
+		r := want()
+		return m.writeBlock(ctx, p, writePlan{request: &r})
+	})
+	m.io.Unlock()
+	if err != nil {
+		return fmt.Errorf("ask for addresses in block %s: %w", p, err)
+	}
+	deadline := m.clock.Now().Add(grantWait)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	for polls := 0; ; polls++ {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-m.cfg.Timers.After(grantPoll):
+		}
+		if err := m.load(ctx, p); err != nil {
+			return err
+		}
+		got, answered := m.received(p, a)
+		if got > 0 {
+			return m.absorb(ctx, p)
+		}
+		if answered {
+			break
+		}
+		if !m.clock.Now().Before(deadline) || polls >= int(grantWait/grantPoll) {
+			// Nobody could hand anything over: withdraw the request.
+			m.io.Lock()
+			_ = m.retry(ctx, func() error { return m.writeBlock(ctx, p, writePlan{request: &Request{}}) })
+			m.io.Unlock()
+			break
+		}
+	}
+	if a.IsValid() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		b := &m.blockFor(a).persisted
+		if _, claimed := b.holderOf(blockOffset(a)); !claimed {
+			return nil // given back meanwhile: the caller claims it
+		}
+		if err := elsewhereState(b, a, m.cfg.Holder, m.clock.Now()); err != nil {
+			return err
+		}
+		h, _ := b.holderOf(blockOffset(a))
+		return &AddressError{Addr: a, Reason: ErrInUse, State: StatePending, Holder: h}
+	}
+	return nil
+}
+
+// livePeersIn reports whether a block holds claims of another live holder.
+func (m *Manager) livePeersIn(bs *blockState) bool {
+	for h := range bs.persisted.Claims {
+		if h != m.cfg.Holder && (m.peers == nil || m.peers[h]) {
+			return true
+		}
+	}
+	return false
+}
+
+// received counts the addresses of block p the store shows claimed by
+// this holder without an entry here (handed over), and reports whether the
+// request was answered: gone, or no longer asking for a.
+func (m *Manager) received(p netip.Prefix, a netip.Addr) (int, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	bs := m.blockFor(p.Addr())
+	got := 0
+	if bm := bs.persisted.Claims[m.cfg.Holder]; bm != nil {
+		for off := range BlockSize {
+			if bm.Has(off) && m.entries[blockAddr(p, off)] == nil {
+				got++
+			}
+		}
+	}
+	r, asking := bs.persisted.Requests[m.cfg.Holder]
+	answered := !asking
+	if a.IsValid() && asking {
+		answered = r.Addrs == nil || !r.Addrs.Has(blockOffset(a))
+	} else if asking {
+		answered = r.Count == 0
+	}
+	return got, answered
+}
+
+// absorb takes the addresses of block p handed over to this holder into
+// the free list, armed, and withdraws its request, in one write.
+func (m *Manager) absorb(ctx context.Context, p netip.Prefix) error {
+	m.io.Lock()
+	defer m.io.Unlock()
+	var got []netip.Addr
+	err := m.retry(ctx, func() error {
+		m.mu.Lock()
+		got = got[:0]
+		bs := m.blockFor(p.Addr())
+		if bm := bs.persisted.Claims[m.cfg.Holder]; bm != nil {
+			for off := range BlockSize {
+				if a := blockAddr(p, off); bm.Has(off) && m.entries[a] == nil {
+					got = append(got, a)
+				}
+			}
+		}
+		m.mu.Unlock()
+		return m.writeBlock(ctx, p, writePlan{claim: got, arm: got, request: &Request{}})
+	})
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, a := range got {
+		if m.entries[a] == nil {
+			e := m.addEntry(a, StateFree)
+			e.armed = true
+			m.readyList.pushBack(e)
+		}
+	}
+	m.stats.received.Add(uint64(len(got)))
+	return nil
+}
+
+// serveRequests answers the requests of other holders in block p: a
+// specific address is handed over if it is free here and refused
+// otherwise; a count of any is met with up to half of this holder's free
+// addresses in the block. The answer and the addresses go in one write.
+func (m *Manager) serveRequests(ctx context.Context, p netip.Prefix) error {
+	if err := m.load(ctx, p); err != nil {
+		return err
+	}
+	m.io.Lock()
+	defer m.io.Unlock()
+	m.mu.Lock()
+	bs := m.blockFor(p.Addr())
+	bs.requested = false
+	give := map[string][]netip.Addr{}
+	answer := map[string]Request{}
+	var picked []*entry
+	take := func(e *entry) {
+		switch e.state {
+		case StateFree:
+			m.listOf(e).remove(e)
+		case stateSurplus:
+			m.surplus.remove(e)
+		}
+		e.state, e.armed = stateReturning, false
+		picked = append(picked, e)
+	}
+	for h, r := range bs.persisted.Requests {
+		if h == m.cfg.Holder {
+			continue
+		}
+		if m.peers != nil && !m.peers[h] {
+			answer[h] = Request{} // a holder that left: drop its request
+			continue
+		}
+		out := Request{}
+		if r.Addrs != nil {
+			left := *r.Addrs
+			for off := range BlockSize {
+				if !r.Addrs.Has(off) {
+					continue
+				}
+				e := m.entries[blockAddr(p, off)]
+				if e == nil {
+					continue // not ours to answer
+				}
+				left.Clear(off)
+				if (e.state == StateFree || e.state == stateSurplus) && !e.arming {
+					take(e)
+					give[h] = append(give[h], e.addr)
+				}
+			}
+			if !left.Empty() {
+				out.Addrs = &left
+			}
+		}
+		if r.Count > 0 {
+			n := 0
+			for off := range BlockSize {
+				e := m.entries[blockAddr(p, off)]
+				if e != nil && (e.state == StateFree || e.state == stateSurplus) && !e.arming {
+					n++
+				}
+			}
+			if n == 0 {
+				// Nothing to give: leave the request to the block's other
+				// holders.
+				if out.Addrs != nil || r.Addrs != nil {
+					out.Count = r.Count
+					answer[h] = out
+				}
+				continue
+			}
+			n = min(r.Count, (n+1)/2)
+			for off := 0; off < BlockSize && n > 0; off++ {
+				e := m.entries[blockAddr(p, off)]
+				if e != nil && (e.state == StateFree || e.state == stateSurplus) && !e.arming {
+					take(e)
+					give[h] = append(give[h], e.addr)
+					n--
+				}
+			}
+		}
+		answer[h] = out
+	}
+	if len(answer) == 0 {
+		m.mu.Unlock()
+		return nil
+	}
+	m.returning += len(picked)
+	bs.returning = len(picked) > 0
+	m.mu.Unlock()
+	err := m.retry(ctx, func() error { return m.writeBlock(ctx, p, writePlan{give: give, answer: answer}) })
+	m.mu.Lock()
+	m.settleReturningLocked(p, bs, picked, nil)
+	m.mu.Unlock()
+	if err != nil {
+		// The write may have landed: what it handed over is the
+		// receiver's, the rest is read back as ours.
+		m.reload(ctx, p)
+		return err
+	}
+	m.stats.granted.Add(uint64(len(picked)))
+	return nil
+}

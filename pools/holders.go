@@ -1,0 +1,233 @@
+package pools
+
+import (
+	"context"
+	"errors"
+	"hash/fnv"
+	"net/netip"
+	"slices"
+	"time"
+
+	"k8s.io/client-go/tools/cache"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+
+	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/ipam"
+	"github.com/vmipam/vmipam/kubestore"
+)
+
+// sealTimeout bounds the final writes of a planned shutdown.
+const sealTimeout = 10 * time.Second
+
+// keepLease renews this replica's Lease, tells the allocators who the live
+// holders are, and takes over the claims of holders that left. A Lease
+// lost to another holder (this one was taken over while it could not
+// renew) drops every allocator: they recover anew once the Lease is held
+// again.
+func (r *Registry) keepLease(ctx context.Context) {
+	log := logf.FromContext(ctx)
+	switch err := r.lease.renew(ctx); {
+	case errors.Is(err, errLost):
+		log.Info("The holder lease was taken over: recovering every pool anew", "holder", r.opts.Holder)
+		r.dropAll()
+		if err := r.lease.acquire(ctx); err != nil {
+			return
+		}
+		r.ensureAll(ctx)
+		return
+	case err != nil && ctx.Err() == nil:
+		log.Error(err, "Renewing the holder lease", "holder", r.opts.Holder, "stillValid", r.lease.valid())
+		return
+	}
+	peers, err := r.lease.peers(ctx)
+	if err != nil {
+		log.Error(err, "Listing the holder leases")
+		return
+	}
+	var live []string
+	counts := map[string]map[string]holderCounts{}
+	for _, p := range peers {
+		if p.live {
+			live = append(live, p.holder)
+			if p.holder != r.opts.Holder && p.counts != nil {
+				counts[p.holder] = p.counts
+			}
+		}
+	}
+	r.mu.Lock()
+	changed := !slices.Equal(live, r.peers)
+	r.peers, r.peerCounts = live, counts
+	r.mu.Unlock()
+	if changed {
+		log.Info("Live holders", "holders", live)
+		for _, p := range r.list() {
+			p.m.SetPeers(live)
+		}
+	}
+	// Take others over only once this holder has renewed in time for a
+	// whole lease duration: after an outage every holder first gets the
+	// time to renew its own Lease.
+	if r.lease.heldFor() < r.lease.opts.Duration || r.Ready(ctx) != nil {
+		return
+	}
+	for _, p := range peers {
+		if p.leaving && p.holder != r.opts.Holder {
+			r.takeover(ctx, p)
+		}
+	}
+}
+
+// takeover moves the claims of a holder that left to this one, in every
+// pool, and deletes its Lease once all of them moved.
+func (r *Registry) takeover(ctx context.Context, p peer) {
+	log := logf.FromContext(ctx)
+	if err := r.lease.claimTakeover(ctx, p); err != nil {
+		log.V(1).Info("Another holder takes it over", "holder", p.holder, "reason", err.Error())
+		return
+	}
+	log.Info("Taking over a holder that left", "holder", p.holder)
+	done := true
+	for _, pool := range r.list() {
+		live, err := r.liveHoldings(ctx, pool.name, pool.m.Ranges())
+		if err == nil {
+			var rep ipam.TakeoverReport
+			rep, err = pool.m.Takeover(ctx, p.holder, live)
+			if rep.Blocks > 0 {
+				log.Info("Took over a holder's claims", "holder", p.holder, "pool", pool.name,
+					"allocated", rep.Allocated, "free", rep.Free, "cooldown", rep.Cooldown, "blocks", rep.Blocks)
+			}
+		}
+		if err != nil {
+			done = false
+			log.Error(err, "Taking over a holder's claims", "holder", p.holder, "pool", pool.name)
+		}
+	}
+	if done {
+		if err := r.lease.finishTakeover(ctx, p.holder); err != nil {
+			log.Error(err, "Deleting the lease of a holder taken over", "holder", p.holder)
+		}
+	}
+}
+
+// dropAll stops every allocator and forgets it.
+func (r *Registry) dropAll() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for name, p := range r.pools {
+		p.stop()
+		delete(r.pools, name)
+	}
+}
+
+// ensureAll builds and recovers an allocator for every IPPool.
+func (r *Registry) ensureAll(ctx context.Context) {
+	var list vmipamv1.IPPoolList
+	if err := r.opts.Client.List(ctx, &list); err != nil {
+		logf.FromContext(ctx).Error(err, "Listing IPPools to recover them")
+		return
+	}
+	for i := range list.Items {
+		if err := r.Ensure(ctx, &list.Items[i]); err != nil {
+			logf.FromContext(ctx).Error(err, "Recovering pool", "pool", list.Items[i].Name)
+		}
+	}
+}
+
+// shutdown seals every pool (its exact state written, nothing armed) and
+// releases the Lease, so that whoever takes the claims over frees the free
+// addresses at once. A crash skips this; recovery is built for that too.
+func (r *Registry) shutdown(ctx context.Context) {
+	log := logf.FromContext(ctx)
+	sealCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sealTimeout)
+	defer cancel()
+	sealed := true
+	r.mu.Lock()
+	for name, p := range r.pools {
+		p.stop()
+		if err := p.m.Seal(sealCtx); err != nil {
+			sealed = false
+			log.Error(err, "Sealing pool at shutdown", "pool", name)
+		}
+		delete(r.pools, name)
+	}
+	r.mu.Unlock()
+	if !sealed {
+		// Leave the Lease to lapse: the holder taking over then rests
+		// what may be in use, as after a crash.
+		return
+	}
+	if err := r.lease.release(sealCtx); err != nil {
+		log.Error(err, "Releasing the holder lease")
+		return
+	}
+	log.Info("Sealed every pool and released the holder lease", "holder", r.opts.Holder)
+}
+
+// watchBlocks has the allocators observe every IPBlock change, so that they
+// answer other holders' requests for addresses at once.
+func (r *Registry) watchBlocks(ctx context.Context) {
+	if r.opts.Informers == nil {
+		return
+	}
+	inf, err := r.opts.Informers.GetInformer(ctx, &vmipamv1.IPBlock{})
+	if err != nil {
+		logf.FromContext(ctx).Error(err, "Watching IPBlocks; requests for addresses are answered only when blocks are read")
+		return
+	}
+	observe := func(obj any) {
+		blk, ok := obj.(*vmipamv1.IPBlock)
+		if !ok {
+			return
+		}
+		p := r.Get(blk.Spec.Pool)
+		if p == nil {
+			return
+		}
+		if b, err := kubestore.EncodedOf(blk).Decode(blk.ResourceVersion); err == nil {
+			p.m.Observe(b)
+		}
+	}
+	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { observe(obj) },
+		UpdateFunc: func(_, obj any) { observe(obj) },
+	})
+}
+
+// Holder returns this replica's holder.
+func (r *Registry) Holder() string { return r.opts.Holder }
+
+// Live reports whether holder is a live holder, this one included.
+func (r *Registry) Live(holder string) bool {
+	if holder == r.opts.Holder {
+		return true
+	}
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return slices.Contains(r.peers, holder)
+}
+
+// Chosen reports whether this replica is the one, of the live holders, to
+// look after work no holder owns yet, keyed by key (an object's UID): the
+// one with the highest rendezvous hash of key and its name, so that the
+// choice moves only for the keys of a holder that comes or goes.
+func (r *Registry) Chosen(key string) bool {
+	r.mu.RLock()
+	peers := r.peers
+	r.mu.RUnlock()
+	if len(peers) == 0 {
+		return true
+	}
+	best, bestScore := "", uint64(0)
+	for _, h := range peers {
+		f := fnv.New64a()
+		_, _ = f.Write([]byte(h + "\x00" + key))
+		if s := f.Sum64(); best == "" || s > bestScore {
+			best, bestScore = h, s
+		}
+	}
+	return best == r.opts.Holder
+}
+
+// HolderOf returns the holder that claims a in the pool, as far as this
+// replica knows, and whether one does.
+func (p *Pool) HolderOf(a netip.Addr) (string, bool) { return p.m.HolderOf(a) }
