@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
@@ -23,9 +24,12 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/vmipam/vmipam/test/harness"
 )
 
 func TestOverlays(t *testing.T) {
+	harness.NeedControlPlane(t)
 	tests := map[string]struct {
 		dir   string
 		certs func(t *testing.T, r *rendered)
@@ -61,8 +65,8 @@ func checkObjects(t *testing.T, r *rendered) {
 		{"PodDisruptionBudget", namespace, "vmipam"},
 		{"NetworkPolicy", namespace, "vmipam"},
 		{"ClusterRoleBinding", "", "vmipam"},
-		{"Role", namespace, "vmipam-leader-election"},
-		{"RoleBinding", namespace, "vmipam-leader-election"},
+		{"Role", namespace, "vmipam-leases"},
+		{"RoleBinding", namespace, "vmipam-leases"},
 		{"ClusterRole", "", "vmipam-metrics-reader"},
 		{"ClusterRole", "", "vmipam-metrics-auth"},
 		{"ClusterRoleBinding", "", "vmipam-metrics-auth"},
@@ -316,11 +320,12 @@ func checkDeployment(t *testing.T, r *rendered) {
 	d, c := manager(t, r)
 	pod := &d.Spec.Template.Spec
 
-	if d.Spec.Replicas == nil || *d.Spec.Replicas != 1 {
-		t.Errorf("replicas %v: vmipam must run exactly one replica", deref(d.Spec.Replicas))
+	if d.Spec.Replicas == nil || *d.Spec.Replicas < 3 {
+		t.Errorf("replicas %v: the webhooks fail closed, so run at least 3 replicas (one may be down while two answer)", deref(d.Spec.Replicas))
 	}
-	if d.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType {
-		t.Errorf("strategy %q: a rolling update would run two allocators side by side; use Recreate", d.Spec.Strategy.Type)
+	if ru := d.Spec.Strategy.RollingUpdate; d.Spec.Strategy.Type != appsv1.RollingUpdateDeploymentStrategyType || ru == nil ||
+		ru.MaxUnavailable == nil || ru.MaxUnavailable.String() != "0" || ru.MaxSurge == nil || ru.MaxSurge.String() != "1" {
+		t.Errorf("strategy %+v: want RollingUpdate with maxSurge 1 and maxUnavailable 0, so a replacement is ready before an old pod stops", d.Spec.Strategy)
 	}
 	if pod.ServiceAccountName != serviceAccount {
 		t.Errorf("serviceAccountName %q, want %q", pod.ServiceAccountName, serviceAccount)
@@ -328,8 +333,17 @@ func checkDeployment(t *testing.T, r *rendered) {
 	if strings.HasPrefix(pod.PriorityClassName, "system-") {
 		t.Errorf("priorityClassName %q is refused outside kube-system in many clusters", pod.PriorityClassName)
 	}
-	if pod.TerminationGracePeriodSeconds == nil || *pod.TerminationGracePeriodSeconds <= 30 {
-		t.Errorf("terminationGracePeriodSeconds %v: must exceed the manager's 30s graceful shutdown", deref(pod.TerminationGracePeriodSeconds))
+	// The drain and the manager's 45s graceful shutdown (sealing the
+	// blocks) must both fit before the kubelet's SIGKILL.
+	drain := 10 * time.Second
+	if v := flagValue(t, c, "shutdown-drain"); v != "" {
+		var err error
+		if drain, err = time.ParseDuration(v); err != nil {
+			t.Errorf("--shutdown-drain=%q: %v", v, err)
+		}
+	}
+	if g := pod.TerminationGracePeriodSeconds; g == nil || time.Duration(*g)*time.Second < drain+45*time.Second {
+		t.Errorf("terminationGracePeriodSeconds %v: must cover --shutdown-drain (%s) and the manager's 45s graceful shutdown", deref(g), drain)
 	}
 	if pod.HostNetwork || pod.HostPID || pod.HostIPC {
 		t.Errorf("the pod shares a host namespace")
@@ -377,11 +391,11 @@ func checkDeployment(t *testing.T, r *rendered) {
 	if !reflect.DeepEqual(c.Command, []string{"/vmipam"}) {
 		t.Errorf("command %v, want [/vmipam]", c.Command)
 	}
-	if flagValue(t, c, "leader-elect") != "true" {
-		t.Errorf("--leader-elect is not set")
+	if v := flagValue(t, c, "holder"); v != "" {
+		t.Errorf("--holder=%q: replicas would share one holder; leave it to $POD_NAME", v)
 	}
-	if got := flagValue(t, c, "holder"); got != "vmipam" {
-		t.Errorf("--holder=%q, want vmipam: the name must stay stable across restarts", got)
+	if v := flagValue(t, c, "leader-elect"); v != "" {
+		t.Errorf("--leader-elect=%q: vmipam has no leader; the flag is ignored", v)
 	}
 	env := func(name string) *corev1.EnvVar {
 		for i := range c.Env {
@@ -391,8 +405,10 @@ func checkDeployment(t *testing.T, r *rendered) {
 		}
 		return nil
 	}
-	if e := env("POD_NAMESPACE"); e == nil || e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != "metadata.namespace" {
-		t.Errorf("POD_NAMESPACE is not taken from metadata.namespace")
+	for name, path := range map[string]string{"POD_NAMESPACE": "metadata.namespace", "POD_NAME": "metadata.name"} {
+		if e := env(name); e == nil || e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != path {
+			t.Errorf("%s is not taken from %s", name, path)
+		}
 	}
 
 	// The ports the flags bind are the ports the pod declares.
@@ -447,18 +463,22 @@ func checkDeployment(t *testing.T, r *rendered) {
 	if err != nil || !sel.Matches(podLabels) {
 		t.Errorf("the Deployment's selector does not match its pods (%v)", err)
 	}
+	if c.ReadinessProbe != nil && c.ReadinessProbe.PeriodSeconds > 5 {
+		t.Errorf("readiness periodSeconds %d: a draining replica must leave the Service well within --shutdown-drain", c.ReadinessProbe.PeriodSeconds)
+	}
+	if a := pod.Affinity; a != nil && a.PodAntiAffinity != nil && len(a.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution) != 0 {
+		t.Errorf("required anti-affinity could leave replicas unschedulable")
+	}
 	var spread bool
-	if a := pod.Affinity; a != nil && a.PodAntiAffinity != nil {
-		for _, w := range a.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution {
-			s, err := metav1.LabelSelectorAsSelector(w.PodAffinityTerm.LabelSelector)
-			spread = spread || (err == nil && w.PodAffinityTerm.TopologyKey == corev1.LabelHostname && s.Matches(podLabels))
+	for _, tsc := range pod.TopologySpreadConstraints {
+		s, err := metav1.LabelSelectorAsSelector(tsc.LabelSelector)
+		if tsc.WhenUnsatisfiable != corev1.ScheduleAnyway {
+			t.Errorf("topology spread on %s is %s: a cluster with fewer nodes could not run every replica", tsc.TopologyKey, tsc.WhenUnsatisfiable)
 		}
-		if len(a.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution) != 0 {
-			t.Errorf("required anti-affinity could leave the pod unschedulable")
-		}
+		spread = spread || (err == nil && tsc.TopologyKey == corev1.LabelHostname && tsc.MaxSkew == 1 && s.Matches(podLabels))
 	}
 	if !spread {
-		t.Errorf("no preferred pod anti-affinity on %s for vmipam's pods", corev1.LabelHostname)
+		t.Errorf("no topology spread with maxSkew 1 on %s for vmipam's pods", corev1.LabelHostname)
 	}
 }
 
