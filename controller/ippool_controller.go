@@ -8,6 +8,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -87,7 +89,42 @@ func (r *IPPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 			return ctrl.Result{}, fmt.Errorf("add finalizer to IPPool %s: %w", pool.Name, err)
 		}
 	}
-	return ctrl.Result{}, r.Registry.Ensure(ctx, pool)
+	if err := r.Registry.Ensure(ctx, pool); err != nil {
+		if ctx.Err() == nil {
+			r.notReady(ctx, pool, err)
+		}
+		return ctrl.Result{}, err
+	}
+	return ctrl.Result{}, nil
+}
+
+// notReady shows on the pool why this replica cannot serve it: Ready=False
+// with InvalidSpec (a spec that bypassed the webhook, or one this version
+// cannot apply) or RecoveryFailed, and the error. Once the allocator
+// recovers, the pool's status writer sets Ready=True again.
+func (r *IPPoolReconciler) notReady(ctx context.Context, pool *vmipamv1.IPPool, cause error) {
+	reason := "RecoveryFailed"
+	if errors.Is(cause, ipam.ErrInvalid) {
+		reason = "InvalidSpec"
+	}
+	msg := fmt.Sprintf("replica %s: %v", r.Registry.Holder(), cause)
+	if len(msg) > 1024 {
+		msg = msg[:1021] + "..."
+	}
+	if c := meta.FindStatusCondition(pool.Status.Conditions, vmipamv1.ConditionReady); c != nil &&
+		c.Status == metav1.ConditionFalse && c.Reason == reason && c.Message == msg && c.ObservedGeneration == pool.Generation {
+		return
+	}
+	base := pool.DeepCopy()
+	meta.SetStatusCondition(&pool.Status.Conditions, metav1.Condition{
+		Type: vmipamv1.ConditionReady, Status: metav1.ConditionFalse, Reason: reason, Message: msg, ObservedGeneration: pool.Generation,
+	})
+	if err := r.Client.Status().Patch(ctx, pool, client.MergeFrom(base)); err != nil {
+		logf.FromContext(ctx).Error(err, "Setting Ready=False on IPPool", "ippool", pool.Name, "cause", cause.Error())
+	}
+	if r.Recorder != nil {
+		r.Recorder.Eventf(pool, nil, corev1.EventTypeWarning, reason, "Recover", "%s", msg)
+	}
 }
 
 // deleting waits, for a pool being deleted, until nothing holds or waits

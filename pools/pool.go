@@ -34,7 +34,6 @@ type Pool struct {
 	mu         sync.Mutex
 	deleting   bool
 	duplicates []string // the conflicts found by the last resync, for the status
-	written    *vmipamv1.IPPoolStatus
 }
 
 // Name returns the IPPool's name.

@@ -76,11 +76,18 @@ func (r *Registry) writeStatus(ctx context.Context, p *Pool) error {
 	claimable := c.Usable - uint64(c.Claimed) - uint64(c.ClaimedElsewhere)
 	p.mu.Lock()
 	dups := append([]string(nil), p.duplicates...)
-	written := p.written
 	p.mu.Unlock()
-	if written != nil {
-		st.Conditions = append(st.Conditions, written.Conditions...)
+	// Compared with the status as stored (read from the cache), not with
+	// this replica's last write: another replica, or the IPPool
+	// reconciler's Ready=False, may have written since.
+	pool := &vmipamv1.IPPool{}
+	if err := r.opts.Client.Get(ctx, client.ObjectKey{Name: p.name}, pool); err != nil {
+		return client.IgnoreNotFound(err)
 	}
+	if pool.UID != p.uid {
+		return nil
+	}
+	st.Conditions = append(st.Conditions, pool.Status.Conditions...)
 	setCond := func(typ string, ok bool, reason, msg string) {
 		s := metav1.ConditionFalse
 		if ok {
@@ -105,14 +112,7 @@ func (r *Registry) writeStatus(ctx context.Context, p *Pool) error {
 	} else {
 		setCond(vmipamv1.ConditionDuplicateAddress, false, "NoDuplicate", "no two live objects share an address")
 	}
-	if written != nil && statusEqual(*written, st) {
-		return nil
-	}
-	pool := &vmipamv1.IPPool{}
-	if err := r.opts.Client.Get(ctx, client.ObjectKey{Name: p.name}, pool); err != nil {
-		return client.IgnoreNotFound(err)
-	}
-	if pool.UID != p.uid {
+	if statusEqual(pool.Status, st) {
 		return nil
 	}
 	// The whole status as a merge patch, zero counts included, so the
@@ -124,9 +124,6 @@ func (r *Registry) writeStatus(ctx context.Context, p *Pool) error {
 	if err := r.opts.Client.Status().Patch(ctx, pool, client.RawPatch(types.MergePatchType, raw)); err != nil {
 		return fmt.Errorf("patch status of IPPool %s: %w", p.name, err)
 	}
-	p.mu.Lock()
-	p.written = &st
-	p.mu.Unlock()
 	return nil
 }
 

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	admissionregv1 "k8s.io/api/admissionregistration/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -202,5 +204,61 @@ func TestIPPoolValidation(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestPoolNotReady: an IPPool whose spec the allocator cannot apply (here
+// created while the validating webhook was away) shows Ready=False with
+// the reason and the allocator's message, instead of nothing.
+func TestPoolNotReady(t *testing.T) {
+	ctx := t.Context()
+	v := startVMIPAM(t, clocktesting.NewFakeClock(epoch))
+	var l admissionregv1.ValidatingWebhookConfigurationList
+	if err := k8sClient.List(ctx, &l); err != nil {
+		t.Fatal(err)
+	}
+	newOverlapping := func() *vmipamv1.IPPool {
+		return &vmipamv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "overlapping"}, Spec: vmipamv1.IPPoolSpec{
+			Ranges: []vmipamv1.IPRange{{CIDR: "10.81.0.0/24"}, {CIDR: "10.81.0.0/25"}},
+		}}
+	}
+	for _, c := range l.Items {
+		if err := k8sClient.Delete(ctx, &c); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			c.ResourceVersion = ""
+			if err := k8sClient.Create(context.Background(), &c); err != nil {
+				t.Errorf("restore validating webhook %s: %v", c.Name, err)
+			}
+			harness.Eventually(t, 30*time.Second, "the validating webhook to be back", func() error {
+				if k8sClient.Create(context.Background(), newOverlapping(), client.DryRunAll) == nil {
+					return errors.New("an overlapping pool is still accepted")
+				}
+				return nil
+			})
+		})
+	}
+	pool := newOverlapping()
+	// The API server drops the configuration asynchronously: retry until
+	// the webhook no longer refuses the pool.
+	harness.Eventually(t, 30*time.Second, "the pool to be created without the webhook", func() error {
+		return k8sClient.Create(ctx, pool)
+	})
+	t.Cleanup(func() {
+		_ = k8sClient.Delete(context.Background(), pool)
+	})
+	harness.Eventually(t, 30*time.Second, "Ready=False with the reason", func() error {
+		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(pool), pool); err != nil {
+			return err
+		}
+		c := meta.FindStatusCondition(pool.Status.Conditions, vmipamv1.ConditionReady)
+		if c == nil || c.Status != metav1.ConditionFalse || c.Reason != "InvalidSpec" || !strings.Contains(c.Message, "spec.ranges") {
+			return fmt.Errorf("Ready condition %+v", c)
+		}
+		return nil
+	})
+	if v.reg.Get("overlapping") != nil {
+		t.Errorf("an allocator serves a pool whose spec is invalid")
 	}
 }
