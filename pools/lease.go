@@ -317,8 +317,12 @@ func (l *lease) peers(ctx context.Context) ([]peer, error) {
 		case holder == l.opts.Holder:
 			p.live = l.valid()
 		case id == holder:
+			// No slack beyond the duration: the fence already keeps
+			// duration - renew deadline (5s by default) between the
+			// holder's last handout and this moment, for clock skew
+			// between nodes (docs/design.md, "Fencing").
 			p.live = !expired(&obj, now, 0)
-			p.leaving = expired(&obj, now, clockSkew)
+			p.leaving = !p.live
 			if p.live {
 				// Best effort: a holder of another version may publish
 				// nothing, or something else.
@@ -327,7 +331,9 @@ func (l *lease) peers(ctx context.Context) ([]peer, error) {
 		case id == "":
 			p.leaving = true
 		case strings.HasPrefix(id, takeoverPrefix):
-			p.leaving = expired(&obj, now, clockSkew)
+			// The holder taking it over renews the mark as it goes; one
+			// that died leaves it to lapse.
+			p.leaving = expired(&obj, now, 0)
 		}
 		out = append(out, p)
 	}
