@@ -257,3 +257,89 @@ func TestRebuildKeepsUnwrittenCooldowns(t *testing.T) {
 		t.Errorf("%s, released with a 1h cooldown, was reserved again 10m later after the cooldown was shortened", a)
 	}
 }
+
+// TestFailedWriteLeavesNoOrphans: a claim or a give-back whose reply was
+// lost after it committed (or that never landed) leaves addresses the
+// store shows claimed by this holder, maybe armed, that the Manager holds
+// no entry for. It handed none of them out, so when it reads the block
+// again they are free at once, not orphans cooling down until a resync
+// and then resting max(pending TTL, cooldown).
+func TestFailedWriteLeavesNoOrphans(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		// fail makes a write fail as the case says and returns the
+		// addresses it concerned.
+		fail func(t *testing.T, m *Manager, gs *gateStore) []netip.Addr
+	}{
+		{"claim committed, reply lost", func(t *testing.T, m *Manager, gs *gateStore) []netip.Addr {
+			gs.lostReplies = 1
+			if _, err := m.claim(t.Context(), 6); err == nil {
+				t.Fatal("claim with a lost reply succeeded")
+			}
+			b, err := gs.MemoryStore.Get(t.Context(), BlockOf(netip.MustParseAddr("10.0.0.1")))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out []netip.Addr
+			for off := range BlockSize {
+				if b.Claims["h"].Has(off) {
+					out = append(out, blockAddr(b.Prefix, off))
+				}
+			}
+			if len(out) == 0 {
+				t.Fatal("the claim did not commit")
+			}
+			return out
+		}},
+		{"give-back not landed", func(t *testing.T, m *Manager, gs *gateStore) []netip.Addr {
+			if _, err := m.claim(t.Context(), 6); err != nil {
+				t.Fatal(err)
+			}
+			if err := m.Flush(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			var held []netip.Addr
+			for a := range m.entries {
+				held = append(held, a)
+			}
+			fs := &failStore{Store: gs, fail: true}
+			m.cfg.Store = fs
+			if err := m.Rebalance(t.Context()); err == nil {
+				t.Fatal("rebalance with a failing store succeeded")
+			}
+			fs.fail = false
+			return held
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			clk := newFakeClock()
+			gs := &gateStore{MemoryStore: NewMemoryStore()}
+			m := newRecovered(t, gs, clk, 10*time.Minute)
+			addrs := tt.fail(t, m, gs)
+			if err := m.load(t.Context(), BlockOf(addrs[0])); err != nil {
+				t.Fatal(err)
+			}
+			for _, a := range addrs {
+				if st, _, until := m.Lookup(a); st != StateFree {
+					t.Errorf("%s is %s (until %v) after a failed write and a read of its block; want free: nothing handed it out", a, st, until)
+				}
+			}
+			if c := m.Snapshot(); c.Cooldown != 0 {
+				t.Errorf("%d addresses cooling down, want 0", c.Cooldown)
+			}
+		})
+	}
+}
+
+// failStore fails every Put while fail is set, before it reaches the store.
+type failStore struct {
+	Store
+	fail bool
+}
+
+func (s *failStore) Put(ctx context.Context, b Block) (string, error) {
+	if s.fail {
+		return "", errors.New("injected: the store is unreachable")
+	}
+	return s.Store.Put(ctx, b)
+}

@@ -260,6 +260,12 @@ type Manager struct {
 	// unstored holds the reservations that lapsed without their machine
 	// being seen, by address, until Unused or Used settles them.
 	unstored map[netip.Addr]Unstored
+	// unhanded holds addresses this Manager holds no entry for and has not
+	// handed out since it last had one, whose last write (a claim, a
+	// give-back, a handover) failed without telling whether it landed. If
+	// the store shows them claimed by this holder, in use or armed there,
+	// that is stale: they are free, not orphans (see materializeLocked).
+	unhanded map[netip.Addr]bool
 	// cursor is where the search for never-claimed addresses resumes, so
 	// they are handed out in range order.
 	cursor netip.Addr
@@ -372,6 +378,7 @@ func (m *Manager) reset(n int) {
 	m.returning, m.elsewhere, m.othersFree = 0, 0, 0
 	m.pendingNS = map[string]int{}
 	m.unstored = map[netip.Addr]Unstored{}
+	m.unhanded = map[netip.Addr]bool{}
 	m.cursor = m.cfg.Ranges.First()
 	m.noClaimableUntil = time.Time{}
 	m.lost = false
@@ -1019,6 +1026,7 @@ func (m *Manager) addEntry(addr netip.Addr, st State) *entry {
 	e := &entry{addr: addr, state: st}
 	m.entries[addr] = e
 	m.blockFor(addr).ours++
+	delete(m.unhanded, addr)
 	return e
 }
 

@@ -235,6 +235,14 @@ func (m *Manager) claim(ctx context.Context, target int) (int, error) {
 			return n, nil
 		}
 		armN := min(len(picks), max(m.cfg.ArmBatch-m.readyList.n, 0))
+		// Should the write fail, it may have landed all the same; if the
+		// store then shows these as ours, nothing handed them out. A
+		// successful claim makes entries of them, which clears this.
+		for _, a := range picks {
+			if m.entries[a] == nil {
+				m.unhanded[a] = true
+			}
+		}
 		m.mu.Unlock()
 		if load {
 			if err := m.load(ctx, p); err != nil {
@@ -244,6 +252,14 @@ func (m *Manager) claim(ctx context.Context, target int) (int, error) {
 		}
 		if err := m.writeBlock(ctx, p, writePlan{claim: picks, arm: picks[:armN]}); err != nil {
 			if errors.Is(err, ErrStoreConflict) {
+				// Not landed: they are not ours.
+				m.mu.Lock()
+				for _, a := range picks {
+					if m.entries[a] == nil {
+						delete(m.unhanded, a)
+					}
+				}
+				m.mu.Unlock()
 				continue
 			}
 			return 0, err
@@ -496,6 +512,7 @@ func (m *Manager) settleReturningLocked(p netip.Prefix, bs *blockState, picked [
 		m.removeEntry(e)
 		if err != nil {
 			m.markDirty(e.addr)
+			m.unhanded[e.addr] = true
 		}
 	}
 	m.forgetIfIdleLocked(p, bs)
@@ -607,6 +624,12 @@ func (m *Manager) materializeLocked(bs *blockState) {
 			continue
 		}
 		until, free := m.restUntil(b, m.cfg.Holder, a, off, now)
+		if m.unhanded[a] && !b.Cooldowns[a].After(now) {
+			// Its claim or give-back failed without an answer and nothing
+			// handed it out since: whatever the store shows in use or
+			// armed of it is older than that.
+			free = true
+		}
 		e := m.addEntry(a, StateFree)
 		if free {
 			m.rest(e)

@@ -328,7 +328,7 @@ func (m *Manager) serveRequests(ctx context.Context, p netip.Prefix) error {
 	m.mu.Unlock()
 	err := m.retry(ctx, func() error { return m.writeBlock(ctx, p, writePlan{give: give, answer: answer}) })
 	m.mu.Lock()
-	m.settleReturningLocked(p, bs, picked, nil)
+	m.settleReturningLocked(p, bs, picked, err)
 	m.mu.Unlock()
 	if err != nil {
 		// The write may have landed: what it handed over is the
