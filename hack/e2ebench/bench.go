@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -48,6 +49,9 @@ type bench struct {
 	clients       []client.Client
 	base          baseline
 	noop          *noopServer // nil without -noop
+	// vmipam is what runs vmipam now; logFile gets its output.
+	vmipam  stopper
+	logFile io.Writer
 }
 
 // opsResult is what one batch of operations gave.
@@ -154,8 +158,12 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w (logs in %s)", err, logPath)
 	}
+	b.vmipam, b.logFile = p, logFile
 	defer func() {
-		if err := p.Stop(30 * time.Second); err != nil {
+		if b.vmipam == nil {
+			return
+		}
+		if err := b.vmipam.Stop(30 * time.Second); err != nil {
 			logf("stop vmipam: %v", err)
 		}
 	}()
@@ -189,6 +197,9 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 	}
 	if err := b.measureDeletes(ctx, rep); err != nil {
 		return nil, err
+	}
+	if err := b.measureReplicas(ctx, rep); err != nil {
+		return nil, fmt.Errorf("replicas phase: %w", err)
 	}
 	rep.loadEnd = loadavg()
 	rep.finished = time.Now()

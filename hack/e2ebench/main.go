@@ -64,6 +64,8 @@ type options struct {
 	// throughput with vmipam of the saturated rounds; negative: no phase.
 	pacedRate float64
 	pacedN    int
+	// replicas and replicasN: the replicas phase's layout and creates.
+	replicas, replicasN int
 }
 
 // paced reports whether the steady-rate phase runs.
@@ -92,6 +94,8 @@ func main() {
 	flag.BoolVar(&o.noop, "noop", true, "Also measure no-op webhooks: creates without vmipam, through a mutating and a validating webhook that e2ebench serves and that only allow (the floor of any webhook pair).")
 	flag.Float64Var(&o.pacedRate, "paced-rate", 0, "Creates per second with vmipam in the steady-rate phase after the saturated rounds, where the webhooks' latency is measured again at a fixed load below saturation; 0: half the throughput with vmipam just measured; negative: no such phase.")
 	flag.IntVar(&o.pacedN, "paced-n", 1500, "VirtualMachines to create with vmipam in the steady-rate phase (see -paced-rate).")
+	flag.IntVar(&o.replicas, "replicas", 3, "After the deletes, compare one vmipam process with this many replicas behind a stand-in for the Service, in alternating rounds; below 2: no such phase.")
+	flag.IntVar(&o.replicasN, "replicas-n", 1500, "VirtualMachines to create with each layout in the replicas phase (see -replicas).")
 	flag.StringVar(&o.vmipamArgs, "vmipam-args", "", "Extra flags for the vmipam binary, space-separated (e.g. --enable-http2).")
 	flag.Parse()
 	if err := run(o); err != nil {
@@ -126,6 +130,10 @@ func (o *options) validate() error {
 	need, what := o.n+2*o.warmup, "-n plus the warm-up"
 	if o.paced() {
 		need, what = need+o.pacedN, "-n, -paced-n and the warm-up"
+	}
+	if o.replicas >= 2 {
+		// The deletes before the phase leave their addresses cooling.
+		need, what = need+2*(o.replicasN+o.rounds*min(o.warmup, 64)), what+" and the replicas phase"
 	}
 	if usable < need {
 		return fmt.Errorf("-pool-cidr %s has %d usable addresses; %s need %d", p, usable, what, need)

@@ -92,6 +92,7 @@ type report struct {
 	// server answered during the rounds.
 	noopReviews [2]int64
 	paced       pacedStats
+	replicas    replicasPhase
 }
 
 func ms(d time.Duration) string { return secs(d.Seconds()) }
@@ -448,6 +449,7 @@ func (r *report) markdown() string {
 	w("")
 
 	r.pacedSection(&b)
+	r.replicasSection(&b)
 
 	w("## Deletes")
 	w("")
