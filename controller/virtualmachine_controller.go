@@ -123,7 +123,17 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 	// its UID among the live ones.
 	if hasAddr && !pool.Held(addr) {
 		holder, claimed := pool.HolderOf(addr)
+		if !claimed || !r.Registry.Live(holder) {
+			// This replica's view of the block may lag (claimed since its
+			// last read, or taken over): read it again before deciding.
+			if err := pool.Refresh(ctx, addr); err != nil {
+				return ctrl.Result{}, fmt.Errorf("read the block of %s: %w", addr, err)
+			}
+			holder, claimed = pool.HolderOf(addr)
+		}
 		switch {
+		case pool.Held(addr):
+			// Its claim is this replica's after all: look after it below.
 		case claimed && r.Registry.Live(holder):
 			// Another replica's: it binds, releases and repairs it. Look
 			// again later, in case this replica's view of the block lags.
@@ -132,10 +142,6 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 			// Its replica left: a live one takes its claims over soon.
 			return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
 		case !r.Registry.Chosen(string(obj.GetUID())):
-			return ctrl.Result{RequeueAfter: time.Minute}, nil
-		case owner.Token != "" && time.Since(obj.GetCreationTimestamp().Time) < time.Minute: //nolint:forbidigo // age of a stored object
-			// Stamped at admission by a replica that claimed the address
-			// before it answered: this replica's view of the block lags.
 			return ctrl.Result{RequeueAfter: time.Minute}, nil
 		case obj.GetDeletionTimestamp() != nil:
 			// No replica holds the address: nothing to release.

@@ -793,6 +793,14 @@ func (m *Manager) Holds(addr netip.Addr) bool {
 	return m.entries[addr] != nil
 }
 
+// Refresh reads addr's block from the store again, so that HolderOf and
+// Holds answer from what the store holds now rather than from this
+// Manager's last read of it. It is for the controller's rare doubts, not
+// for the hot path.
+func (m *Manager) Refresh(ctx context.Context, addr netip.Addr) error {
+	return m.load(ctx, BlockOf(Canonical(addr)))
+}
+
 // HolderOf returns the holder that claims addr as far as this Manager knows:
 // itself, or the other holder the store showed when the block was last
 // read; false when none.

@@ -127,6 +127,10 @@ func (p *Pool) Adopt(ctx context.Context, addr netip.Addr, o ipam.Owner) error {
 // one that holds an address looks after the object carrying it.
 func (p *Pool) Held(addr netip.Addr) bool { return p.m.Holds(addr) }
 
+// Refresh reads addr's block from the store again: Held and HolderOf then
+// answer from what the store holds now.
+func (p *Pool) Refresh(ctx context.Context, addr netip.Addr) error { return p.m.Refresh(ctx, addr) }
+
 // Release puts addr, held by o, into cooldown and returns once the release
 // survives a crash: the object may then go.
 func (p *Pool) Release(ctx context.Context, addr netip.Addr, o ipam.Owner) error {
