@@ -141,6 +141,18 @@ func (b *bench) newClients() ([]client.Client, error) {
 	return clients, nil
 }
 
+// waitStamped waits until vmipam's webhook stamps a dry-run create in the
+// namespace it serves.
+func (b *bench) waitStamped(ctx context.Context) error {
+	return poll(ctx, pollAPI, 60*time.Second, "vmipam to stamp a dry-run VirtualMachine in "+nsWith, func() error {
+		ok, err := b.stamped(ctx, nsWith)
+		if err == nil && !ok {
+			err = errors.New("not stamped")
+		}
+		return err
+	})
+}
+
 // stamped dry-runs the create of a VirtualMachine without an address in ns
 // and reports whether vmipam's mutating webhook stamped it.
 func (b *bench) stamped(ctx context.Context, ns string) (bool, error) {
@@ -159,13 +171,7 @@ func (b *bench) stamped(ctx context.Context, ns string) (bool, error) {
 // stamp, and vmipam's admission counters do not move. With the no-op
 // webhooks, it also waits until they annotate in nsNoop.
 func (b *bench) waitWebhooks(ctx context.Context) error {
-	if err := poll(ctx, pollAPI, 60*time.Second, "vmipam to stamp a dry-run VirtualMachine in "+nsWith, func() error {
-		ok, err := b.stamped(ctx, nsWith)
-		if err == nil && !ok {
-			err = errors.New("not stamped")
-		}
-		return err
-	}); err != nil {
+	if err := b.waitStamped(ctx); err != nil {
 		return err
 	}
 	if b.noop != nil {

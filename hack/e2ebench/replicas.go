@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -122,14 +121,7 @@ func (b *bench) relayout(ctx context.Context, st *replicaStats, extra []string) 
 		}
 		b.vmipam = rs
 	}
-	// A dry-run create stamped through the webhook: it answers.
-	if err := poll(ctx, pollAPI, 60*time.Second, "vmipam to stamp a dry-run VirtualMachine in "+nsWith, func() error {
-		ok, err := b.stamped(ctx, nsWith)
-		if err == nil && !ok {
-			err = errors.New("not stamped")
-		}
-		return err
-	}); err != nil {
+	if err := b.waitStamped(ctx); err != nil {
 		return err
 	}
 	st.ready = append(st.ready, time.Since(start))

@@ -29,7 +29,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -57,7 +56,7 @@ var (
 	root = filepath.Join("..", "..")
 
 	cluster *harness.Cluster
-	logs    = &lockedBuffer{}
+	logs    = &harness.LogBuffer{}
 	// clientCAFile is what --webhook-client-ca names; the rotation test
 	// rewrites it.
 	clientCAFile string
@@ -330,21 +329,3 @@ func convert(doc map[string]any, out any) error {
 	return json.Unmarshal(b, out)
 }
 
-// lockedBuffer collects vmipam's output, written by the process's copying
-// goroutine while tests read it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}

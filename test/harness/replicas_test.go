@@ -1,7 +1,6 @@
 package harness_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -21,23 +20,6 @@ import (
 	"github.com/vmipam/vmipam/test/harness"
 )
 
-// lockedBuffer is a log writer shared with the process's output copier.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestReplicas runs three vmipam replicas behind the proxy: VirtualMachines
 // created through the API server get addresses, the API server's
@@ -56,12 +38,12 @@ func TestReplicas(t *testing.T) {
 	t.Cleanup(func() { _ = cl.Stop() })
 
 	var mu sync.Mutex
-	logs := map[int]*lockedBuffer{}
-	logsFor := func(i int) *lockedBuffer {
+	logs := map[int]*harness.LogBuffer{}
+	logsFor := func(i int) *harness.LogBuffer {
 		mu.Lock()
 		defer mu.Unlock()
 		if logs[i] == nil {
-			logs[i] = &lockedBuffer{}
+			logs[i] = &harness.LogBuffer{}
 		}
 		return logs[i]
 	}
