@@ -37,8 +37,8 @@ test-unit: ## Unit, property and fuzz-seed tests, no control plane: go test -sho
 	env -u KUBEBUILDER_ASSETS $(GO) test -race -short -count=1 ./...
 
 .PHONY: chaos
-chaos: ## The long reliability run: 3m of load, 12 SIGKILLs of vmipam, an API server restart.
-	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" CHAOS_DURATION=3m CHAOS_KILLS=12 $(GO) test -count=1 -timeout 30m -v -run '^TestChaos$$' ./test/chaos/
+chaos: ## The long reliability run: 3 replicas, 3m of load, 12 SIGKILLs, 3 rolling restarts, an API server restart.
+	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" CHAOS_DURATION=3m CHAOS_KILLS=12 CHAOS_ROLLS=3 $(GO) test -count=1 -timeout 30m -v -run '^TestChaos$$' ./test/chaos/
 
 .PHONY: envtest-assets
 envtest-assets: ## Build (once) the control-plane binaries the tests use.

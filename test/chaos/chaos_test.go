@@ -35,7 +35,6 @@ const (
 	poolName   = "chaos"
 	cooldown   = 5 * time.Second
 	pendingTTL = 60 * time.Second
-	holder     = "vmipam" // the binary's default --holder
 )
 
 // settings are the knobs, from the environment; the defaults are the short
@@ -44,6 +43,8 @@ type settings struct {
 	duration    time.Duration // CHAOS_DURATION: minimum length of the load
 	kills       int           // CHAOS_KILLS: SIGKILLs of vmipam
 	apiRestarts int           // CHAOS_APISERVER_RESTARTS
+	replicas    int           // CHAOS_REPLICAS: vmipam replicas behind the stand-in Service
+	rolls       int           // CHAOS_ROLLS: rolling restarts of every replica (with several)
 	clients     int           // CHAOS_CLIENTS
 	maxOwn      int           // CHAOS_MAX_VMS_PER_CLIENT: live VMs a client keeps at most
 	think       time.Duration // CHAOS_THINK: mean pause between a client's operations
@@ -54,7 +55,7 @@ type settings struct {
 func loadSettings(t *testing.T) settings {
 	t.Helper()
 	s := settings{
-		duration: 40 * time.Second, kills: 3, apiRestarts: 1, clients: 8, maxOwn: 16, think: 20 * time.Millisecond,
+		duration: 40 * time.Second, kills: 3, apiRestarts: 1, replicas: 3, rolls: 1, clients: 8, maxOwn: 16, think: 20 * time.Millisecond,
 		cidr: netip.MustParsePrefix("10.99.0.0/23"), seed: uint64(time.Now().UnixNano()),
 	}
 	env := func(name string, parse func(string) error) {
@@ -73,12 +74,17 @@ func loadSettings(t *testing.T) settings {
 	env("CHAOS_DURATION", dur(&s.duration))
 	env("CHAOS_KILLS", num(&s.kills))
 	env("CHAOS_APISERVER_RESTARTS", num(&s.apiRestarts))
+	env("CHAOS_REPLICAS", num(&s.replicas))
+	env("CHAOS_ROLLS", num(&s.rolls))
 	env("CHAOS_CLIENTS", num(&s.clients))
 	env("CHAOS_MAX_VMS_PER_CLIENT", num(&s.maxOwn))
 	env("CHAOS_THINK", dur(&s.think))
 	env("CHAOS_CIDR", func(v string) (err error) { s.cidr, err = netip.ParsePrefix(v); return err })
 	env("CHAOS_SEED", func(v string) (err error) { s.seed, err = strconv.ParseUint(v, 10, 64); return err })
-	if s.clients < 1 || s.maxOwn < 1 || s.kills < 0 || s.apiRestarts < 0 || !s.cidr.Addr().Is4() || s.cidr.Bits() > 28 {
+	if s.replicas < 2 {
+		s.rolls = 0 // one process has nothing to roll over to
+	}
+	if s.clients < 1 || s.maxOwn < 1 || s.kills < 0 || s.apiRestarts < 0 || s.replicas < 1 || s.rolls < 0 || !s.cidr.Addr().Is4() || s.cidr.Bits() > 28 {
 		t.Fatalf("bad settings: %+v (need clients and max VMs per client >= 1, an IPv4 CIDR of /28 or larger)", s)
 	}
 	return s
@@ -108,7 +114,7 @@ func TestChaos(t *testing.T) {
 
 	logs := &logBuffer{}
 	ph := &phases{}
-	sup := newSupervisor(cl, logs, ph)
+	sup := newSupervisor(cl, logs, ph, s.replicas, rand.New(rand.NewPCG(s.seed, 1<<32))) //nolint:gosec // reproducible test randomness
 	sup.mu.Lock()
 	err = sup.start(ctx)
 	sup.mu.Unlock()
@@ -170,8 +176,8 @@ func TestChaos(t *testing.T) {
 	obs.Go(func() { sc.run(obsCtx, time.Second) })
 	supErr := make(chan error, 1)
 	obs.Go(func() { supErr <- sup.watch(obsCtx) })
-	t.Logf("seed %d: %d clients for at least %s, %d SIGKILLs, %d API server restarts, pool %s (%d usable), cooldown %s, pendingTTL %s",
-		s.seed, s.clients, s.duration, s.kills, s.apiRestarts, s.cidr, usable, cooldown, pendingTTL)
+	t.Logf("seed %d: %d clients for at least %s, %d replica(s), %d SIGKILLs, %d rolling restarts, %d API server restarts, pool %s (%d usable), cooldown %s, pendingTTL %s",
+		s.seed, s.clients, s.duration, s.replicas, s.kills, s.rolls, s.apiRestarts, s.cidr, usable, cooldown, pendingTTL)
 
 	// The load.
 	led := newLedger(cooldown, s.cidr)
@@ -197,7 +203,12 @@ func TestChaos(t *testing.T) {
 		if !sleep(ctx, time.Until(loadStart.Add(ev.at))) {
 			break
 		}
-		if ev.api {
+		if ev.roll {
+			if err := sup.roll(ctx); err != nil {
+				chaosErr = err
+				break
+			}
+		} else if ev.api {
 			r, err := apiRestart(ctx, cl, filepath.Join(tmp, "apiserver-certs"), ph)
 			if err != nil {
 				chaosErr = err
@@ -258,8 +269,14 @@ func TestChaos(t *testing.T) {
 	// Wait out the pending TTL and the cooldown: after the last admission,
 	// after the last recovery (claimed addresses on no live VM rest for
 	// both), and after the last release.
+	// Replicas replaced under a new name are taken over once their Lease
+	// lapses; what a takeover rests, it rests from then.
+	tookOver, err := sup.waitTakeovers(ctx, c)
+	if err != nil {
+		t.Errorf("TAKEOVER: %v", err)
+	}
 	sup.mu.Lock()
-	lastReady := sup.lastReady
+	lastReady := latest(sup.lastReady, tookOver)
 	sup.mu.Unlock()
 	settle := latest(loadEnd.Add(pendingTTL+cooldown), lastReady.Add(pendingTTL+cooldown), drained.Add(cooldown)).Add(2 * time.Second)
 	t.Logf("load over after %s; deletions drained in %s; waiting %s for pending TTL and cooldown to pass",
@@ -270,7 +287,7 @@ func TestChaos(t *testing.T) {
 	var rest restState
 	// What is still wrong after 45s is reported below, one error each.
 	_ = harness.Poll(ctx, time.Second, 45*time.Second, func() error {
-		rest = readRest(ctx, c, ns, s.cidr, usable)
+		rest = readRest(ctx, c, ns, s.cidr, usable, sup.holders())
 		if len(rest.problems) > 0 {
 			return errors.New(rest.problems[0])
 		}
@@ -309,7 +326,7 @@ func TestChaos(t *testing.T) {
 	if fill.extraErr == nil || !apierrors.IsForbidden(fill.extraErr) || !strings.Contains(fill.extraErr.Error(), "is exhausted") {
 		t.Errorf("a create in the full pool: %v; want a denial saying the pool is exhausted", fill.extraErr)
 	}
-	full := readRest(ctx, c, ns, s.cidr, usable)
+	full := readRest(ctx, c, ns, s.cidr, usable, sup.holders())
 	holders := map[string]*vmipamv1.VirtualMachine{}
 	for i := range full.vms {
 		for _, a := range full.vms[i].Spec.Addresses {
@@ -371,6 +388,7 @@ func TestChaos(t *testing.T) {
 	tr.mu.Unlock()
 	sup.mu.Lock()
 	fig.kills, fig.starts, fig.selfExits = sup.kills, sup.starts, sup.selfExits
+	fig.replicas, fig.rolls, fig.takeovers = s.replicas, sup.rolls, sup.takeovers
 	fig.exitReasons, fig.readyAfter, fig.startFailures = sup.exitReasons, sup.readyAfter, sup.startFailures
 	sup.mu.Unlock()
 	fig.refused = ref
@@ -440,10 +458,11 @@ func TestChaos(t *testing.T) {
 // more than this in one second is a loop that does not wait.
 const maxPersistErrorsPerSecond = 20
 
-// event is one disruption, at an offset from the start of the load.
+// event is one disruption, at an offset from the start of the load: an
+// API server restart, a rolling restart of the replicas, or else a kill.
 type event struct {
-	at  time.Duration
-	api bool
+	at        time.Duration
+	api, roll bool
 }
 
 // schedule spreads the disruptions over 10% to 85% of the load: one in
@@ -452,11 +471,21 @@ type event struct {
 // releases addresses: the kills that follow leave vmipam without the
 // lease (and so without releases) for its duration, a calmer moment.
 func schedule(rng *rand.Rand, s settings) []event {
-	n := s.kills + s.apiRestarts
+	n := s.kills + s.apiRestarts + s.rolls
 	evs := make([]event, n)
 	slot := s.duration * 3 / 4 / time.Duration(max(n, 1))
 	for i := range evs {
 		evs[i] = event{at: s.duration/10 + time.Duration(i)*slot + time.Duration(rng.Int64N(int64(slot))), api: i < s.apiRestarts}
+	}
+	// The rolling restarts spread among the kills, after the API server
+	// restarts.
+	for k := range s.rolls {
+		for i := s.apiRestarts + k*(n-s.apiRestarts)/s.rolls; i < n; i++ {
+			if !evs[i].roll {
+				evs[i].roll = true
+				break
+			}
+		}
 	}
 	return evs
 }
@@ -480,7 +509,7 @@ type restState struct {
 // status counts equal to the VMs and to the blocks' claims; no pending, no
 // cooldown; Ready, no DuplicateAddress; every live address claimed by
 // vmipam; no cooldown deadline still ahead.
-func readRest(ctx context.Context, c client.Client, ns string, prefix netip.Prefix, usable int) restState {
+func readRest(ctx context.Context, c client.Client, ns string, prefix netip.Prefix, usable int, holders []string) restState {
 	var r restState
 	var l vmipamv1.VirtualMachineList
 	if err := c.List(ctx, &l, client.InNamespace(ns)); err != nil {
@@ -554,8 +583,8 @@ func readRest(ctx context.Context, c client.Client, ns string, prefix netip.Pref
 				}
 				a := addrAt(dec.Prefix, off)
 				switch {
-				case h != holder:
-					r.problems = append(r.problems, fmt.Sprintf("IPBlock %s: %s claimed by holder %q, want only %q", b.Name, a, h, holder))
+				case !slices.Contains(holders, h):
+					r.problems = append(r.problems, fmt.Sprintf("IPBlock %s: %s claimed by holder %q, want only those running, %q", b.Name, a, h, holders))
 				case !prefix.Contains(a) || a == prefix.Addr() || a == lastOf(prefix):
 					r.problems = append(r.problems, fmt.Sprintf("IPBlock %s: %s claimed but not usable in %s", b.Name, a, prefix))
 				}

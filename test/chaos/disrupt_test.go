@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -16,25 +17,42 @@ import (
 	"syscall"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/pools"
 	"github.com/vmipam/vmipam/test/harness"
 )
 
 // vmipamFlags: a short resync so the forced paths (adopting a VM whose
 // reservation the restart lost, releasing the address of a VM gone while
-// vmipam was down) run often.
-var vmipamFlags = []string{"--resync-interval=5s"}
+// vmipam was down) run often; with several replicas, a short holder lease
+// so that a killed replica's claims are taken over within the run, and a
+// short drain for the rolling restarts.
+// CHAOS_VMIPAM_FLAGS adds flags (space-separated; --zap-log-level=debug
+// logs every bind and release).
+var vmipamFlags = append([]string{"--resync-interval=5s", "--lease-duration=6s", "--lease-renew-deadline=4s", "--lease-retry-period=1s", "--shutdown-drain=2s"},
+	strings.Fields(os.Getenv("CHAOS_VMIPAM_FLAGS"))...)
 
-// supervisor owns the vmipam process: the chaos kills and restarts it, and
-// the supervisor restarts it when it exits on its own (for instance when
-// it loses its leader election lease while the API server is away).
+// supervisor owns the vmipam processes: the chaos kills and restarts them,
+// and the supervisor restarts one that exits on its own. With one replica
+// it is a single process on the Cluster's ports; with several, replicas
+// behind the stand-in for the Service (harness.Replicas): a kill takes one
+// of them, and its replacement comes back under the same holder (a
+// container restarted in its pod) or a new one (a pod replaced), in turn.
 type supervisor struct {
-	cl     *harness.Cluster
-	logs   *logBuffer
-	phases *phases
-	probe  *http.Client
+	cl       *harness.Cluster
+	logs     *logBuffer
+	phases   *phases
+	probe    *http.Client
+	replicas int
+	rng      *rand.Rand
+
+	// rs and running: the replicas, and those the supervisor means to be
+	// up (a replica not in running that exits was killed on purpose).
+	rs      *harness.Replicas
+	running []*harness.Replica
 
 	// mu is held while the process is being killed or started; pmu
 	// guards restarts and gone, read by the scanner meanwhile.
@@ -45,10 +63,13 @@ type supervisor struct {
 	lastReady time.Time
 
 	// Figures, under mu.
-	starts, kills, selfExits int
-	exitReasons              []string
-	readyAfter               []time.Duration // from kill or exit to ready again
-	startFailures            []string
+	starts, kills, selfExits, rolls int
+	// takeovers: holders replaced under a new name, whose claims another
+	// replica must take over.
+	takeovers     int
+	exitReasons   []string
+	readyAfter    []time.Duration // from kill or exit to ready again
+	startFailures []string
 	// restarts: from each process's end (kill, or exit noticed) to its
 	// successor's readiness; an open end while it is being replaced.
 	restarts []period
@@ -83,8 +104,8 @@ func (s *supervisor) replaced() {
 	}
 }
 
-func newSupervisor(cl *harness.Cluster, logs *logBuffer, ph *phases) *supervisor {
-	return &supervisor{cl: cl, logs: logs, phases: ph, probe: &http.Client{Timeout: 2 * time.Second}}
+func newSupervisor(cl *harness.Cluster, logs *logBuffer, ph *phases, replicas int, rng *rand.Rand) *supervisor {
+	return &supervisor{cl: cl, logs: logs, phases: ph, probe: &http.Client{Timeout: 2 * time.Second}, replicas: replicas, rng: rng}
 }
 
 // start starts vmipam and waits for it to be ready, retrying for up to
@@ -92,6 +113,18 @@ func newSupervisor(cl *harness.Cluster, logs *logBuffer, ph *phases) *supervisor
 // Call with mu held.
 func (s *supervisor) start(ctx context.Context) error {
 	deadline := time.Now().Add(3 * time.Minute)
+	if s.replicas > 1 && s.rs == nil {
+		s.startedAt = s.logs.mark("starting %d vmipam replicas", s.replicas)
+		rs, err := s.cl.StartReplicas(ctx, s.replicas, func(int) io.Writer { return s.logs }, vmipamFlags...)
+		if err != nil {
+			return fmt.Errorf("start %d replicas: %w", s.replicas, err)
+		}
+		s.rs, s.running = rs, rs.All()
+		s.starts += s.replicas
+		s.lastReady = time.Now()
+		s.logs.mark("%d replicas ready", s.replicas)
+		return nil
+	}
 	for {
 		s.startedAt = s.logs.mark("starting vmipam #%d", s.starts+1)
 		p, err := s.cl.StartVMIPAM(ctx, s.logs, vmipamFlags...)
@@ -114,6 +147,16 @@ func (s *supervisor) start(ctx context.Context) error {
 // healthy reports whether vmipam answers /healthz, and whether a failure
 // was a refused connection (the process is gone) rather than a slow answer.
 func (s *supervisor) healthy() (ok, refused bool) {
+	if s.rs != nil {
+		for _, rep := range s.running {
+			select {
+			case <-rep.Done():
+				return false, true
+			default:
+			}
+		}
+		return len(s.running) == s.replicas, false
+	}
 	resp, err := s.probe.Get("http://127.0.0.1:" + strconv.Itoa(s.cl.ProbePort) + "/healthz")
 	if err != nil {
 		return false, errors.Is(err, syscall.ECONNREFUSED)
@@ -141,6 +184,9 @@ func (s *supervisor) kill(ctx context.Context, down time.Duration) error {
 	s.phases.vmipamDown.Store(true)
 	defer s.phases.vmipamDown.Store(false)
 	t0 := time.Now()
+	if s.rs != nil {
+		return s.killReplica(ctx, t0, down)
+	}
 	s.logs.mark("SIGKILL vmipam #%d", s.starts)
 	s.ended(t0)
 	s.p.Kill()
@@ -153,9 +199,125 @@ func (s *supervisor) kill(ctx context.Context, down time.Duration) error {
 	return nil
 }
 
+// killReplica SIGKILLs one replica, leaves it dead for down, and starts
+// its replacement: under the same holder every other time (a container
+// restarted in its pod), else under a new one (a pod replaced), whose
+// predecessor's claims another replica takes over once its Lease lapses.
+// Call with mu held.
+func (s *supervisor) killReplica(ctx context.Context, t0 time.Time, down time.Duration) error {
+	i := s.rng.IntN(len(s.running))
+	victim := s.running[i]
+	s.running = slices.Delete(s.running, i, i+1)
+	s.logs.mark("SIGKILL replica %s (pid %d)", victim.Holder, victim.Pid())
+	s.ended(t0)
+	victim.Kill()
+	s.rs.Remove(victim)
+	s.kills++
+	sleep(ctx, down)
+	holder := victim.Holder
+	if s.kills%2 == 0 {
+		holder = "" // a new pod: a new holder
+		s.takeovers++
+	}
+	return s.replaceReplica(ctx, victim, holder, t0)
+}
+
+// replaceReplica starts a replica in place of gone, which ended at t0,
+// under holder ("" for a new one), retrying for up to three minutes (none
+// becomes ready while the API server is away). Call with mu held.
+func (s *supervisor) replaceReplica(ctx context.Context, gone *harness.Replica, holder string, t0 time.Time) error {
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		rep, err := s.rs.Start(ctx, holder)
+		if err == nil {
+			s.running = append(s.running, rep)
+			s.starts++
+			s.lastReady = time.Now()
+			s.replaced()
+			s.readyAfter = append(s.readyAfter, time.Since(t0))
+			s.logs.mark("replica %s ready in place of %s", rep.Holder, gone.Holder)
+			return nil
+		}
+		s.startFailures = append(s.startFailures, err.Error())
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			return fmt.Errorf("start a replica in place of %s: %w", gone.Holder, err)
+		}
+		sleep(ctx, time.Second)
+	}
+}
+
+// roll replaces every replica, one at a time, as a Deployment's rollout
+// does: each replacement (a new holder) is ready before its predecessor
+// gets SIGTERM, drains, seals and releases its Lease. With one replica it
+// does nothing: that process's restart is a kill.
+func (s *supervisor) roll(ctx context.Context) error {
+	if s.rs == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.logs.mark("rolling restart of %d replicas", len(s.running))
+	fresh, err := s.rs.RollingRestart(ctx, false, 30*time.Second)
+	if err != nil {
+		return fmt.Errorf("rolling restart: %w", err)
+	}
+	s.running = fresh
+	s.starts += len(fresh)
+	s.rolls++
+	s.lastReady = time.Now()
+	s.logs.mark("rolling restart done: %d new replicas", len(fresh))
+	return nil
+}
+
+// holders returns the holders of the processes running now: the one
+// process's "vmipam", or every running replica's.
+func (s *supervisor) holders() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.rs == nil {
+		return []string{"vmipam"}
+	}
+	out := make([]string, 0, len(s.running))
+	for _, rep := range s.running {
+		out = append(out, rep.Holder)
+	}
+	return out
+}
+
+// waitTakeovers waits until every holder Lease belongs to a running
+// replica: the holders replaced under new names were taken over, and
+// their claims rested where they had to. It returns when that was seen.
+func (s *supervisor) waitTakeovers(ctx context.Context, c client.Client) (time.Time, error) {
+	if s.rs == nil {
+		return time.Time{}, nil
+	}
+	s.mu.Lock()
+	want := map[string]bool{}
+	for _, rep := range s.running {
+		want[pools.LeaseName(rep.Holder)] = true
+	}
+	s.mu.Unlock()
+	err := harness.Poll(ctx, 250*time.Millisecond, 2*time.Minute, func() error {
+		var l coordinationv1.LeaseList
+		if err := c.List(ctx, &l, client.InNamespace(harness.Namespace), client.MatchingLabels{pools.HolderLeaseLabel: "true"}); err != nil {
+			return err
+		}
+		for _, lease := range l.Items {
+			if !want[lease.Name] {
+				return fmt.Errorf("lease %s of a replica gone is not taken over yet", lease.Name)
+			}
+		}
+		return nil
+	})
+	return time.Now(), err
+}
+
 // watch restarts vmipam whenever it stops answering with refused
 // connections for two seconds although nobody killed it, until ctx ends.
 func (s *supervisor) watch(ctx context.Context) error {
+	if s.replicas > 1 {
+		return s.watchReplicas(ctx)
+	}
 	refusedFor := 0
 	for sleep(ctx, 250*time.Millisecond) {
 		if !s.mu.TryLock() {
@@ -199,10 +361,57 @@ func (s *supervisor) watch(ctx context.Context) error {
 	return nil
 }
 
+// watchReplicas restarts, under its holder, a replica that exited though
+// nobody stopped it, until ctx ends.
+func (s *supervisor) watchReplicas(ctx context.Context) error {
+	for sleep(ctx, 250*time.Millisecond) {
+		if !s.mu.TryLock() {
+			continue
+		}
+		var gone *harness.Replica
+		for i, rep := range s.running {
+			select {
+			case <-rep.Done():
+				gone = rep
+				s.running = slices.Delete(s.running, i, i+1)
+			default:
+			}
+			if gone != nil {
+				break
+			}
+		}
+		if gone == nil {
+			s.mu.Unlock()
+			continue
+		}
+		t0 := time.Now()
+		s.ended(t0)
+		s.selfExits++
+		s.rs.Remove(gone)
+		why := grep(s.logs.since(s.startedAt), 3, "vmipam stopped", `"level":"error"`, "panic")
+		s.exitReasons = append(s.exitReasons, fmt.Sprintf("replica %s exited on its own at %s; last error lines:\n%s",
+			gone.Holder, t0.Format(stamp), strings.Join(why, "\n")))
+		s.logs.mark("replica %s found gone; restarting", gone.Holder)
+		err := s.replaceReplica(ctx, gone, gone.Holder, t0)
+		s.mu.Unlock()
+		if err != nil && ctx.Err() == nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // stop kills the process for good.
 func (s *supervisor) stop() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.rs != nil {
+		for _, rep := range s.rs.Live() {
+			rep.Kill()
+		}
+		_ = s.rs.Proxy.Close()
+		s.rs, s.running = nil, nil
+	}
 	if s.p != nil {
 		s.p.Kill()
 		s.p = nil

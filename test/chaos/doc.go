@@ -2,15 +2,22 @@
 // binary against a real kube-apiserver and etcd (test/harness) while
 // CHAOS_CLIENTS clients (8) create VirtualMachines and delete random ones
 // of their own (each keeps at most CHAOS_MAX_VMS_PER_CLIENT, 16), retrying
-// every refusal with a backoff and counting it by reason. Meanwhile vmipam
-// is SIGKILLed and restarted CHAOS_KILLS times (3) and the kube-apiserver
-// is restarted CHAOS_APISERVER_RESTARTS times (1) on the same address and
-// certificates, for at least CHAOS_DURATION (40s) of load; vmipam exiting
-// on its own (it does when it loses its leader lease) is counted and it is
-// restarted. `make test` runs these defaults (about two minutes); `make
-// chaos` runs three minutes and 12 kills. CHAOS_CIDR (10.99.0.0/23),
-// CHAOS_THINK, CHAOS_SEED (to replay a schedule) and CHAOS_LOGS (a file for
-// vmipam's whole log) tune it further.
+// every refusal with a backoff and counting it by reason. vmipam runs as
+// CHAOS_REPLICAS replicas (3) behind the stand-in for the Service
+// (internal/lbproxy), with a 6s holder lease. Meanwhile a replica is
+// SIGKILLed CHAOS_KILLS times (3) and replaced, under its holder (a
+// container restart) and under a new one (a pod replaced, taken over by
+// the others) in turn; every replica is replaced one at a time
+// CHAOS_ROLLS times (1: SIGTERM, drain, seal); and the kube-apiserver is
+// restarted CHAOS_APISERVER_RESTARTS times (1) on the same address and
+// certificates, for at least CHAOS_DURATION (40s) of load. A replica
+// exiting on its own is counted and restarted. With CHAOS_REPLICAS=1 the
+// one process is killed and restarted instead. `make test` runs these
+// defaults (about two and a half minutes); `make chaos` runs three
+// minutes, 12 kills and 3 rolling restarts. CHAOS_CIDR (10.99.0.0/23),
+// CHAOS_THINK, CHAOS_SEED (to replay a schedule), CHAOS_LOGS (a file for
+// vmipam's whole log) and CHAOS_VMIPAM_FLAGS (more flags for vmipam) tune
+// it further.
 //
 // Everything is checked from the API server, never from vmipam's memory:
 //
@@ -34,7 +41,7 @@
 //     release: distinct addresses inside the pool on every VM, each fully
 //     stamped; the IPPool status at its generation with allocated equal to
 //     the VMs, pending and cooldown 0, Ready True, DuplicateAddress False;
-//     the IPBlocks claimed by vmipam's holder only, inside the pool, every
+//     the IPBlocks claimed by running holders only, inside the pool, every
 //     live address claimed, no cooldown deadline ahead, and as many claimed
 //     addresses on no VM as the status has free;
 //   - then the pool is filled: a VM for every address on no live VM, each

@@ -13,6 +13,7 @@ type figures struct {
 
 	creates, deletes, gone, viaGet, reuses int
 	kills, starts, selfExits, apiRestarts  int
+	replicas, rolls, takeovers             int
 	readyAfter                             []time.Duration
 	apiRestart                             []apiRestartResult
 	exitReasons, startFailures             []string
@@ -48,8 +49,10 @@ func (f *figures) table(s settings, usable int) string {
 	row("deletions seen completed (watch)", f.gone)
 	row("addresses handed out again (reuse, load and fill)", f.reuses)
 	row("create attempts refused", f.refused.total("create", ""))
-	row("vmipam SIGKILLs", f.kills)
-	row("vmipam starts (first + after kills + after self-exits)", f.starts)
+	row("vmipam replicas (behind the stand-in Service when more than one)", f.replicas)
+	row("vmipam SIGKILLs (of which replaced under a new holder, taken over)", fmt.Sprintf("%d (%d)", f.kills, f.takeovers))
+	row("rolling restarts of every replica (SIGTERM, drain, seal)", f.rolls)
+	row("vmipam starts (first + after kills, rolls and self-exits)", f.starts)
 	row("vmipam self-exits", f.selfExits)
 	row("vmipam down to ready again (min / max)", minMax(f.readyAfter))
 	row("API server restarts", f.apiRestarts)
