@@ -136,13 +136,15 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 			// Its claim is this replica's after all: look after it below.
 		case claimed && r.Registry.Live(holder):
 			// Another replica's: it binds, releases and repairs it. Look
-			// again later, in case this replica's view of the block lags.
-			return ctrl.Result{RequeueAfter: time.Minute}, nil
+			// again later, in case this replica's view of the block lags,
+			// or that holder dies before it is done: soon for an object
+			// being deleted, whose finalizer waits on it.
+			return ctrl.Result{RequeueAfter: r.lookAgain(obj)}, nil
 		case claimed:
 			// Its replica left: a live one takes its claims over soon.
 			return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
 		case !r.Registry.Chosen(string(obj.GetUID())):
-			return ctrl.Result{RequeueAfter: time.Minute}, nil
+			return ctrl.Result{RequeueAfter: r.lookAgain(obj)}, nil
 		case obj.GetDeletionTimestamp() != nil:
 			// No replica holds the address: nothing to release.
 			if target.HasFinalizer(obj) {
@@ -289,4 +291,15 @@ func (r *VMReconciler) event(obj *unstructured.Unstructured, typ, reason, action
 	if r.Recorder != nil {
 		r.Recorder.Eventf(obj, nil, typ, reason, action, note, args...)
 	}
+}
+
+// lookAgain is when a replica that does not look after obj checks it
+// again: soon while it is being deleted (the replica that should release
+// it may have died, and its taker has no event left to act on), else in a
+// minute.
+func (r *VMReconciler) lookAgain(obj client.Object) time.Duration {
+	if obj.GetDeletionTimestamp() != nil {
+		return 5 * time.Second
+	}
+	return time.Minute
 }

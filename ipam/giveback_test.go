@@ -276,7 +276,7 @@ func TestFailedWriteLeavesNoOrphans(t *testing.T) {
 			if _, err := m.claim(t.Context(), 6); err == nil {
 				t.Fatal("claim with a lost reply succeeded")
 			}
-			b, err := gs.MemoryStore.Get(t.Context(), BlockOf(netip.MustParseAddr("10.0.0.1")))
+			b, err := gs.Get(t.Context(), BlockOf(netip.MustParseAddr("10.0.0.1")))
 			if err != nil {
 				t.Fatal(err)
 			}

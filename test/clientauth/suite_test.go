@@ -328,4 +328,3 @@ func convert(doc map[string]any, out any) error {
 	}
 	return json.Unmarshal(b, out)
 }
-

@@ -20,7 +20,6 @@ import (
 	"github.com/vmipam/vmipam/test/harness"
 )
 
-
 // TestReplicas runs three vmipam replicas behind the proxy: VirtualMachines
 // created through the API server get addresses, the API server's
 // connections reach more than one replica, and creates go on while a
