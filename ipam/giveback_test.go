@@ -343,3 +343,24 @@ func (s *failStore) Put(ctx context.Context, b Block) (string, error) {
 	}
 	return s.Store.Put(ctx, b)
 }
+
+// TestAnswerToWithdrawnRequest: an answer computed from one read of a
+// block is written over a later read in which the request is gone (the
+// asker withdrew it, or another holder answered it): the write leaves no
+// request behind and does not fail.
+func TestAnswerToWithdrawnRequest(t *testing.T) {
+	m := newRecovered(t, NewMemoryStore(), newFakeClock(), time.Minute)
+	m.SetPeers([]string{"h", "other"})
+	p := BlockOf(netip.MustParseAddr("10.0.0.1"))
+	m.mu.Lock()
+	bs := m.blockFor(p.Addr())
+	bs.persisted = Block{Prefix: p, Claims: map[string]*Bitmap{}} // no Requests map at all
+	b, err := m.buildLocked(bs, writePlan{answer: map[string]Request{"other": {}}})
+	m.mu.Unlock()
+	if err != nil {
+		t.Fatalf("build = %v", err)
+	}
+	if len(b.Requests) != 0 {
+		t.Errorf("requests %v after answering a withdrawn one, want none", b.Requests)
+	}
+}

@@ -49,15 +49,24 @@ func (m *Manager) retry(ctx context.Context, write func() error) error {
 		if err = write(); !errors.Is(err, ErrStoreConflict) {
 			return err
 		}
-		d := time.Millisecond << min(i, 7) // up to 128ms
-		d = d/2 + rand.N(d)                //nolint:gosec // jitter, not a secret
-		select {
-		case <-ctx.Done():
-			return errors.Join(err, ctx.Err())
-		case <-m.cfg.Timers.After(d):
+		if werr := m.backoff(ctx, i); werr != nil {
+			return errors.Join(err, werr)
 		}
 	}
 	return fmt.Errorf("%w after %d attempts", err, maxStoreRetries)
+}
+
+// backoff waits before attempt i+1 after a store conflict: exponentially
+// from 1ms up to 128ms, with jitter, or until ctx ends.
+func (m *Manager) backoff(ctx context.Context, i int) error {
+	d := time.Millisecond << min(i, 7)
+	d = d/2 + rand.N(d) //nolint:gosec // jitter, not a secret
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-m.cfg.Timers.After(d):
+		return nil
+	}
 }
 
 // Rebalance brings the free list back between the watermarks: below the
@@ -217,7 +226,15 @@ func (m *Manager) ReleaseDurable(ctx context.Context, addr netip.Addr, owner Own
 func (m *Manager) claim(ctx context.Context, target int) (int, error) {
 	m.io.Lock()
 	defer m.io.Unlock()
+	conflicts := 0
 	for range maxStoreRetries {
+		if conflicts > 0 {
+			// Another holder wrote the block since it was read: let the
+			// holders that collided spread out.
+			if err := m.backoff(ctx, conflicts-1); err != nil {
+				return 0, err
+			}
+		}
 		m.mu.Lock()
 		if err := m.servingLocked(m.clock.Now()); err != nil {
 			m.mu.Unlock()
@@ -252,6 +269,7 @@ func (m *Manager) claim(ctx context.Context, target int) (int, error) {
 		}
 		if err := m.writeBlock(ctx, p, writePlan{claim: picks, arm: picks[:armN]}); err != nil {
 			if errors.Is(err, ErrStoreConflict) {
+				conflicts++
 				// Not landed: they are not ours.
 				m.mu.Lock()
 				for _, a := range picks {
@@ -884,7 +902,11 @@ func (m *Manager) buildLocked(bs *blockState, plan writePlan) (Block, error) {
 		nb.Requests[self] = *plan.request
 	}
 	for h, r := range plan.answer {
-		nb.Requests[h] = r
+		// Answered only while still asked: the block read for this
+		// attempt may show the request withdrawn, or already answered.
+		if _, asked := nb.Requests[h]; asked {
+			nb.Requests[h] = r
+		}
 	}
 	for h, r := range nb.Requests {
 		if r.Count <= 0 && (r.Addrs == nil || r.Addrs.Empty()) || m.peers != nil && !m.peers[h] {

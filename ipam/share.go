@@ -8,8 +8,14 @@ import (
 )
 
 // grantWait bounds how long a holder waits for another holder to answer
-// its request; the caller's context may end the wait sooner.
-const grantWait = 1500 * time.Millisecond
+// its request; the caller's context (an admission's deadline) may end the
+// wait sooner. Under load, with several holders writing one block, an
+// answer can take over a second.
+const grantWait = 3 * time.Second
+
+// answerMargin is how long before its context's deadline a waiting holder
+// stops waiting, so that the admission still answers in time.
+const answerMargin = 500 * time.Millisecond
 
 // grantPoll is how often a waiting holder reads the block for the answer.
 const grantPoll = 25 * time.Millisecond
@@ -121,8 +127,9 @@ func (m *Manager) askFor(ctx context.Context, a netip.Addr) error {
 		return fmt.Errorf("ask for addresses in block %s: %w", p, err)
 	}
 	deadline := m.clock.Now().Add(grantWait)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
+	if d, ok := ctx.Deadline(); ok && d.Add(-answerMargin).Before(deadline) {
+		// Leave the caller time to answer its own caller.
+		deadline = d.Add(-answerMargin)
 	}
 	for polls := 0; ; polls++ {
 		select {
