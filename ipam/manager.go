@@ -149,8 +149,10 @@ func defaultArmBatch(usable uint64) int {
 }
 
 // maxStoreRetries bounds the re-reads after store conflicts of one write:
-// sized for several holders writing one block, with a backoff between.
-const maxStoreRetries = 16
+// sized for several holders writing one block at once (a small pool has a
+// single block), with a backoff between tries of up to 128ms. A caller
+// with a deadline (an admission) stops sooner: see backoff.
+const maxStoreRetries = 48
 
 // maxClaimRounds bounds how often one allocation claims for an empty free
 // list that concurrent allocations keep emptying.

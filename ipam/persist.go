@@ -57,10 +57,15 @@ func (m *Manager) retry(ctx context.Context, write func() error) error {
 }
 
 // backoff waits before attempt i+1 after a store conflict: exponentially
-// from 1ms up to 128ms, with jitter, or until ctx ends.
+// from 1ms up to 128ms, with jitter. It gives up at once when the wait
+// would end within answerMargin of ctx's deadline, so that an admission
+// still answers in time, and when ctx ends.
 func (m *Manager) backoff(ctx context.Context, i int) error {
 	d := time.Millisecond << min(i, 7)
-	d = d/2 + rand.N(d) //nolint:gosec // jitter, not a secret
+	d = d/2 + rand.N(d)                                                  //nolint:gosec // jitter, not a secret
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d+answerMargin { //nolint:forbidigo // a context's deadline is real time
+		return fmt.Errorf("%w: no time left to try again before the deadline", context.DeadlineExceeded)
+	}
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
@@ -232,7 +237,7 @@ func (m *Manager) claim(ctx context.Context, target int) (int, error) {
 			// Another holder wrote the block since it was read: let the
 			// holders that collided spread out.
 			if err := m.backoff(ctx, conflicts-1); err != nil {
-				return 0, err
+				return 0, fmt.Errorf("claim addresses: %w after %d attempts: %w", ErrStoreConflict, conflicts, err)
 			}
 		}
 		m.mu.Lock()
