@@ -386,10 +386,13 @@ func (m *Manager) arm(ctx context.Context) error {
 	m.io.Lock()
 	defer m.io.Unlock()
 	m.mu.Lock()
+	// Concurrent callers each found the ready list short; the first one
+	// refilled it. Arm only up to the batch, so that a crash rests no more.
+	want := m.cfg.ArmBatch - m.readyList.n
 	var p netip.Prefix
 	var picked []*entry
 	for _, l := range []*list{&m.free, &m.surplus} {
-		for e, seen := l.head, 0; e != nil && len(picked) < m.cfg.ArmBatch && seen < 8*m.cfg.ArmBatch; e, seen = e.next, seen+1 {
+		for e, seen := l.head, 0; e != nil && len(picked) < want && seen < 8*m.cfg.ArmBatch; e, seen = e.next, seen+1 {
 			if !p.IsValid() {
 				p = BlockOf(e.addr)
 			}

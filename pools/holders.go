@@ -71,9 +71,31 @@ func (r *Registry) keepLease(ctx context.Context) {
 		return
 	}
 	for _, p := range peers {
-		if p.leaving && p.holder != r.opts.Holder {
-			r.takeover(ctx, p)
+		if !p.leaving || p.holder == r.opts.Holder {
+			continue
 		}
+		// Off the renewal loop: a takeover of many pools can outlast the
+		// renew deadline, and this holder must keep its own Lease
+		// meanwhile.
+		r.mu.Lock()
+		busy := r.takingOver[p.holder]
+		if !busy {
+			r.takingOver[p.holder] = true
+		}
+		r.mu.Unlock()
+		if busy {
+			continue
+		}
+		r.tasks.Add(1)
+		go func() {
+			defer r.tasks.Done()
+			defer func() {
+				r.mu.Lock()
+				delete(r.takingOver, p.holder)
+				r.mu.Unlock()
+			}()
+			r.takeover(ctx, p)
+		}()
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
@@ -238,12 +239,27 @@ func (l *lease) renew(ctx context.Context) error {
 	obj.Namespace, obj.Name, obj.ResourceVersion = key.Namespace, key.Name, version
 	obj.Labels = map[string]string{HolderLeaseLabel: "true", holderLabel: labelValue(l.opts.Holder)}
 	l.fill(obj, sent, false)
-	err := l.c.Update(ctx, obj)
+	// A merge patch with the resourceVersion, not an Update: an Update of
+	// a Lease that is gone creates it again (Leases allow create on
+	// update), and a holder paused while it was taken over and its Lease
+	// deleted would renew its way back into serving claims it no longer
+	// has. A patch of a missing object fails.
+	raw, err := json.Marshal(map[string]any{"metadata": map[string]any{
+		"resourceVersion": version, "labels": obj.Labels, "annotations": obj.Annotations,
+	}, "spec": obj.Spec})
+	if err != nil {
+		return fmt.Errorf("encode lease %s: %w", key.Name, err)
+	}
+	err = l.c.Patch(ctx, obj, client.RawPatch(types.MergePatchType, raw))
 	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
 		// Our last write may have landed with its reply lost; or someone
-		// took the Lease over. Read it to tell which.
+		// took the Lease over, or took it over and deleted it. Read it to
+		// tell which.
 		cur := &coordinationv1.Lease{}
-		if gerr := l.r.Get(ctx, key, cur); gerr != nil {
+		if gerr := l.r.Get(ctx, key, cur); apierrors.IsNotFound(gerr) {
+			l.lose()
+			return errLost
+		} else if gerr != nil {
 			return errors.Join(err, gerr)
 		}
 		if ptr.Deref(cur.Spec.HolderIdentity, "") != l.opts.Holder {

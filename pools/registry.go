@@ -104,6 +104,10 @@ type Registry struct {
 	// others among them published of their pools.
 	peers      []string
 	peerCounts map[string]map[string]holderCounts
+	// takingOver are the holders whose claims a goroutine of tasks is
+	// taking over.
+	takingOver map[string]bool
+	tasks      sync.WaitGroup
 }
 
 type systemClock struct{}
@@ -131,7 +135,7 @@ func NewRegistry(opts Options) *Registry {
 	}
 	opts.Lease.Holder = opts.Holder
 	r := &Registry{
-		opts: opts, clock: clk, started: make(chan struct{}), leased: make(chan struct{}), pools: map[string]*Pool{},
+		opts: opts, clock: clk, started: make(chan struct{}), leased: make(chan struct{}), pools: map[string]*Pool{}, takingOver: map[string]bool{},
 		lease: newLease(opts.Client, opts.APIReader, opts.Lease),
 	}
 	r.lease.counts = r.publishedCounts
@@ -163,6 +167,8 @@ func (r *Registry) Start(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
+			// A takeover under way ends with ctx; what it moved is sealed.
+			r.tasks.Wait()
 			r.shutdown(ctx)
 			return nil
 		case <-renew.C:
