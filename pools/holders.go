@@ -133,6 +133,7 @@ func (r *Registry) takeover(ctx context.Context, p peer) {
 
 // dropAll stops every allocator and forgets it.
 func (r *Registry) dropAll() {
+	r.recovered.Store(false)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for name, p := range r.pools {

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -108,6 +109,9 @@ type Registry struct {
 	// taking over.
 	takingOver map[string]bool
 	tasks      sync.WaitGroup
+	// recovered: every pool was recovered once since the start or the
+	// last loss of the Lease (see Serving).
+	recovered atomic.Bool
 }
 
 type systemClock struct{}
@@ -378,10 +382,27 @@ func (r *Registry) warn(pool *vmipamv1.IPPool, reason, msg string) {
 	}
 }
 
-// Ready reports an error until this replica holds its Lease and every
-// IPPool in the cluster has a recovered allocator at its current
-// generation.
-func (r *Registry) Ready(ctx context.Context) error {
+// Serving is this replica's readiness: it holds its Lease, renewed in
+// time, and every IPPool has been recovered once since it started (or
+// since it last lost its Lease). A pool created or changed later does not
+// make it unready: every replica recovers that pool at about the same
+// moment, and a readiness tied to it would take every replica out of the
+// Service at once, failing every VM create for a moment, where an
+// admission for the new pool alone answers "retry" meanwhile.
+func (r *Registry) Serving(ctx context.Context) error {
+	if r.recovered.Load() {
+		return r.leaseReady()
+	}
+	if err := r.Ready(ctx); err != nil {
+		return err
+	}
+	r.recovered.Store(true)
+	return nil
+}
+
+// leaseReady reports an error unless this replica holds its Lease,
+// renewed in time.
+func (r *Registry) leaseReady() error {
 	select {
 	case <-r.leased:
 	default:
@@ -392,6 +413,16 @@ func (r *Registry) Ready(ctx context.Context) error {
 	}
 	if !r.lease.valid() {
 		return errors.New("the holder lease has not been renewed in time")
+	}
+	return nil
+}
+
+// Ready reports an error until this replica holds its Lease and every
+// IPPool in the cluster has a recovered allocator at its current
+// generation.
+func (r *Registry) Ready(ctx context.Context) error {
+	if err := r.leaseReady(); err != nil {
+		return err
 	}
 	var list vmipamv1.IPPoolList
 	if err := r.opts.Client.List(ctx, &list); err != nil {

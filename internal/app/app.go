@@ -141,7 +141,7 @@ func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
 			return nil, fmt.Errorf("add readyz check: %w", err)
 		}
 	}
-	if err := mgr.AddReadyzCheck("pools", func(req *http.Request) error { return reg.Ready(req.Context()) }); err != nil {
+	if err := mgr.AddReadyzCheck("pools", func(req *http.Request) error { return reg.Serving(req.Context()) }); err != nil {
 		return nil, fmt.Errorf("add readyz check: %w", err)
 	}
 	return reg, nil
