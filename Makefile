@@ -30,7 +30,10 @@ build: ## Build every package.
 .PHONY: test
 test: ## Unit, property, fuzz-seed and envtest integration tests under -race.
 	$(GO) vet ./...
-	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" $(GO) test -race -count=1 -timeout 15m ./...
+	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" $(GO) test -race -count=1 -timeout 15m $$($(GO) list ./... | grep -v -e /test/chaos -e /test/replicas)
+	@# The suites that run several vmipam processes each, one after the other
+	@# (-p 1), after the rest: side by side on 2 cores they measure the machine.
+	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" $(GO) test -race -count=1 -p 1 -timeout 15m ./test/replicas/ ./test/chaos/
 
 .PHONY: test-unit
 test-unit: ## Unit, property and fuzz-seed tests, no control plane: go test -short under -race.

@@ -11,11 +11,14 @@ import (
 // its request; the caller's context (an admission's deadline) may end the
 // wait sooner. Under load, with several holders writing one block, an
 // answer can take over a second.
-const grantWait = 3 * time.Second
+const grantWait = 2500 * time.Millisecond
 
 // answerMargin is how long before its context's deadline a waiting holder
-// stops waiting, so that the admission still answers in time.
-const answerMargin = 500 * time.Millisecond
+// stops waiting (for a grant, or to try a conflicting write again), so that
+// the admission still answers in time: the API server's deadline also
+// covers the request's queueing and transfer, and an answer after it is
+// lost while its reservation stays pending.
+const answerMargin = 1500 * time.Millisecond
 
 // grantPoll is how often a waiting holder reads the block for the answer.
 const grantPoll = 25 * time.Millisecond

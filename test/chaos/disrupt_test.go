@@ -32,7 +32,7 @@ import (
 // short drain for the rolling restarts.
 // CHAOS_VMIPAM_FLAGS adds flags (space-separated; --zap-log-level=debug
 // logs every bind and release).
-var vmipamFlags = append([]string{"--resync-interval=5s", "--lease-duration=6s", "--lease-renew-deadline=4s", "--lease-retry-period=1s", "--shutdown-drain=2s"},
+var vmipamFlags = append([]string{"--resync-interval=5s", "--lease-duration=10s", "--lease-renew-deadline=7s", "--lease-retry-period=2s", "--shutdown-drain=2s"},
 	strings.Fields(os.Getenv("CHAOS_VMIPAM_FLAGS"))...)
 
 // supervisor owns the vmipam processes: the chaos kills and restarts them,

@@ -1,0 +1,269 @@
+package replicas
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/ipam"
+	"github.com/vmipam/vmipam/kubestore"
+)
+
+// liveState is the test namespace's VirtualMachines as the API server
+// lists them, checked against each other.
+type liveState struct {
+	vms []vmipamv1.VirtualMachine
+	// byAddr maps each address to the VM holding it.
+	byAddr map[netip.Addr]string
+	// dups: two VMs (terminating ones included) on one address; noAddr:
+	// a VM without exactly one address of the pool; unstamped: a VM
+	// lacking the pool and token annotations or the finalizer.
+	dups, noAddr, unstamped []string
+}
+
+// live lists the namespace's VMs of pool (spec.ipPool) and checks their
+// addresses.
+func (s *suite) live(ctx context.Context, pool string, prefix netip.Prefix) (liveState, error) {
+	var l vmipamv1.VirtualMachineList
+	if err := s.c.List(ctx, &l, client.InNamespace(s.ns)); err != nil {
+		return liveState{}, fmt.Errorf("list VirtualMachines: %w", err)
+	}
+	st := liveState{byAddr: map[netip.Addr]string{}}
+	for i := range l.Items {
+		if l.Items[i].Spec.IPPool == pool {
+			st.vms = append(st.vms, l.Items[i])
+		}
+	}
+	for i := range st.vms {
+		vm := &st.vms[i]
+		if len(vm.Spec.Addresses) != 1 {
+			st.noAddr = append(st.noAddr, fmt.Sprintf("%s has addresses %v", vm.Name, vm.Spec.Addresses))
+			continue
+		}
+		a, err := netip.ParseAddr(vm.Spec.Addresses[0])
+		if err != nil || !prefix.Contains(a) {
+			st.noAddr = append(st.noAddr, fmt.Sprintf("%s has %q, not an address of %s", vm.Name, vm.Spec.Addresses[0], prefix))
+			continue
+		}
+		if other, dup := st.byAddr[a]; dup {
+			st.dups = append(st.dups, fmt.Sprintf("%s on %s and %s%s", a, other, vm.Name, terminating(vm)))
+		}
+		st.byAddr[a] = vm.Name
+		if vm.Annotations[vmipamv1.PoolAnnotation] != pool || vm.Annotations[vmipamv1.TokenAnnotation] == "" || !slices.Contains(vm.Finalizers, vmipamv1.Finalizer) {
+			st.unstamped = append(st.unstamped, fmt.Sprintf("%s: annotations %v, finalizers %v", vm.Name, vm.Annotations, vm.Finalizers))
+		}
+	}
+	sort.Strings(st.dups)
+	return st, nil
+}
+
+func terminating(vm *vmipamv1.VirtualMachine) string {
+	if vm.DeletionTimestamp != nil {
+		return " (terminating)"
+	}
+	return ""
+}
+
+// checkLive fails the test on duplicates, VMs without an address and
+// unstamped VMs; it returns the state.
+func (s *suite) checkLive(when, pool string, prefix netip.Prefix) liveState {
+	s.t.Helper()
+	st, err := s.live(s.ctx, pool, prefix)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if len(st.dups) > 0 {
+		s.t.Errorf("DUPLICATES %s: %d addresses on two VMs:\n%s", when, len(st.dups), summarize(st.dups, 20))
+	}
+	if len(st.noAddr) > 0 {
+		s.t.Errorf("VMs WITHOUT AN ADDRESS %s: %d:\n%s", when, len(st.noAddr), summarize(st.noAddr, 20))
+	}
+	if len(st.unstamped) > 0 {
+		s.t.Errorf("UNSTAMPED VMs %s: %d:\n%s", when, len(st.unstamped), summarize(st.unstamped, 20))
+	}
+	return st
+}
+
+// blockState is a pool's IPBlocks, decoded.
+type blockState struct {
+	blocks []ipam.Block
+	// claimedBy maps each claimed address to its holder.
+	claimedBy map[netip.Addr]string
+	// byHolder counts claims, inUse, armed and requests per holder.
+	claims, inUse, armed map[string]int
+	requests             map[string]bool
+}
+
+// blocks reads and decodes the pool's IPBlocks.
+func (s *suite) blocks(ctx context.Context, pool string) (blockState, error) {
+	var l vmipamv1.IPBlockList
+	if err := s.c.List(ctx, &l, client.MatchingLabels{vmipamv1.PoolLabel: pool}); err != nil {
+		return blockState{}, fmt.Errorf("list IPBlocks of %s: %w", pool, err)
+	}
+	bs := blockState{claimedBy: map[netip.Addr]string{}, claims: map[string]int{}, inUse: map[string]int{}, armed: map[string]int{}, requests: map[string]bool{}}
+	for i := range l.Items {
+		obj := &l.Items[i]
+		b, err := kubestore.EncodedOf(obj).Decode(obj.ResourceVersion)
+		if err != nil {
+			return blockState{}, fmt.Errorf("IPBlock %s: %w", obj.Name, err)
+		}
+		bs.blocks = append(bs.blocks, b)
+		for h, bm := range b.Claims {
+			for off := range ipam.BlockSize {
+				if bm.Has(off) {
+					bs.claimedBy[addrAt(b.Prefix, off)] = h
+					bs.claims[h]++
+				}
+			}
+		}
+		for _, f := range []struct {
+			in  map[string]*ipam.Bitmap
+			out map[string]int
+		}{{b.InUse, bs.inUse}, {b.Armed, bs.armed}} {
+			for h, bm := range f.in {
+				for off := range ipam.BlockSize {
+					if bm.Has(off) {
+						f.out[h]++
+					}
+				}
+			}
+		}
+		for h := range b.Requests {
+			bs.requests[h] = true
+		}
+	}
+	return bs, nil
+}
+
+// names reports whether the blocks name holder anywhere, and where.
+func (bs blockState) names(holder string) []string {
+	var where []string
+	if n := bs.claims[holder]; n > 0 {
+		where = append(where, fmt.Sprintf("claims (%d addresses)", n))
+	}
+	if n := bs.inUse[holder]; n > 0 {
+		where = append(where, fmt.Sprintf("inUse (%d)", n))
+	}
+	if n := bs.armed[holder]; n > 0 {
+		where = append(where, fmt.Sprintf("armed (%d)", n))
+	}
+	if bs.requests[holder] {
+		where = append(where, "requests")
+	}
+	return where
+}
+
+// futureCooldowns lists the cooldown deadlines still ahead of now.
+func (bs blockState) futureCooldowns(now time.Time) []string {
+	var out []string
+	for _, b := range bs.blocks {
+		for a, until := range b.Cooldowns {
+			if until.After(now) {
+				out = append(out, fmt.Sprintf("%s until %s", a, until.Format(stamp)))
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// fillResult is what filling a pool found.
+type fillResult struct {
+	want, got int
+	took      time.Duration
+	// errs are refusals other than exhaustion; lastErr the last refusal.
+	errs    []string
+	lastErr error
+	// extraErr is the answer to one create more than want.
+	extraErr error
+}
+
+// fill creates want VMs, 16 at a time, each of which must get an address:
+// an exhausted refusal is retried three times 1.5s apart (the address may
+// be in another replica's free list, on its way over), other refusals
+// once a second for 5s. Then one more create must be refused as
+// exhausted.
+func (s *suite) fill(pool, prefix string, want int, led *ledger) fillResult {
+	r := fillResult{want: want}
+	began := time.Now()
+	var mu sync.Mutex
+	next, stop := 0, false
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			for {
+				mu.Lock()
+				if next >= want || stop {
+					mu.Unlock()
+					return
+				}
+				i := next
+				next++
+				mu.Unlock()
+				name := fmt.Sprintf("%s-%04d", prefix, i)
+				exhausted, other := 0, 0
+				for {
+					rec := &vmRecord{name: name, sent: time.Now()}
+					vm, err := s.create(s.ctx, name, pool)
+					if err == nil {
+						rec.resp = time.Now()
+						if led != nil {
+							led.created(rec, vm)
+						}
+						mu.Lock()
+						r.got++
+						mu.Unlock()
+						break
+					}
+					mu.Lock()
+					r.lastErr = err
+					if isExhausted(err) {
+						exhausted++
+					} else {
+						other++
+						r.errs = append(r.errs, err.Error())
+					}
+					if exhausted > 3 || other > 5 || s.ctx.Err() != nil {
+						stop = true
+						mu.Unlock()
+						return
+					}
+					mu.Unlock()
+					if isExhausted(err) {
+						sleep(s.ctx, 1500*time.Millisecond)
+					} else {
+						sleep(s.ctx, time.Second)
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	r.took = time.Since(began)
+	if _, err := s.create(s.ctx, prefix+"-one-too-many", pool); err != nil {
+		r.extraErr = err
+	} else {
+		r.extraErr = fmt.Errorf("%s-one-too-many was created in a full pool", prefix)
+	}
+	return r
+}
+
+// usableOf counts the addresses vmipam hands out in an IPv4 CIDR: all but
+// the network and broadcast addresses.
+func usableOf(p netip.Prefix) int {
+	return 1<<(32-p.Bits()) - 2
+}
+
+// addrAt returns the address at offset off of an IPv4 prefix.
+func addrAt(p netip.Prefix, off int) netip.Addr {
+	b := p.Addr().As4()
+	v := (uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])) + uint32(off)
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}

@@ -1,0 +1,69 @@
+package replicas
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+)
+
+// TestLedger checks the ledger's rules without a control plane: a second
+// holder of an address whose first holder was never deleted is a
+// duplicate; one answered before the first holder's delete was issued plus
+// the cooldown is an early reuse; one created before the first holder was
+// seen gone plus the cooldown, less 2s, is a late-rule reuse; one after
+// both is fine.
+func TestLedger(t *testing.T) {
+	const cooldown = 10 * time.Second
+	t0 := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	vm := func(name, addr string, created time.Time) *vmipamv1.VirtualMachine {
+		return &vmipamv1.VirtualMachine{
+			ObjectMeta: metav1.ObjectMeta{Name: name, CreationTimestamp: metav1.NewTime(created)},
+			Spec:       vmipamv1.VirtualMachineSpec{Addresses: []string{addr}},
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		// deleted is when the first holder's delete was issued (zero:
+		// never), gone when it was seen gone; second is when the second
+		// holder's create was answered and its creationTimestamp.
+		deleted, gone, second time.Duration
+		want, wantLate        string
+	}{
+		{name: "never deleted", second: time.Second, want: "DUPLICATE"},
+		{name: "inside the cooldown", deleted: time.Second, gone: 2 * time.Second, second: 5 * time.Second, want: "EARLY REUSE", wantLate: "REUSE INSIDE"},
+		{name: "late rule only", deleted: time.Second, gone: 8 * time.Second, second: 12 * time.Second, wantLate: "REUSE INSIDE"},
+		{name: "after the cooldown", deleted: time.Second, gone: 2 * time.Second, second: 13 * time.Second},
+		{name: "outside the pool", second: time.Second, want: "BAD ADDRESS"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := newLedger(cooldown, netip.MustParsePrefix("10.0.0.0/24"))
+			first := &vmRecord{name: "first", sent: t0, resp: t0}
+			l.created(first, vm("first", "10.0.0.5", t0))
+			if tc.deleted > 0 {
+				first.deleteIssued = t0.Add(tc.deleted)
+			}
+			addr := "10.0.0.5"
+			if tc.want == "BAD ADDRESS" {
+				addr = "10.1.0.5"
+			}
+			at := t0.Add(tc.second)
+			l.created(&vmRecord{name: "second", sent: at, resp: at}, vm("second", addr, at))
+			got := strings.Join(l.problems(), "\n")
+			if tc.want == "" && got != "" || !strings.Contains(got, tc.want) {
+				t.Errorf("problems %q, want %q", got, tc.want)
+			}
+			goneAt := func(name string) (time.Time, bool) {
+				return t0.Add(tc.gone), name == "first" && tc.gone > 0
+			}
+			late, _, _ := l.lateReuse(goneAt)
+			if gotLate := strings.Join(late, "\n"); tc.wantLate == "" && gotLate != "" || !strings.Contains(gotLate, tc.wantLate) {
+				t.Errorf("late-rule violations %q, want %q", gotLate, tc.wantLate)
+			}
+		})
+	}
+}

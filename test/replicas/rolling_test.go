@@ -1,0 +1,240 @@
+package replicas
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/internal/app"
+	"github.com/vmipam/vmipam/test/harness"
+)
+
+// TestRollingRestart replaces the three replicas one at a time, as a
+// Deployment's rollout does (the new pod started and ready first, then the
+// old one SIGTERMed: it turns not ready, drains for --shutdown-drain,
+// seals its blocks and releases its Lease), while 16 clients create and
+// delete VirtualMachines without retrying. No create and no delete may
+// fail; no two live VMs may share an address; no address may be handed
+// out again before its previous holder's delete plus the cooldown; and
+// once everything is deleted and the cooldown has passed, nothing is
+// leaked: the old holders' Leases and claims are gone, the replicas hold
+// nothing but free addresses, and the pool can be filled to its last
+// address.
+func TestRollingRestart(t *testing.T) {
+	s := newSuite(t)
+	s.startReplicas(3)
+	const (
+		pool     = "rolling"
+		cooldown = 5 * time.Second
+		clients  = 16
+	)
+	pad := envDuration(t, "REPLICAS_STORM", 2*time.Second)
+	prefix, usable := s.createPool(poolSpec{name: pool, cidr: "10.50.0.0/22", cooldown: cooldown, pendingTTL: time.Minute})
+	old := s.rs.Live()
+
+	wc, err := client.NewWithWatch(s.cl.Config, client.Options{Scheme: app.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := newTracker(wc, s.ns)
+	var trDone sync.WaitGroup
+	trDone.Go(func() { tr.run(s.ctx) })
+	t.Cleanup(trDone.Wait) // the test's context ends it
+
+	led := newLedger(cooldown, prefix)
+	st := &storm{s: s, pool: pool, prefix: "roll", led: led, maxOwn: 8, deleteP: 0.4, think: 10 * time.Millisecond}
+	stormStart := time.Now()
+	stopStorm := st.start(clients)
+	sleep(s.ctx, pad)
+	rollStart := time.Now()
+	s.mark("rolling restart begins")
+	fresh, err := s.rs.RollingRestart(s.ctx, false, 30*time.Second)
+	rollEnd := time.Now()
+	s.mark("rolling restart over")
+	sleep(s.ctx, pad)
+	stopStorm()
+	stormEnd := time.Now()
+	if err != nil {
+		t.Fatalf("rolling restart: %v", err)
+	}
+	if len(fresh) != 3 || len(s.rs.Live()) != 3 {
+		// Go on with the survivors: what follows still holds for them.
+		t.Errorf("after the rolling restart: %d replacements, %d live; want 3 of each", len(fresh), len(s.rs.Live()))
+	}
+
+	creates, deletes, reuses := led.counts()
+	failedCreates, failedDeletes := led.failures("create"), led.failures("delete")
+	holders := make([]string, 0, len(fresh))
+	for _, rep := range fresh {
+		holders = append(holders, rep.Holder)
+	}
+	t.Logf("TestRollingRestart figures (times relative to the start of the rolling restart):\n"+
+		"  storm             %d clients, %s (%s before and after the restart)\n"+
+		"  rolling restart   %s, replacements %v\n"+
+		"  creates           %d ok, %d failed\n"+
+		"  deletes           %d ok, %d failed\n"+
+		"  addresses reused  %d",
+		clients, stormEnd.Sub(stormStart).Round(100*time.Millisecond), pad, rollEnd.Sub(rollStart).Round(100*time.Millisecond), holders,
+		creates, len(failedCreates), deletes, len(failedDeletes), reuses)
+	if len(failedCreates) > 0 {
+		t.Errorf("FAILED CREATES during the rolling restart: %d of %d:\n%s", len(failedCreates), creates+len(failedCreates),
+			strings.Join(failureLines(failedCreates, rollStart, 15), "\n"))
+	}
+	if len(failedDeletes) > 0 {
+		t.Errorf("FAILED DELETES during the rolling restart: %d of %d:\n%s", len(failedDeletes), deletes+len(failedDeletes),
+			strings.Join(failureLines(failedDeletes, rollStart, 15), "\n"))
+	}
+	problems := led.problems()
+	for _, p := range problems {
+		t.Errorf("%s", p)
+	}
+	if creates < 10*clients {
+		t.Errorf("only %d creates went through; the storm proves little", creates)
+	}
+	s.checkLive("after the rolling restart", pool, prefix)
+
+	// Everything goes; then the cooldown passes.
+	s.deleteAll(led, 60*time.Second)
+	drained := time.Now()
+	sleep(s.ctx, time.Second) // the watch's last DELETED events
+	late, checked, unchecked := led.lateReuse(tr.goneAt)
+	t.Logf("reuses checked against the observed end of the previous holder's deletion: %d (%d without an observed end)", checked, unchecked)
+	for _, v := range late {
+		t.Errorf("%s", v)
+	}
+
+	for _, rep := range old {
+		if seen := s.waitLeaseGone(rep.Holder, 30*time.Second); !seen.ok {
+			t.Errorf("the Lease of the replaced holder %s is still there 30s after the drain: nobody took it over", rep.Holder)
+		}
+	}
+	sleep(s.ctx, time.Until(drained.Add(cooldown+2*time.Second)))
+	s.checkNoLeak(pool, usable, fresh)
+
+	// Actively: every address can be had again, and then no more.
+	fill := s.fill(pool, "fill", usable, led)
+	t.Logf("filled the pool: %d of %d addresses in %s", fill.got, fill.want, fill.took.Round(10*time.Millisecond))
+	if fill.got < fill.want {
+		t.Errorf("LEAK: only %d of the %d usable addresses could be had once everything was deleted and the cooldown had passed "+
+			"(see above for a replica that crashed, lost its pool or still rests addresses); last refusal: %v; other refusals:\n%s",
+			fill.got, fill.want, fill.lastErr, summarize(fill.errs, 5))
+	} else if len(fill.errs) > 0 {
+		t.Logf("refusals while filling (retried): %d, e.g. %s", len(fill.errs), fill.errs[0])
+	}
+	if fill.got == fill.want && !isExhausted(fill.extraErr) {
+		t.Errorf("a create in the full pool: %v; want a denial saying the pool is exhausted", fill.extraErr)
+	}
+	for _, p := range led.problems()[len(problems):] {
+		t.Errorf("while filling: %s", p)
+	}
+	s.checkLive("after filling the pool", pool, prefix)
+	s.checkAlive("by the end of the test", fresh...)
+	s.checkRenewals("during the test", append(old, fresh...)...)
+}
+
+// deleteAll deletes every VirtualMachine of the namespace, noting it in
+// led, and waits until their deletions completed (vmipam released every
+// address and removed its finalizer).
+func (s *suite) deleteAll(led *ledger, timeout time.Duration) {
+	s.t.Helper()
+	var l vmipamv1.VirtualMachineList
+	if err := s.c.List(s.ctx, &l, client.InNamespace(s.ns)); err != nil {
+		s.t.Fatal(err)
+	}
+	work := make(chan string)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var errs []string
+	for range 16 {
+		wg.Go(func() {
+			for name := range work {
+				led.deleteIssuedFor(name)
+				err := s.c.Delete(s.ctx, &vmipamv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: s.ns, Name: name}})
+				if err != nil && !apierrors.IsNotFound(err) {
+					mu.Lock()
+					errs = append(errs, err.Error())
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	for _, vm := range l.Items {
+		work <- vm.Name
+	}
+	close(work)
+	wg.Wait()
+	if len(errs) > 0 {
+		s.t.Errorf("deleting every VM: %d deletes failed:\n%s", len(errs), summarize(errs, 5))
+	}
+	harness.Eventually(s.t, timeout, "every deletion to complete", func() error {
+		var l vmipamv1.VirtualMachineList
+		if err := s.c.List(s.ctx, &l, client.InNamespace(s.ns)); err != nil {
+			return err
+		}
+		if len(l.Items) > 0 {
+			vm := l.Items[0]
+			return fmt.Errorf("%d VMs left, e.g. %s (deleting since %v, finalizers %v)", len(l.Items), vm.Name, vm.DeletionTimestamp, vm.Finalizers)
+		}
+		return nil
+	})
+}
+
+// checkNoLeak checks, with nothing on the pool any more and the cooldown
+// passed, that the IPBlocks are claimed by live holders only with no
+// cooldown ahead, and that the live replicas hold nothing but free
+// addresses, as many as the blocks say they claim.
+func (s *suite) checkNoLeak(pool string, usable int, live []*harness.Replica) {
+	s.t.Helper()
+	isLive := map[string]bool{}
+	for _, rep := range live {
+		isLive[rep.Holder] = true
+	}
+	var g map[string]float64
+	var bs blockState
+	err := harness.Poll(s.ctx, 500*time.Millisecond, 20*time.Second, func() error {
+		var err error
+		if bs, err = s.blocks(s.ctx, pool); err != nil {
+			return err
+		}
+		if g, err = s.sumGauges(pool); err != nil {
+			return err
+		}
+		var problems []string
+		for h, n := range bs.claims {
+			if !isLive[h] {
+				problems = append(problems, fmt.Sprintf("holder %s, not a live replica, still claims %d addresses", h, n))
+			}
+		}
+		if fc := bs.futureCooldowns(time.Now()); len(fc) > 0 {
+			problems = append(problems, fmt.Sprintf("%d cooldowns still ahead, e.g. %s", len(fc), fc[0]))
+		}
+		if g["allocated"] != 0 || g["pending"] != 0 || g["cooldown"] != 0 {
+			problems = append(problems, fmt.Sprintf("the replicas still count %v allocated, %v pending, %v cooling down", g["allocated"], g["pending"], g["cooldown"]))
+		}
+		if int(g["claimed"]) != len(bs.claimedBy) {
+			problems = append(problems, fmt.Sprintf("the replicas claim %v addresses, the IPBlocks %d", g["claimed"], len(bs.claimedBy)))
+		}
+		if len(problems) > 0 {
+			return errors.New(strings.Join(problems, "; "))
+		}
+		return nil
+	})
+	s.t.Logf("at rest: the IPBlocks claim %d of %d addresses (%v by holder), the live replicas count %v free; %d unclaimed",
+		len(bs.claimedBy), usable, bs.claims, g["free"], usable-len(bs.claimedBy))
+	if err != nil {
+		s.t.Errorf("LEAK at rest, with every VM deleted and the cooldown passed: %v", err)
+	}
+	var p vmipamv1.IPPool
+	if err := s.c.Get(s.ctx, client.ObjectKey{Name: pool}, &p); err == nil {
+		s.t.Logf("IPPool status at rest: usable %d allocated %d pending %d free %d cooldown %d",
+			p.Status.Usable, p.Status.Allocated, p.Status.Pending, p.Status.Free, p.Status.Cooldown)
+	}
+}
