@@ -94,6 +94,11 @@ func (r *Registry) keepLease(ctx context.Context) {
 				delete(r.takingOver, p.holder)
 				r.mu.Unlock()
 			}()
+			// One takeover at a time: each stages its writes from the
+			// blocks it listed, and a second one under way would find
+			// the first's claims in them and take this holder for lost.
+			r.takeoverMu.Lock()
+			defer r.takeoverMu.Unlock()
 			r.takeover(ctx, p)
 		}()
 	}

@@ -109,6 +109,7 @@ type Registry struct {
 	// taking over.
 	takingOver map[string]bool
 	tasks      sync.WaitGroup
+	takeoverMu sync.Mutex
 	// recovered: every pool was recovered once since the start or the
 	// last loss of the Lease (see Serving).
 	recovered atomic.Bool
