@@ -618,17 +618,22 @@ func (r *replicaLogs) since(i int, marker string, n int) []string {
 	return out
 }
 
-// checkCrashes fails the test for every replica that panicked or stopped
-// on an error, with the lines that say where.
-func (r *replicaLogs) checkCrashes(t *testing.T) {
+// indexes returns the replicas that have logs, in order.
+func (r *replicaLogs) indexes() []int {
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	idx := make([]int, 0, len(r.bufs))
 	for i := range r.bufs {
 		idx = append(idx, i)
 	}
-	r.mu.Unlock()
 	slices.Sort(idx)
-	for _, i := range idx {
+	return idx
+}
+
+// checkCrashes fails the test for every replica that panicked or stopped
+// on an error, with the lines that say where.
+func (r *replicaLogs) checkCrashes(t *testing.T) {
+	for _, i := range r.indexes() {
 		text := r.get(i).String()
 		if at := strings.Index(text, "panic:"); at >= 0 {
 			t.Errorf("REPLICA %d CRASHED: vmipam panicked:\n%s", i, strings.Join(head(text[at:], 16), "\n"))
@@ -653,14 +658,7 @@ func (r *replicaLogs) save(t *testing.T, dir string) {
 
 // dump prints each replica's error lines and the tail of its log.
 func (r *replicaLogs) dump(t *testing.T) {
-	r.mu.Lock()
-	idx := make([]int, 0, len(r.bufs))
-	for i := range r.bufs {
-		idx = append(idx, i)
-	}
-	r.mu.Unlock()
-	slices.Sort(idx)
-	for _, i := range idx {
+	for _, i := range r.indexes() {
 		text := r.get(i).String()
 		t.Logf("replica %d: error lines:\n%s", i, strings.Join(grep(text, 30, `"level":"error"`, "panic", "=== replicas"), "\n"))
 		t.Logf("replica %d: log tail:\n%s", i, strings.Join(tail(text, 40), "\n"))
