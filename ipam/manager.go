@@ -174,6 +174,9 @@ type entry struct {
 	// there, without knowing which machine holds it: it cools down until
 	// a resync with the live machines settles it (see materializeLocked).
 	orphan bool
+	// released is the UID of the machine whose release began a cooldown,
+	// so that its release retried restarts the cooldown (see Release).
+	released string
 	// changed is the Manager's sequence number at the entry's last change
 	// of owner or state, so Resync can tell changes newer than its list.
 	changed    uint64
@@ -198,6 +201,9 @@ type blockState struct {
 	// requested: another holder may ask for addresses here; the next
 	// rebalance reads the block and answers.
 	requested bool
+	// recordedAt is the Manager's record count when persisted was set
+	// (see overtakenLocked).
+	recordedAt uint64
 }
 
 func (b *blockState) dirty() bool { return b.gen != b.written }
@@ -253,6 +259,10 @@ type Manager struct {
 	// out; free the others, until they are armed.
 	readyList, free, pending, cooldown, surplus list
 	blocks                                      map[netip.Prefix]*blockState
+	// recorded counts the versions of blocks recorded as persisted;
+	// forgotAt is its value when a block was last forgotten. Neither is
+	// ever reset (see overtakenLocked).
+	recorded, forgotAt uint64
 	// returning counts entries being given back or handed over; elsewhere
 	// sums the blocks' elsewhere; pendingNS counts pending reservations per
 	// namespace. All are kept as the state changes, so that counting and
@@ -745,8 +755,11 @@ func (m *Manager) Bind(o Owner) (netip.Addr, error) {
 
 // Release puts an address into cooldown. The owner must match: the UID of
 // the virtual machine it is allocated to, or the token of a pending
-// reservation. Releasing an address that is free, cooling down or not held
-// is a no-op, so a retried release is harmless. A Manager not recovered
+// reservation. Releasing an address that is free or not held is a no-op,
+// so a retried release is harmless. Releasing again, for the same machine,
+// an address its release put into cooldown starts the cooldown again from
+// now: the machine is still there (its finalizer was not removed yet), and
+// the cooldown must end no earlier than that long after it goes. A Manager not recovered
 // yet, closed or fenced refuses with ErrNotReady: nobody would persist it.
 // Bind and Adopt refuse the same way, so that nothing changes a closed
 // Manager and a late Flush of it writes nothing stale.
@@ -761,6 +774,15 @@ func (m *Manager) Release(addr netip.Addr, owner Owner) error {
 	}
 	m.advance(now)
 	e := m.entries[addr]
+	if e != nil && e.state == StateCooldown && owner.UID != "" && e.released == owner.UID {
+		if until := now.Add(m.cfg.Cooldown); until.After(e.at) {
+			m.cooldown.remove(e)
+			e.at = until
+			m.cooldown.insertByAt(e)
+			m.markDirty(e.addr)
+		}
+		return nil
+	}
 	if e == nil || (e.state != StatePending && e.state != StateAllocated) {
 		if e != nil && owner.Token != "" {
 			// The machine of a lapsed reservation was stored after all:
@@ -994,6 +1016,7 @@ func (m *Manager) toCooldown(e *entry, now time.Time) {
 	}
 	e.state = StateCooldown
 	e.armed, e.arming = false, false
+	e.released = e.owner.UID
 	e.owner = Owner{}
 	e.at = now.Add(m.cfg.Cooldown)
 	m.cooldown.insertByAt(e)

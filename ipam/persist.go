@@ -206,22 +206,37 @@ func (m *Manager) durableLocked(e *entry) bool {
 	return ok && e.state == StateCooldown && !d.Before(e.at.Truncate(time.Second))
 }
 
+// releaseSlack is how long making a release durable may take before its
+// cooldown starts again (see ReleaseDurable).
+const releaseSlack = 500 * time.Millisecond
+
 // ReleaseDurable releases addr as Release does and returns once the release
 // survives a crash, so that the machine that held addr may go. Usually it
-// already does (see Durable) and this costs no write: the release waits for
-// the next batched flush. An address adopted since the last write, or one
-// whose block a give-back is rewriting, is flushed first.
+// already does (see Durable) and this costs no write. An address adopted
+// since the last write, or one whose block a give-back is rewriting, is
+// flushed first; should that flush take longer than releaseSlack (writes
+// contended, the store slow), the cooldown starts again once it is done,
+// and is flushed again, so that it still ends a whole cooldown after the
+// machine can go.
 func (m *Manager) ReleaseDurable(ctx context.Context, addr netip.Addr, owner Owner) error {
 	if err := m.Release(addr, owner); err != nil {
 		return err
 	}
-	if !m.Holds(addr) || m.Durable(addr) {
-		return nil
+	for restarts := 0; ; restarts++ {
+		if !m.Holds(addr) || m.Durable(addr) {
+			return nil
+		}
+		start := m.clock.Now()
+		if err := m.Flush(ctx); err != nil {
+			return fmt.Errorf("persist release of %s in pool %q: %w", Canonical(addr), m.cfg.Pool, err)
+		}
+		if restarts == 2 || m.clock.Now().Sub(start) < releaseSlack {
+			return nil
+		}
+		if err := m.Release(addr, owner); err != nil {
+			return err
+		}
 	}
-	if err := m.Flush(ctx); err != nil {
-		return fmt.Errorf("persist release of %s in pool %q: %w", Canonical(addr), m.cfg.Pool, err)
-	}
-	return nil
 }
 
 // claim fills the free list up to target with never-claimed addresses in
@@ -604,6 +619,9 @@ func (m *Manager) pickLocked(want int) (p netip.Prefix, picks []netip.Addr, next
 // load reads a block from the store into the cache. Local changes not yet
 // written stay marked by the block's generation.
 func (m *Manager) load(ctx context.Context, p netip.Prefix) error {
+	m.mu.Lock()
+	since := m.recorded
+	m.mu.Unlock()
 	b, err := m.cfg.Store.Get(ctx, p)
 	if err != nil {
 		return fmt.Errorf("read block %s of pool %q: %w", p, m.cfg.Pool, err)
@@ -613,6 +631,11 @@ func (m *Manager) load(ctx context.Context, p netip.Prefix) error {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.overtakenLocked(p, since) {
+		// The Manager recorded a version of the block while this read was
+		// on its way, which this read may predate: keep that one.
+		return nil
+	}
 	bs := m.blockFor(p.Addr())
 	m.setPersistedLocked(bs, b)
 	bs.loaded = true
@@ -699,6 +722,8 @@ func (m *Manager) setPersistedLocked(bs *blockState, b Block) {
 	m.elsewhere += n - bs.elsewhere
 	m.othersFree += free - bs.othersFree
 	bs.persisted, bs.elsewhere, bs.othersFree = b, n, free
+	m.recorded++
+	bs.recordedAt = m.recorded
 	for h := range b.Requests {
 		if h != m.cfg.Holder && bs.ours > 0 {
 			bs.requested = true
@@ -713,7 +738,22 @@ func (m *Manager) forgetIfIdleLocked(p netip.Prefix, bs *blockState) {
 	if bs.ours == 0 && !bs.dirty() && !bs.returning && bs.loaded && bs.persisted.Version == "" &&
 		len(bs.persisted.Claims) == 0 && len(bs.persisted.Cooldowns) == 0 && m.blocks[p] == bs {
 		delete(m.blocks, p)
+		m.forgotAt = m.recorded
 	}
+}
+
+// overtakenLocked reports whether the Manager recorded a version of block
+// p (or forgot a block) after its record count was since: then a read of
+// p that started at since may show an older version than the Manager
+// holds, one from before its own last write, and must not replace it.
+// Versions of one block cannot be ordered otherwise (resourceVersions are
+// opaque); a read that started after the Manager's last record of a block
+// shows that record or a later version, since reads go to the store.
+func (m *Manager) overtakenLocked(p netip.Prefix, since uint64) bool {
+	if bs := m.blocks[p]; bs != nil && bs.recordedAt > since {
+		return true
+	}
+	return m.forgotAt > since
 }
 
 // writeBlock writes block p as this Manager's state makes it, changed as
@@ -735,7 +775,17 @@ func (m *Manager) writeBlock(ctx context.Context, p netip.Prefix, plan writePlan
 		m.mu.Unlock()
 		return fmt.Errorf("write block %s of pool %q: %w", p, m.cfg.Pool, ErrNotReady)
 	}
+	if bs == nil || !bs.loaded {
+		// Forgotten, or read again meanwhile by a read that writes had
+		// overtaken: read it again before the next attempt.
+		m.mu.Unlock()
+		return fmt.Errorf("block %s of pool %q changed while it was read: %w", p, m.cfg.Pool, ErrStoreConflict)
+	}
 	nb, err := m.buildLocked(bs, plan)
+	if errors.Is(err, ErrStoreConflict) {
+		m.mu.Unlock()
+		return fmt.Errorf("write block %s of pool %q: %w", p, m.cfg.Pool, err)
+	}
 	if err != nil {
 		m.lost = true
 		m.mu.Unlock()
@@ -868,6 +918,11 @@ func (m *Manager) buildLocked(bs *blockState, plan writePlan) (Block, error) {
 			add(e)
 		}
 	}
+	// What this holder holds was its own in a version of the block it
+	// wrote or read; another holder on it means a takeover. What it is
+	// about to claim or adopt was picked from a version the store may have
+	// moved on from: another holder on it means the pick was stale.
+	held := *ours
 	for _, e := range plan.adopt {
 		add(e)
 	}
@@ -879,9 +934,13 @@ func (m *Manager) buildLocked(bs *blockState, plan writePlan) (Block, error) {
 	}
 	for w := range ours {
 		for h, bm := range nb.Claims {
-			if h != self && bm[w]&ours[w] != 0 {
+			if h == self || bm[w]&ours[w] == 0 {
+				continue
+			}
+			if bm[w]&held[w] != 0 {
 				return Block{}, fmt.Errorf("holder %q claims addresses this holder holds: %w", h, ErrClaimLost)
 			}
+			return Block{}, fmt.Errorf("holder %q claimed addresses this holder was about to claim: %w", h, ErrStoreConflict)
 		}
 	}
 	for h, addrs := range plan.give {

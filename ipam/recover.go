@@ -235,6 +235,9 @@ func (m *Manager) Takeover(ctx context.Context, from string, live []Holding) (Ta
 	if from == m.cfg.Holder {
 		return rep, fmt.Errorf("take over pool %q: holder %q cannot take over itself; recover instead", m.cfg.Pool, from)
 	}
+	m.mu.Lock()
+	since := m.recorded
+	m.mu.Unlock()
 	blocks, err := m.cfg.Store.List(ctx)
 	if err != nil {
 		return rep, fmt.Errorf("take over holder %q in pool %q: list blocks: %w", from, m.cfg.Pool, err)
@@ -255,15 +258,30 @@ func (m *Manager) Takeover(ctx context.Context, from string, live []Holding) (Ta
 			m.mu.Unlock()
 			return rep, fmt.Errorf("take over holder %q in pool %q: %w", from, m.cfg.Pool, err)
 		}
-		bs := m.blockFor(p.Addr())
-		m.setPersistedLocked(bs, b)
-		bs.loaded = true
+		if !m.overtakenLocked(p, since) {
+			// Else this Manager wrote the block, or read it, since the
+			// list: what it holds is newer, and the list may predate its
+			// own last write.
+			bs := m.blockFor(p.Addr())
+			m.setPersistedLocked(bs, b)
+			bs.loaded = true
+		}
 		m.mu.Unlock()
 		var moved TakeoverReport
 		var staged []*entry
 		err := m.retry(ctx, func() error {
 			m.mu.Lock()
-			staged, moved = m.stageTakeoverLocked(m.blocks[p], from, owners)
+			bs := m.blocks[p]
+			if bs == nil || !bs.loaded {
+				// Staged from an empty block, the write would drop the
+				// claims it takes over: read the block first.
+				m.mu.Unlock()
+				if err := m.load(ctx, p); err != nil {
+					return err
+				}
+				return fmt.Errorf("block %s of pool %q was not read yet: %w", p, m.cfg.Pool, ErrStoreConflict)
+			}
+			staged, moved = m.stageTakeoverLocked(bs, from, owners)
 			m.mu.Unlock()
 			return m.writeBlock(ctx, p, writePlan{takeFrom: from, adopt: staged})
 		})

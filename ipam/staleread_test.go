@@ -1,0 +1,162 @@
+package ipam
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+)
+
+// slowReadStore answers a read with what the store held when the read
+// arrived, but only once the test lets it go: a read overtaken by writes,
+// as a Get or List to the API server can be by the Manager's own writes
+// through another goroutine.
+type slowReadStore struct {
+	*MemoryStore
+	mu sync.Mutex
+	// hold, when set, holds the next Get or List; read is closed once it
+	// has taken its snapshot.
+	hold, read chan struct{}
+}
+
+// holdNext makes the next read wait until the returned release is called,
+// and returns a channel closed once that read has taken its snapshot.
+func (s *slowReadStore) holdNext() (read <-chan struct{}, release func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	hold := make(chan struct{})
+	s.hold, s.read = hold, make(chan struct{})
+	return s.read, sync.OnceFunc(func() { close(hold) })
+}
+
+func (s *slowReadStore) take() (hold, read chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	hold, read = s.hold, s.read
+	s.hold, s.read = nil, nil
+	return hold, read
+}
+
+func (s *slowReadStore) Get(ctx context.Context, p netip.Prefix) (Block, error) {
+	hold, read := s.take()
+	b, err := s.MemoryStore.Get(ctx, p)
+	if hold != nil {
+		close(read)
+		<-hold
+	}
+	return b, err
+}
+
+func (s *slowReadStore) List(ctx context.Context) ([]Block, error) {
+	hold, read := s.take()
+	bs, err := s.MemoryStore.List(ctx)
+	if hold != nil {
+		close(read)
+		<-hold
+	}
+	return bs, err
+}
+
+// TestReadOvertakenByWrites: a read that this Manager's own writes
+// overtook shows an older block than the Manager holds. Taking it for the
+// store's state made the Manager see another holder on an address handed
+// to it since, and stop serving as if its claims had been taken over
+// (ErrClaimLost); with several replicas sharing a block under load, that
+// failed every create on the replica for seconds at a time.
+func TestReadOvertakenByWrites(t *testing.T) {
+	ctx := context.Background()
+	p := netip.MustParsePrefix("10.0.0.0/20")
+	x := addr("10.0.0.9")
+	for _, tt := range []struct {
+		name string
+		// read starts the read that is overtaken, on m, and returns once
+		// it is done.
+		read func(m *Manager) error
+	}{
+		{"get", func(m *Manager) error { return m.load(ctx, p) }},
+		{"takeover list", func(m *Manager) error {
+			_, err := m.Takeover(ctx, "gone", nil)
+			return err
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			clk := newFakeClock()
+			st := &slowReadStore{MemoryStore: NewMemoryStore()}
+			cfg := Config{
+				Pool: "p", Ranges: mustRanges(t, RangeSpec{CIDR: "10.0.0.0/24"}),
+				Cooldown: time.Minute, PendingTTL: 30 * time.Second,
+				LowWatermark: 1, TargetFree: 2, HighWatermark: 200,
+				Store: st, Clock: clk,
+			}
+			newManager := func(holder string) *Manager {
+				c := cfg
+				c.Holder = holder
+				m, err := NewManager(c)
+				if err != nil {
+					t.Fatal(err)
+				}
+				m.SetPeers([]string{"h1", "h2", "gone"})
+				if _, err := m.Recover(ctx, nil); err != nil {
+					t.Fatal(err)
+				}
+				return m
+			}
+			// h2 claims x, and a holder that left claims another address,
+			// for the takeover to find.
+			h2 := newManager("h2")
+			if err := h2.claimAddr(ctx, x); err != nil {
+				t.Fatal(err)
+			}
+			b, _ := st.MemoryStore.Get(ctx, p)
+			b.Claims["gone"] = new(Bitmap)
+			b.Claims["gone"].Set(blockOffset(addr("10.0.0.200")))
+			if _, err := st.MemoryStore.Put(ctx, b); err != nil {
+				t.Fatal(err)
+			}
+			h1 := newManager("h1")
+
+			// The read takes its snapshot (h2 claims x) and is held.
+			read, release := st.holdNext()
+			defer release()
+			done := make(chan error, 1)
+			go func() { done <- tt.read(h1) }()
+			<-read
+			// Meanwhile h2 gives x back and h1 claims it.
+			if err := h2.giveBack(ctx, func() []*entry { return []*entry{h2.entries[x]} }); err != nil {
+				t.Fatal(err)
+			}
+			if err := h1.load(ctx, p); err != nil {
+				t.Fatal(err)
+			}
+			if err := h1.claimAddr(ctx, x); err != nil {
+				t.Fatalf("h1 claims %s: %v", x, err)
+			}
+			if st, _, _ := h1.Lookup(x); st != StateFree {
+				t.Fatalf("%s is %v on h1 after its claim, want free", x, st)
+			}
+			release()
+			if err := <-done; err != nil {
+				t.Fatalf("the overtaken read: %v", err)
+			}
+			// h1 goes on writing the block, and serving.
+			y := addr("10.0.0.10")
+			if err := h1.claimAddr(ctx, y); err != nil {
+				if errors.Is(err, ErrClaimLost) {
+					t.Fatalf("h1 took an overtaken read for a takeover of its claims: %v", err)
+				}
+				t.Fatalf("h1 claims %s: %v", y, err)
+			}
+			if err := h1.Reserve(ctx, Reservation{Token: "tok"}, x); err != nil {
+				t.Fatalf("reserve %s on h1: %v", x, err)
+			}
+			got, _ := st.MemoryStore.Get(ctx, p)
+			for _, a := range []netip.Addr{x, y} {
+				if h, _ := got.holderOf(blockOffset(a)); h != "h1" {
+					t.Errorf("the store shows %s held by %q, want h1", a, h)
+				}
+			}
+		})
+	}
+}
