@@ -156,7 +156,7 @@ func run(o options) error {
 	if !o.enableHTTP2 {
 		tlsOpts = append(tlsOpts, func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} })
 	}
-	webhookServer, clientAuth, err := newWebhookServer(o, tlsOpts)
+	httpServer, webhookServer, clientAuth, err := newWebhookServer(o, tlsOpts)
 	if err != nil {
 		return err
 	}
@@ -195,26 +195,30 @@ func run(o options) error {
 	}
 	setupLog.Info("Starting vmipam", "namespace", o.namespace, "holder", o.holder, "certMode", o.certMode,
 		"webhookPort", o.webhookPort, "webhookClientAuth", clientAuth != nil)
-	if err := mgr.Start(drainingSignalHandler(o.drain, &draining)); err != nil {
+	if err := mgr.Start(drainingSignalHandler(o.drain, func() {
+		draining.Store(true)
+		httpServer.Drain()
+	})); err != nil {
 		return fmt.Errorf("run manager: %w", err)
 	}
 	return nil
 }
 
 // drainingSignalHandler returns a context that ends drain after the first
-// SIGTERM or SIGINT: meanwhile the replica reports not ready and closes
-// each connection after its response, so that the Service and the API
-// server's kept-alive connections move to the other replicas before this
-// one stops (the API server keeps reusing connections to a terminating
-// webhook pod otherwise: kubernetes issue 127335). A second signal ends it
-// at once; a third exits.
-func drainingSignalHandler(drain time.Duration, draining *atomic.Bool) context.Context {
+// SIGTERM or SIGINT, on which it calls startDrain: meanwhile the replica
+// reports not ready, closes its idle connections and each other one after
+// its response, so that the Service and the API server's kept-alive
+// connections move to the other replicas before this one stops (the API
+// server keeps reusing connections to a terminating webhook pod
+// otherwise: kubernetes issue 127335). A second signal ends it at once; a
+// third exits.
+func drainingSignalHandler(drain time.Duration, startDrain func()) context.Context {
 	ctx, cancel := context.WithCancel(context.Background())
 	c := make(chan os.Signal, 3)
 	signal.Notify(c, syscall.SIGTERM, os.Interrupt)
 	go func() {
 		<-c
-		draining.Store(true)
+		startDrain()
 		setupLog.Info("Draining before shutdown: not ready, closing connections", "for", drain)
 		select {
 		case <-time.After(drain):
@@ -287,20 +291,21 @@ func (s *servingCert) watchFiles(dir string) error {
 	return nil
 }
 
-// newWebhookServer returns the webhook server and, with --webhook-client-ca,
-// the verifier of its callers' certificates, to add to the manager.
-func newWebhookServer(o options, tlsOpts []func(*tls.Config)) (crwebhook.Server, *clientauth.Verifier, error) {
-	opts := crwebhook.Options{Host: o.webhookHost, Port: o.webhookPort, TLSOpts: tlsOpts}
+// newWebhookServer returns the webhook server (the HTTP server, and what
+// the manager runs) and, with --webhook-client-ca, the verifier of its
+// callers' certificates, to add to the manager.
+func newWebhookServer(o options, tlsOpts []func(*tls.Config)) (*webhook.HTTPServer, crwebhook.Server, *clientauth.Verifier, error) {
 	if o.clientCA == "" {
-		return crwebhook.NewServer(opts), nil, nil
+		s := webhook.NewHTTPServer(o.webhookHost, o.webhookPort, tlsOpts)
+		return s, s, nil, nil
 	}
 	v, err := clientauth.New(clientauth.Options{CAFile: o.clientCA, CommonName: o.clientCN})
 	if err != nil {
-		return nil, nil, fmt.Errorf("--webhook-client-ca=%s: %w", o.clientCA, err)
+		return nil, nil, nil, fmt.Errorf("--webhook-client-ca=%s: %w", o.clientCA, err)
 	}
-	opts.TLSOpts = append(append([]func(*tls.Config){}, tlsOpts...), v.ConfigureTLS)
+	s := webhook.NewHTTPServer(o.webhookHost, o.webhookPort, append(append([]func(*tls.Config){}, tlsOpts...), v.ConfigureTLS))
 	setupLog.Info("Webhook callers must present a client certificate", "ca", o.clientCA, "commonName", o.clientCN)
-	return &clientAuthServer{Server: crwebhook.NewServer(opts), verifier: v}, v, nil
+	return s, &clientAuthServer{Server: s, verifier: v}, v, nil
 }
 
 // clientAuthServer is the webhook server when callers must present a

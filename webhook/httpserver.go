@@ -1,0 +1,146 @@
+package webhook
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
+)
+
+// shutdownTimeout bounds how long a stopping HTTPServer waits for the
+// requests in flight.
+const shutdownTimeout = time.Minute
+
+// HTTPServer serves admission webhooks over TLS, as controller-runtime's
+// default webhook server does, and can be drained: after Drain, the
+// connections idle at that moment are closed and every response closes
+// its connection, while the listener still accepts new ones. The API
+// server keeps connections to a webhook alive and reuses them long after
+// the Service stopped routing new ones to a terminating replica; a
+// connection that carried no request during the drain would otherwise
+// bring the next one to a replica that is sealing its pools.
+//
+// Draining is complete over HTTP/1.1, which is what the server speaks
+// unless a TLS option offers "h2" (then an HTTP/2 connection is closed
+// only after a response, with a GOAWAY).
+type HTTPServer struct {
+	host    string
+	port    int
+	tlsOpts []func(*tls.Config)
+	mux     *http.ServeMux
+
+	mu       sync.Mutex
+	srv      *http.Server
+	addr     net.Addr
+	started  bool
+	draining bool
+}
+
+var _ crwebhook.Server = (*HTTPServer)(nil)
+
+// NewHTTPServer returns a server that will listen on host:port with the
+// TLS configuration that tlsOpts make, starting from HTTP/1.1 only; one
+// of them must set a certificate (GetCertificate or Certificates).
+func NewHTTPServer(host string, port int, tlsOpts []func(*tls.Config)) *HTTPServer {
+	return &HTTPServer{host: host, port: port, tlsOpts: tlsOpts, mux: http.NewServeMux()}
+}
+
+// NeedLeaderElection implements manager.LeaderElectionRunnable: every
+// replica serves.
+func (s *HTTPServer) NeedLeaderElection() bool { return false }
+
+// Register serves hook at path. It panics if path is registered twice.
+func (s *HTTPServer) Register(path string, hook http.Handler) {
+	s.mux.Handle(path, hook)
+}
+
+// WebhookMux returns the server's mux.
+func (s *HTTPServer) WebhookMux() *http.ServeMux { return s.mux }
+
+// StartedChecker reports healthy once the server listens.
+func (s *HTTPServer) StartedChecker() healthz.Checker {
+	return func(*http.Request) error {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if !s.started {
+			return errors.New("webhook server has not been started yet")
+		}
+		return nil
+	}
+}
+
+// Addr returns the address the server listens on, or nil before Start.
+func (s *HTTPServer) Addr() net.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.addr
+}
+
+// Drain closes the connections idle now and makes every later response
+// close its connection. It may be called before Start; it cannot be
+// undone.
+func (s *HTTPServer) Drain() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.draining = true
+	if s.srv != nil {
+		s.srv.SetKeepAlivesEnabled(false)
+	}
+}
+
+// Start listens and serves until ctx ends, then stops accepting and waits
+// up to a minute for the requests in flight.
+func (s *HTTPServer) Start(ctx context.Context) error {
+	log := logf.FromContext(ctx).WithName("webhook-server")
+	cfg := &tls.Config{NextProtos: []string{"http/1.1"}} //nolint:gosec // TLS options set the versions (certs.HardenTLS)
+	for _, op := range s.tlsOpts {
+		op(cfg)
+	}
+	if cfg.GetCertificate == nil && len(cfg.Certificates) == 0 {
+		return errors.New("webhook server: no TLS option sets a certificate")
+	}
+	addr := net.JoinHostPort(s.host, strconv.Itoa(s.port))
+	ln, err := tls.Listen("tcp", addr, cfg)
+	if err != nil {
+		return fmt.Errorf("webhook server: listen on %s: %w", addr, err)
+	}
+	srv := &http.Server{
+		Handler:           s.mux,
+		ReadHeaderTimeout: 32 * time.Second,
+		IdleTimeout:       90 * time.Second, // as http.DefaultTransport keeps connections
+		MaxHeaderBytes:    1 << 20,
+		// The requests in flight when ctx ends are answered, not cancelled.
+		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	}
+	s.mu.Lock()
+	s.srv, s.addr, s.started = srv, ln.Addr(), true
+	if s.draining {
+		srv.SetKeepAlivesEnabled(false)
+	}
+	s.mu.Unlock()
+	log.Info("Serving webhook server", "addr", ln.Addr().String())
+
+	stopped := make(chan error, 1)
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+		defer cancel()
+		stopped <- srv.Shutdown(sctx)
+	}()
+	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("webhook server: %w", err)
+	}
+	if err := <-stopped; err != nil {
+		return fmt.Errorf("webhook server: shut down: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,92 @@
+package webhook
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"testing"
+	"time"
+)
+
+func selfSigned(t *testing.T) tls.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+// TestHTTPServerDrain: after Drain, a connection kept alive from before
+// carries no further request: the next one comes on a new connection, and
+// its response closes that one too. A client that kept a connection to a
+// replica being shut down would otherwise send it requests after the
+// drain, while it seals its pools.
+func TestHTTPServerDrain(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		drain bool
+	}{
+		{"serving", false},
+		{"draining", true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			cert := selfSigned(t)
+			s := NewHTTPServer("127.0.0.1", 0, []func(*tls.Config){func(c *tls.Config) { c.Certificates = []tls.Certificate{cert} }})
+			s.Register("/ok", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))
+			ctx, cancel := context.WithCancel(t.Context())
+			done := make(chan error, 1)
+			go func() { done <- s.Start(ctx) }()
+			defer func() {
+				cancel()
+				if err := <-done; err != nil {
+					t.Errorf("Start: %v", err)
+				}
+			}()
+			for s.StartedChecker()(nil) != nil {
+				time.Sleep(time.Millisecond)
+			}
+			c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // a test's own certificate
+			get := func() (reused, closed bool) {
+				t.Helper()
+				tr := &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused }}
+				req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, tr), http.MethodGet, "https://"+s.Addr().String()+"/ok", nil)
+				resp, err := c.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				_ = resp.Body.Close()
+				return reused, resp.Close
+			}
+			get() // leaves a connection idle
+			if tt.drain {
+				// Should the client pick the connection just closed, it
+				// sends the GET again on a new one.
+				s.Drain()
+			}
+			reused, closed := get()
+			if reused == tt.drain || closed != tt.drain {
+				t.Errorf("second request: connection reused %v, closed after the response %v; want %v, %v", reused, closed, !tt.drain, tt.drain)
+			}
+		})
+	}
+}
