@@ -40,14 +40,35 @@ type VMReconciler struct {
 	// Reads from it may lag the API server, which is safe here: a key is
 	// never reconciled concurrently, every write is an optimistically
 	// locked patch, and a deletion timestamp never goes away.
-	Reader   client.Reader
-	Registry *pools.Registry
+	Reader client.Reader
+	// APIReader reads from the API server, for the rare read that must
+	// not lag: whether an object whose address was released already still
+	// waits for its finalizer's removal. Nil reads through Client.
+	APIReader client.Reader
+	Registry  *pools.Registry
 	Target   target.Target
 	Recorder events.EventRecorder
 	// MaxConcurrentReconciles defaults to 16: a reconcile mostly waits for
 	// its finalizer patch, so more in flight keep mass deletions moving,
 	// and the releases that must be flushed share their pool's flush.
 	MaxConcurrentReconciles int
+}
+
+// finalized reports whether obj, as the API server has it now, is gone or
+// no longer carries vmipam's finalizer.
+func (r *VMReconciler) finalized(ctx context.Context, obj client.Object) (bool, error) {
+	reader := r.APIReader
+	if reader == nil {
+		reader = r.Client
+	}
+	cur := r.Target.New()
+	if err := reader.Get(ctx, client.ObjectKeyFromObject(obj), cur); err != nil {
+		if apierrors.IsNotFound(err) {
+			return true, nil
+		}
+		return false, fmt.Errorf("read %s again: %w", client.ObjectKeyFromObject(obj), err)
+	}
+	return cur.GetUID() != obj.GetUID() || !target.HasFinalizer(cur), nil
 }
 
 // SetupWithManager registers the reconciler, on every replica.
@@ -161,6 +182,15 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 			return ctrl.Result{}, nil
 		}
 		if hasAddr {
+			if st, _, _ := pool.Lookup(addr); st == ipam.StateCooldown {
+				// Released before: the finalizer's removal failed, or the
+				// cache has not seen it yet. Only the first releases again,
+				// which starts the cooldown again (the object is still
+				// there), so ask the API server which.
+				if gone, err := r.finalized(ctx, obj); gone || err != nil {
+					return ctrl.Result{}, err
+				}
+			}
 			log.V(1).Info("Releasing address", "address", addr, "pool", pool.Name())
 			// The object may go only once a crash could no longer free the
 			// address early; the pool returns when that holds, usually

@@ -201,9 +201,11 @@ type blockState struct {
 	// requested: another holder may ask for addresses here; the next
 	// rebalance reads the block and answers.
 	requested bool
-	// recordedAt is the Manager's record count when persisted was set
-	// (see overtakenLocked).
-	recordedAt uint64
+	// bound is the Manager's I/O sequence number that persisted is known
+	// to be at least as new as: a read's start, a write's completion.
+	// issued is the sequence number of the last write sent (see
+	// overtakenLocked).
+	bound, issued uint64
 }
 
 func (b *blockState) dirty() bool { return b.gen != b.written }
@@ -259,10 +261,10 @@ type Manager struct {
 	// out; free the others, until they are armed.
 	readyList, free, pending, cooldown, surplus list
 	blocks                                      map[netip.Prefix]*blockState
-	// recorded counts the versions of blocks recorded as persisted;
-	// forgotAt is its value when a block was last forgotten. Neither is
-	// ever reset (see overtakenLocked).
-	recorded, forgotAt uint64
+	// ioSeq numbers the starts of reads and the sends and completions of
+	// writes of blocks; forgotAt is its value when a block was last
+	// forgotten. Neither is ever reset (see overtakenLocked).
+	ioSeq, forgotAt uint64
 	// returning counts entries being given back or handed over; elsewhere
 	// sums the blocks' elsewhere; pendingNS counts pending reservations per
 	// namespace. All are kept as the state changes, so that counting and

@@ -620,7 +620,7 @@ func (m *Manager) pickLocked(want int) (p netip.Prefix, picks []netip.Addr, next
 // written stay marked by the block's generation.
 func (m *Manager) load(ctx context.Context, p netip.Prefix) error {
 	m.mu.Lock()
-	since := m.recorded
+	since := m.nextSeqLocked()
 	m.mu.Unlock()
 	b, err := m.cfg.Store.Get(ctx, p)
 	if err != nil {
@@ -632,13 +632,14 @@ func (m *Manager) load(ctx context.Context, p netip.Prefix) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.overtakenLocked(p, since) {
-		// The Manager recorded a version of the block while this read was
-		// on its way, which this read may predate: keep that one.
+		// The Manager sent or recorded a write of the block while this
+		// read was on its way, or read it since: this read may predate
+		// what the Manager knows.
 		return nil
 	}
 	bs := m.blockFor(p.Addr())
 	m.setPersistedLocked(bs, b)
-	bs.loaded = true
+	bs.loaded, bs.bound = true, since
 	m.materializeLocked(bs)
 	// New claims elsewhere may have freed or taken addresses.
 	m.noClaimableUntil = time.Time{}
@@ -722,8 +723,6 @@ func (m *Manager) setPersistedLocked(bs *blockState, b Block) {
 	m.elsewhere += n - bs.elsewhere
 	m.othersFree += free - bs.othersFree
 	bs.persisted, bs.elsewhere, bs.othersFree = b, n, free
-	m.recorded++
-	bs.recordedAt = m.recorded
 	for h := range b.Requests {
 		if h != m.cfg.Holder && bs.ours > 0 {
 			bs.requested = true
@@ -738,19 +737,30 @@ func (m *Manager) forgetIfIdleLocked(p netip.Prefix, bs *blockState) {
 	if bs.ours == 0 && !bs.dirty() && !bs.returning && bs.loaded && bs.persisted.Version == "" &&
 		len(bs.persisted.Claims) == 0 && len(bs.persisted.Cooldowns) == 0 && m.blocks[p] == bs {
 		delete(m.blocks, p)
-		m.forgotAt = m.recorded
+		m.forgotAt = m.nextSeqLocked()
 	}
 }
 
-// overtakenLocked reports whether the Manager recorded a version of block
-// p (or forgot a block) after its record count was since: then a read of
-// p that started at since may show an older version than the Manager
-// holds, one from before its own last write, and must not replace it.
-// Versions of one block cannot be ordered otherwise (resourceVersions are
-// opaque); a read that started after the Manager's last record of a block
-// shows that record or a later version, since reads go to the store.
+// nextSeqLocked numbers a read's start or a write's send or completion.
+func (m *Manager) nextSeqLocked() uint64 {
+	m.ioSeq++
+	return m.ioSeq
+}
+
+// overtakenLocked reports whether a read of block p that started at
+// sequence number since must not replace what the Manager holds of it.
+// Versions of a block cannot be ordered by their resourceVersions, which
+// are opaque; but every read goes to the store, so a read shows at least
+// the version current when it started. The Manager keeps the sequence
+// number its version of the block is known to be as new as (bound), and
+// refuses a read that started before it: one older than its own last
+// write, or than a read it applied. It also refuses a read that started
+// before its last write of the block was sent (issued): that write may
+// have landed, or be landing, and such a read would show addresses
+// handed over by it as still this holder's. And one that started before a
+// block was forgotten, whose state is gone.
 func (m *Manager) overtakenLocked(p netip.Prefix, since uint64) bool {
-	if bs := m.blocks[p]; bs != nil && bs.recordedAt > since {
+	if bs := m.blocks[p]; bs != nil && (bs.bound > since || bs.issued > since) {
 		return true
 	}
 	return m.forgotAt > since
@@ -792,6 +802,7 @@ func (m *Manager) writeBlock(ctx context.Context, p netip.Prefix, plan writePlan
 		return fmt.Errorf("write block %s of pool %q: %w", p, m.cfg.Pool, err)
 	}
 	gen := bs.gen
+	bs.issued = m.nextSeqLocked()
 	m.mu.Unlock()
 
 	if len(nb.Claims) == 0 && len(nb.Cooldowns) == 0 && len(nb.Requests) == 0 {
@@ -806,7 +817,7 @@ func (m *Manager) writeBlock(ctx context.Context, p netip.Prefix, plan writePlan
 		}
 		m.mu.Lock()
 		m.setPersistedLocked(bs, Block{Prefix: p, Claims: map[string]*Bitmap{}})
-		bs.written = gen
+		bs.written, bs.bound = gen, m.nextSeqLocked()
 		m.forgetIfIdleLocked(p, bs)
 		m.mu.Unlock()
 		return nil
@@ -819,7 +830,7 @@ func (m *Manager) writeBlock(ctx context.Context, p netip.Prefix, plan writePlan
 	nb.Version = ver
 	m.mu.Lock()
 	m.setPersistedLocked(bs, nb)
-	bs.written = gen
+	bs.written, bs.bound = gen, m.nextSeqLocked()
 	m.mu.Unlock()
 	return nil
 }

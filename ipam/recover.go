@@ -56,6 +56,9 @@ func (m *Manager) restAfterCrash() time.Duration { return max(m.cfg.PendingTTL, 
 // Claims of addresses no holder had are written before the Manager serves.
 func (m *Manager) Recover(ctx context.Context, live []Holding) (RecoveryReport, error) {
 	var rep RecoveryReport
+	m.mu.Lock()
+	since := m.nextSeqLocked()
+	m.mu.Unlock()
 	blocks, err := m.cfg.Store.List(ctx)
 	if err != nil {
 		return rep, fmt.Errorf("recover pool %q: list blocks: %w", m.cfg.Pool, err)
@@ -66,13 +69,15 @@ func (m *Manager) Recover(ctx context.Context, live []Holding) (RecoveryReport, 
 	now := m.clock.Now()
 	m.ready = false
 	m.reset(len(live))
+	// A read still on its way predates this state.
+	m.forgotAt = m.nextSeqLocked()
 	for _, b := range blocks {
 		if b.Claims == nil {
 			b.Claims = map[string]*Bitmap{}
 		}
 		bs := m.blockFor(b.Prefix.Addr())
 		m.setPersistedLocked(bs, b)
-		bs.loaded = true
+		bs.loaded, bs.bound = true, since
 		if len(b.Claims) == 0 && len(b.Cooldowns) == 0 {
 			// Left empty by an older version: the next flush deletes it.
 			bs.gen++
@@ -236,7 +241,7 @@ func (m *Manager) Takeover(ctx context.Context, from string, live []Holding) (Ta
 		return rep, fmt.Errorf("take over pool %q: holder %q cannot take over itself; recover instead", m.cfg.Pool, from)
 	}
 	m.mu.Lock()
-	since := m.recorded
+	since := m.nextSeqLocked()
 	m.mu.Unlock()
 	blocks, err := m.cfg.Store.List(ctx)
 	if err != nil {
@@ -264,7 +269,7 @@ func (m *Manager) Takeover(ctx context.Context, from string, live []Holding) (Ta
 			// own last write.
 			bs := m.blockFor(p.Addr())
 			m.setPersistedLocked(bs, b)
-			bs.loaded = true
+			bs.loaded, bs.bound = true, since
 		}
 		m.mu.Unlock()
 		var moved TakeoverReport

@@ -16,27 +16,50 @@ import (
 type slowReadStore struct {
 	*MemoryStore
 	mu sync.Mutex
-	// hold, when set, holds the next Get or List; read is closed once it
-	// has taken its snapshot.
-	hold, read chan struct{}
+	// holds are for the next reads, one each, in order.
+	holds []readHold
+	// lostReplies fails that many committed Puts.
+	lostReplies int
 }
 
-// holdNext makes the next read wait until the returned release is called,
-// and returns a channel closed once that read has taken its snapshot.
+// readHold holds a read until hold is closed; read is closed once the read
+// has taken its snapshot.
+type readHold struct{ hold, read chan struct{} }
+
+// holdNext makes the next read not yet held wait until the returned
+// release is called, and returns a channel closed once that read has taken
+// its snapshot.
 func (s *slowReadStore) holdNext() (read <-chan struct{}, release func()) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	hold := make(chan struct{})
-	s.hold, s.read = hold, make(chan struct{})
-	return s.read, sync.OnceFunc(func() { close(hold) })
+	h := readHold{hold: make(chan struct{}), read: make(chan struct{})}
+	s.holds = append(s.holds, h)
+	return h.read, sync.OnceFunc(func() { close(h.hold) })
 }
 
 func (s *slowReadStore) take() (hold, read chan struct{}) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	hold, read = s.hold, s.read
-	s.hold, s.read = nil, nil
-	return hold, read
+	if len(s.holds) == 0 {
+		return nil, nil
+	}
+	h := s.holds[0]
+	s.holds = s.holds[1:]
+	return h.hold, h.read
+}
+
+func (s *slowReadStore) Put(ctx context.Context, b Block) (string, error) {
+	s.mu.Lock()
+	lost := s.lostReplies > 0
+	if lost {
+		s.lostReplies--
+	}
+	s.mu.Unlock()
+	v, err := s.MemoryStore.Put(ctx, b)
+	if err == nil && lost {
+		return "", errors.New("injected: the reply was lost after the commit")
+	}
+	return v, err
 }
 
 func (s *slowReadStore) Get(ctx context.Context, p netip.Prefix) (Block, error) {
@@ -124,7 +147,7 @@ func TestReadOvertakenByWrites(t *testing.T) {
 			go func() { done <- tt.read(h1) }()
 			<-read
 			// Meanwhile h2 gives x back and h1 claims it.
-			if err := h2.giveBack(ctx, func() []*entry { return []*entry{h2.entries[x]} }); err != nil {
+			if err := h2.giveBack(ctx, pickAddr(h2, x)); err != nil {
 				t.Fatal(err)
 			}
 			if err := h1.load(ctx, p); err != nil {
@@ -158,5 +181,89 @@ func TestReadOvertakenByWrites(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestReadBeforeLostReply: a read that started before a give-back whose
+// reply was lost shows the address as still this holder's. The give-back
+// did land, and another holder claimed the address since. Applied after
+// the failed give-back (which leaves it to the store to say whether the
+// address is still this holder's) and before the read that follows it,
+// the stale read made the address this holder's again, and the next write
+// took the other holder's claim for a takeover.
+func TestReadBeforeLostReply(t *testing.T) {
+	ctx := context.Background()
+	p := netip.MustParsePrefix("10.0.0.0/20")
+	x, y := addr("10.0.0.9"), addr("10.0.0.10")
+	clk := newFakeClock()
+	st := &slowReadStore{MemoryStore: NewMemoryStore()}
+	newManager := func(holder string) *Manager {
+		m, err := NewManager(Config{
+			Pool: "p", Holder: holder, Ranges: mustRanges(t, RangeSpec{CIDR: "10.0.0.0/24"}),
+			Cooldown: time.Minute, PendingTTL: 30 * time.Second,
+			LowWatermark: 1, TargetFree: 2, HighWatermark: 200,
+			Store: st, Clock: clk,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.SetPeers([]string{"h1", "h2"})
+		if _, err := m.Recover(ctx, nil); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	h1, h2 := newManager("h1"), newManager("h2")
+	// x to give back, and another so that the block stays.
+	for _, a := range []netip.Addr{x, addr("10.0.0.20")} {
+		if err := h1.claimAddr(ctx, a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The stale read takes its snapshot (x is h1's) and is held.
+	staleRead, releaseStale := st.holdNext()
+	defer releaseStale()
+	staleDone := make(chan error, 1)
+	go func() { staleDone <- h1.load(ctx, p) }()
+	<-staleRead
+	// The give-back lands, its reply is lost, and the read that follows
+	// it is held too.
+	st.mu.Lock()
+	st.lostReplies = 1
+	st.mu.Unlock()
+	reread, releaseReread := st.holdNext()
+	defer releaseReread()
+	gaveBack := make(chan error, 1)
+	go func() { gaveBack <- h1.giveBack(ctx, pickAddr(h1, x)) }()
+	<-reread
+	// The stale read lands first, then the read after the give-back.
+	releaseStale()
+	if err := <-staleDone; err != nil {
+		t.Fatal(err)
+	}
+	releaseReread()
+	if err := <-gaveBack; err == nil {
+		t.Fatal("a give-back whose reply was lost succeeded")
+	}
+	if err := h2.load(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	if err := h2.claimAddr(ctx, x); err != nil {
+		t.Fatalf("h2 claims %s: %v", x, err)
+	}
+	if st, _, _ := h1.Lookup(x); st != StateUnclaimed {
+		t.Errorf("%s is %v on h1, which gave it back; h2 claims it", x, st)
+	}
+	if err := h1.claimAddr(ctx, y); err != nil {
+		t.Fatalf("h1 claims %s: %v", y, err)
+	}
+}
+
+// pickAddr picks a, free on m, for a give-back.
+func pickAddr(m *Manager, a netip.Addr) func() []*entry {
+	return func() []*entry {
+		e := m.entries[a]
+		m.listOf(e).remove(e)
+		return []*entry{e}
 	}
 }

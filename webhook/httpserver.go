@@ -21,17 +21,22 @@ import (
 const shutdownTimeout = time.Minute
 
 // HTTPServer serves admission webhooks over TLS, as controller-runtime's
-// default webhook server does, and can be drained: after Drain, the
-// connections idle at that moment are closed and every response closes
-// its connection, while the listener still accepts new ones. The API
-// server keeps connections to a webhook alive and reuses them long after
-// the Service stopped routing new ones to a terminating replica; a
-// connection that carried no request during the drain would otherwise
-// bring the next one to a replica that is sealing its pools.
+// default webhook server does, and can close its idle connections: after
+// CloseIdle, the connections idle at that moment are closed and every
+// response closes its connection, while the listener still accepts new
+// ones. The API server keeps connections to a webhook alive and reuses
+// them long after the Service stopped routing new ones to a terminating
+// replica. A drain closes each connection after its response (the safe
+// way: the client knows not to reuse it), but a connection that carried
+// no request during the drain would bring the next one to a replica that
+// is sealing its pools; CloseIdle at the end of the drain closes those.
+// (Closing an idle connection races with a client that picks it at that
+// moment, and a POST is not retried: hence after the drain, when the
+// connections left idle are the ones the client has not needed for the
+// whole drain, not at its start.)
 //
-// Draining is complete over HTTP/1.1, which is what the server speaks
-// unless a TLS option offers "h2" (then an HTTP/2 connection is closed
-// only after a response, with a GOAWAY).
+// CloseIdle is complete over HTTP/1.1, which is what the server speaks
+// unless a TLS option offers "h2".
 type HTTPServer struct {
 	host    string
 	port    int
@@ -85,10 +90,10 @@ func (s *HTTPServer) Addr() net.Addr {
 	return s.addr
 }
 
-// Drain closes the connections idle now and makes every later response
-// close its connection. It may be called before Start; it cannot be
-// undone.
-func (s *HTTPServer) Drain() {
+// CloseIdle closes the connections idle now and makes every later
+// response close its connection. It may be called before Start; it cannot
+// be undone.
+func (s *HTTPServer) CloseIdle() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.draining = true

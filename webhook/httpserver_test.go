@@ -35,12 +35,12 @@ func selfSigned(t *testing.T) tls.Certificate {
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
 
-// TestHTTPServerDrain: after Drain, a connection kept alive from before
-// carries no further request: the next one comes on a new connection, and
-// its response closes that one too. A client that kept a connection to a
-// replica being shut down would otherwise send it requests after the
-// drain, while it seals its pools.
-func TestHTTPServerDrain(t *testing.T) {
+// TestHTTPServerCloseIdle: after CloseIdle, a connection kept alive from
+// before carries no further request: the next one comes on a new
+// connection, and its response closes that one too. A client that kept a
+// connection to a replica being shut down would otherwise send it
+// requests after the drain, while it seals its pools.
+func TestHTTPServerCloseIdle(t *testing.T) {
 	for _, tt := range []struct {
 		name  string
 		drain bool
@@ -81,7 +81,7 @@ func TestHTTPServerDrain(t *testing.T) {
 			if tt.drain {
 				// Should the client pick the connection just closed, it
 				// sends the GET again on a new one.
-				s.Drain()
+				s.CloseIdle()
 			}
 			reused, closed := get()
 			if reused == tt.drain || closed != tt.drain {

@@ -195,35 +195,33 @@ func run(o options) error {
 	}
 	setupLog.Info("Starting vmipam", "namespace", o.namespace, "holder", o.holder, "certMode", o.certMode,
 		"webhookPort", o.webhookPort, "webhookClientAuth", clientAuth != nil)
-	if err := mgr.Start(drainingSignalHandler(o.drain, func() {
-		draining.Store(true)
-		httpServer.Drain()
-	})); err != nil {
+	if err := mgr.Start(drainingSignalHandler(o.drain, &draining, httpServer.CloseIdle)); err != nil {
 		return fmt.Errorf("run manager: %w", err)
 	}
 	return nil
 }
 
 // drainingSignalHandler returns a context that ends drain after the first
-// SIGTERM or SIGINT, on which it calls startDrain: meanwhile the replica
-// reports not ready, closes its idle connections and each other one after
-// its response, so that the Service and the API server's kept-alive
-// connections move to the other replicas before this one stops (the API
-// server keeps reusing connections to a terminating webhook pod
-// otherwise: kubernetes issue 127335). A second signal ends it at once; a
-// third exits.
-func drainingSignalHandler(drain time.Duration, startDrain func()) context.Context {
+// SIGTERM or SIGINT: meanwhile the replica reports not ready and closes
+// each connection after its response, so that the Service and the API
+// server's kept-alive connections move to the other replicas before this
+// one stops (the API server keeps reusing connections to a terminating
+// webhook pod otherwise: kubernetes issue 127335). At the end of the drain
+// it calls closeIdle, for the connections that carried no request
+// meanwhile. A second signal ends the drain at once; a third exits.
+func drainingSignalHandler(drain time.Duration, draining *atomic.Bool, closeIdle func()) context.Context {
 	ctx, cancel := context.WithCancel(context.Background())
 	c := make(chan os.Signal, 3)
 	signal.Notify(c, syscall.SIGTERM, os.Interrupt)
 	go func() {
 		<-c
-		startDrain()
+		draining.Store(true)
 		setupLog.Info("Draining before shutdown: not ready, closing connections", "for", drain)
 		select {
 		case <-time.After(drain):
 		case <-c:
 		}
+		closeIdle()
 		cancel()
 		<-c
 		os.Exit(1)

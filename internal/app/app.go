@@ -106,7 +106,7 @@ func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
 		return nil, fmt.Errorf("set up IPPool controller: %w", err)
 	}
 	if err := (&controller.VMReconciler{
-		Client: mgr.GetClient(), Reader: mgr.GetCache(), Registry: reg, Target: t, Recorder: mgr.GetEventRecorder("vmipam"),
+		Client: mgr.GetClient(), Reader: mgr.GetCache(), APIReader: mgr.GetAPIReader(), Registry: reg, Target: t, Recorder: mgr.GetEventRecorder("vmipam"),
 		MaxConcurrentReconciles: opts.MaxConcurrentReconciles,
 	}).SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("set up address controller: %w", err)

@@ -1,0 +1,145 @@
+package controller_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	clocktesting "k8s.io/utils/clock/testing"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/controller"
+	"github.com/vmipam/vmipam/internal/app"
+	"github.com/vmipam/vmipam/ipam"
+	"github.com/vmipam/vmipam/pools"
+	"github.com/vmipam/vmipam/target"
+)
+
+// TestReleaseRetry: the cooldown must end a whole cooldown after the VM
+// can go. When the finalizer's removal fails, the retry releases again and
+// the cooldown starts again; when the retry only comes from a cache that
+// has not seen the removal yet, the VM is gone and the cooldown stays as it
+// was. A fake client, narrowly: what is tested is the controller's choice,
+// with the API server's answers forced.
+func TestReleaseRetry(t *testing.T) {
+	const cooldown = 30 * time.Second
+	for _, tt := range []struct {
+		name string
+		// failPatch fails the first removal of the finalizer; stale makes
+		// the second reconcile read the object as it was before it.
+		failPatch, stale bool
+		restarted        bool
+	}{
+		{name: "removal failed", failPatch: true, restarted: true},
+		{name: "stale cache", stale: true, restarted: false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := t.Context()
+			clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+			pool := &vmipamv1.IPPool{
+				ObjectMeta: metav1.ObjectMeta{Name: "retry", UID: "uid-pool", Generation: 1},
+				Spec: vmipamv1.IPPoolSpec{Ranges: []vmipamv1.IPRange{{CIDR: "10.97.0.0/28"}},
+					Cooldown: &metav1.Duration{Duration: cooldown}, PendingTTL: &metav1.Duration{Duration: time.Minute}},
+			}
+			var failNext atomic.Bool
+			c := interceptor.NewClient(fake.NewClientBuilder().WithScheme(app.Scheme).WithObjects(pool.DeepCopy()).Build(), interceptor.Funcs{
+				Patch: func(ctx context.Context, cl client.WithWatch, obj client.Object, p client.Patch, opts ...client.PatchOption) error {
+					if failNext.CompareAndSwap(true, false) {
+						return errors.New("injected: the API server did not answer")
+					}
+					return cl.Patch(ctx, obj, p, opts...)
+				},
+			})
+			reg := pools.NewRegistry(pools.Options{Client: c, APIReader: c, Target: target.VirtualMachine, Holder: "vmipam", Clock: clk,
+				RunInterval: time.Hour, ResyncInterval: time.Hour, StatusInterval: time.Hour})
+			regCtx, stop := context.WithCancel(ctx)
+			var regDone sync.WaitGroup
+			regDone.Go(func() { _ = reg.Start(regCtx) })
+			t.Cleanup(func() { stop(); regDone.Wait() })
+			if err := reg.Ensure(ctx, pool); err != nil {
+				t.Fatalf("recover the pool: %v", err)
+			}
+			p := reg.Get(pool.Name)
+			a, err := p.Allocate(ctx, ipam.Reservation{Token: "token-1"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			vm := &vmipamv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "vm-1", UID: "uid-vm-1",
+				Annotations: map[string]string{vmipamv1.TokenAnnotation: "token-1", vmipamv1.PoolAnnotation: pool.Name},
+				Finalizers:  []string{vmipamv1.Finalizer}}, Spec: vmipamv1.VirtualMachineSpec{IPPool: pool.Name, Addresses: []string{a.String()}}}
+			if err := c.Create(ctx, vm); err != nil {
+				t.Fatal(err)
+			}
+			// The reader is the cache: it may show an older object.
+			reader := &staleReader{Reader: c}
+			gc := &controller.VMReconciler{Client: c, Reader: reader, APIReader: c, Registry: reg, Target: target.VirtualMachine}
+			req := ctrl.Request{NamespacedName: client.ObjectKeyFromObject(vm)}
+			if _, err := gc.Reconcile(ctx, req); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Delete(ctx, vm); err != nil {
+				t.Fatal(err)
+			}
+			reader.remember(ctx, t, req.NamespacedName)
+			failNext.Store(tt.failPatch)
+			_, err = gc.Reconcile(ctx, req)
+			if tt.failPatch != (err != nil) {
+				t.Fatalf("first reconcile of the deletion: %v", err)
+			}
+			_, _, first := p.Lookup(a)
+			clk.Step(10 * time.Second)
+			reader.stale = tt.stale
+			if _, err := gc.Reconcile(ctx, req); err != nil {
+				t.Fatalf("second reconcile of the deletion: %v", err)
+			}
+			st, _, until := p.Lookup(a)
+			if st != ipam.StateCooldown {
+				t.Fatalf("%s is %s after the deletion, want cooling down", a, st)
+			}
+			if want := clk.Now().Add(cooldown); tt.restarted && until.Before(want) {
+				t.Errorf("cooldown ends %s, before %s: a cooldown after the retry that removed the finalizer", until.Format(time.TimeOnly), want.Format(time.TimeOnly))
+			}
+			if !tt.restarted && !until.Equal(first) {
+				t.Errorf("cooldown ends %s, want %s as before: the VM was gone, the reconcile saw it from a stale cache", until.Format(time.TimeOnly), first.Format(time.TimeOnly))
+			}
+		})
+	}
+}
+
+// staleReader reads through Reader, or, when stale, answers with the
+// object it remembered.
+type staleReader struct {
+	client.Reader
+	stale bool
+	old   *unstructured.Unstructured
+}
+
+func (r *staleReader) remember(ctx context.Context, t *testing.T, key client.ObjectKey) {
+	t.Helper()
+	obj := target.VirtualMachine.New()
+	if err := r.Reader.Get(ctx, key, obj); err != nil {
+		t.Fatal(err)
+	}
+	r.old = obj
+}
+
+func (r *staleReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if r.stale && r.old != nil {
+		u, ok := obj.(*unstructured.Unstructured)
+		if !ok {
+			return errors.New("staleReader reads unstructured objects only")
+		}
+		r.old.DeepCopyInto(u)
+		return nil
+	}
+	return r.Reader.Get(ctx, key, obj, opts...)
+}
