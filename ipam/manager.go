@@ -1169,26 +1169,37 @@ func (m *Manager) exhaustedLocked() error {
 	return err
 }
 
-// Run rebalances the free list, arms addresses, answers other holders'
-// requests and flushes dirty blocks whenever an allocation crosses a
-// watermark and at least every interval, until ctx ends. Errors are counted
+// Run rebalances the free list, arms addresses and answers other holders'
+// requests whenever an allocation crosses a watermark (a kick) and every
+// interval, and flushes dirty blocks every interval, until ctx ends. Errors are counted
 // and retried on the next round; onError, if set, hears of each.
 func (m *Manager) Run(ctx context.Context, interval time.Duration, onError func(error)) {
 	tick, stop := m.cfg.Timers.NewTicker(interval)
 	defer stop()
 	var backoff time.Duration
 	for {
+		// A kick rebalances; only the tick flushes: what a flush writes
+		// (cooldowns, adoptions, the end of lapsed reservations) is safe
+		// from a crash already, or flushed by whoever needs it at once
+		// (ReleaseDurable, Seal). Flushing on every kick made a write of
+		// nearly every allocation while the ready list ran low, and with
+		// several holders on one block, writes are what collide.
+		flush := false
 		select {
 		case <-ctx.Done():
 			return
 		case <-m.kickC:
 		case <-tick:
+			flush = true
 		}
 		if !m.Ready() {
 			continue
 		}
 		m.Expire()
-		err := errors.Join(m.Rebalance(ctx), m.Flush(ctx))
+		err := m.Rebalance(ctx)
+		if flush {
+			err = errors.Join(err, m.Flush(ctx))
+		}
 		if err == nil {
 			backoff = 0
 			continue

@@ -108,11 +108,14 @@ func TestSpread(t *testing.T) {
 		}
 		allocated, _ := s.gauge(rep, "spread", "allocated")
 		claimed, _ := s.gauge(rep, "spread", "claimed")
-		rows = append(rows, fmt.Sprintf("%-10s %11.0f %6.1f%% %11d %9.0f %7.0f", rep.Holder, v, 100*v/max(total, 1), rep.Connections(), allocated, claimed))
+		writes, _ := s.counter(rep, "vmipam_store_writes_total", "spread")
+		conflicts, _ := s.counter(rep, "vmipam_store_conflicts_total", "spread")
+		rows = append(rows, fmt.Sprintf("%-10s %11.0f %6.1f%% %11d %9.0f %7.0f %6.0f %9.0f",
+			rep.Holder, v, 100*v/max(total, 1), rep.Connections(), allocated, claimed, writes, conflicts))
 	}
-	t.Logf("TestSpread figures: pool %s (%d usable), %d VMs, %d clients, %s, %.0f creates/s\n%-10s %11s %7s %11s %9s %7s\n%s",
+	t.Logf("TestSpread figures: pool %s (%d usable), %d VMs, %d clients, %s, %.0f creates/s\n%-10s %11s %7s %11s %9s %7s %6s %9s\n%s",
 		prefix, usable, creates, clients, took.Round(10*time.Millisecond), float64(creates)/took.Seconds(),
-		"replica", "allocations", "share", "connections", "allocated", "claimed", strings.Join(rows, "\n"))
+		"replica", "allocations", "share", "connections", "allocated", "claimed", "writes", "conflicts", strings.Join(rows, "\n"))
 
 	// The IPPool's status: allocated should count every bound VM of the
 	// pool, whichever replica holds its address.
