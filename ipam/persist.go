@@ -248,13 +248,6 @@ func (m *Manager) claim(ctx context.Context, target int) (int, error) {
 	defer m.io.Unlock()
 	conflicts := 0
 	for range maxStoreRetries {
-		if conflicts > 0 {
-			// Another holder wrote the block since it was read: let the
-			// holders that collided spread out.
-			if err := m.backoff(ctx, conflicts-1); err != nil {
-				return 0, fmt.Errorf("claim addresses: %w after %d attempts: %w", ErrStoreConflict, conflicts, err)
-			}
-		}
 		m.mu.Lock()
 		if err := m.servingLocked(m.clock.Now()); err != nil {
 			m.mu.Unlock()
@@ -298,6 +291,13 @@ func (m *Manager) claim(ctx context.Context, target int) (int, error) {
 					}
 				}
 				m.mu.Unlock()
+				// Another holder wrote the block since it was read: let the
+				// holders that collided spread out, then read it and write
+				// at once (a wait between the read and the write would
+				// only let others in).
+				if err := m.backoff(ctx, conflicts-1); err != nil {
+					return 0, fmt.Errorf("claim addresses: %w after %d attempts: %w", ErrStoreConflict, conflicts, err)
+				}
 				continue
 			}
 			return 0, err
@@ -333,6 +333,15 @@ func (m *Manager) claimAddr(ctx context.Context, a netip.Addr) error {
 		defer m.io.Unlock()
 		return m.retry(ctx, func() error {
 			m.mu.Lock()
+			if bs := m.blocks[p]; m.entries[a] == nil && (bs == nil || !bs.loaded) {
+				// Read it and go on at once: a backoff between the read
+				// and the write would only let other writers in.
+				m.mu.Unlock()
+				if err := m.load(ctx, p); err != nil {
+					return err
+				}
+				m.mu.Lock()
+			}
 			if m.entries[a] != nil {
 				m.mu.Unlock()
 				return nil
@@ -340,10 +349,7 @@ func (m *Manager) claimAddr(ctx context.Context, a netip.Addr) error {
 			bs := m.blocks[p]
 			if bs == nil || !bs.loaded {
 				m.mu.Unlock()
-				if err := m.load(ctx, p); err != nil {
-					return err
-				}
-				return ErrStoreConflict // look again
+				return fmt.Errorf("block %s of pool %q changed while it was read: %w", p, m.cfg.Pool, ErrStoreConflict)
 			}
 			if h, ok := bs.persisted.holderOf(blockOffset(a)); ok && h != m.cfg.Holder {
 				err := elsewhereState(&bs.persisted, a, m.cfg.Holder, m.clock.Now())
