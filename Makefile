@@ -33,17 +33,11 @@ test: ## Unit, property, fuzz-seed and envtest integration tests under -race.
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" $(GO) test -race -count=1 -timeout 15m $$($(GO) list ./... | grep -v -e /test/chaos -e /test/replicas)
 	@# The suites that run several vmipam processes each, one after the other
 	@# (-p 1), after the rest: side by side on 2 cores they measure the machine.
-	@# Left out until the bugs they show are fixed (issue 10's closing note):
-	@# TestRollingRestart and TestKillDuringStorm, where after a takeover or
-	@# hand-overs a replica sometimes finds its claims held by another and
-	@# recovers (503s for about 2s, addresses resting); and the chaos run with
-	@# three replicas, which also shows reuse 2s after a deletion completes.
-	@# `make chaos` and `make test-replicas` run them.
-	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" $(GO) test -race -count=1 -p 1 -timeout 15m -skip '^(TestRollingRestart|TestKillDuringStorm)$$' ./test/replicas/
-	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" CHAOS_REPLICAS=1 $(GO) test -race -count=1 -timeout 15m ./test/chaos/
+	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" $(GO) test -race -count=1 -p 1 -timeout 15m ./test/replicas/
+	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" $(GO) test -race -count=1 -timeout 15m ./test/chaos/
 
 .PHONY: test-replicas
-test-replicas: ## Every multi-replica suite: test/replicas whole, and the chaos run with three replicas.
+test-replicas: ## Only the multi-replica suites (test/replicas, and the short chaos run with three replicas), which make test runs last.
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" $(GO) test -race -count=1 -p 1 -timeout 20m ./test/replicas/ ./test/chaos/
 
 .PHONY: test-unit
