@@ -46,8 +46,8 @@ type VMReconciler struct {
 	// waits for its finalizer's removal. Nil reads through Client.
 	APIReader client.Reader
 	Registry  *pools.Registry
-	Target   target.Target
-	Recorder events.EventRecorder
+	Target    target.Target
+	Recorder  events.EventRecorder
 	// MaxConcurrentReconciles defaults to 16: a reconcile mostly waits for
 	// its finalizer patch, so more in flight keep mass deletions moving,
 	// and the releases that must be flushed share their pool's flush.

@@ -54,7 +54,7 @@ func TestReleaseDurableAfterSlowFlush(t *testing.T) {
 		t.Errorf("cooldown ends %s, less than %s after the release returned at %s",
 			until.Format(time.TimeOnly), cooldown-releaseSlack, done.Format(time.TimeOnly))
 	}
-	b, _ := st.MemoryStore.Get(t.Context(), BlockOf(a))
+	b, _ := st.Get(t.Context(), BlockOf(a))
 	if d := b.Cooldowns[a]; d.Before(done.Add(cooldown - releaseSlack - time.Second)) {
 		t.Errorf("the store shows the cooldown ending %s, less than %s after the release returned at %s",
 			d.Format(time.TimeOnly), cooldown-releaseSlack-time.Second, done.Format(time.TimeOnly))
@@ -119,7 +119,7 @@ func TestReleaseAgainRestartsCooldown(t *testing.T) {
 				t.Errorf("cooldown ends %s, less than %s after the release again at %s",
 					until.Format(time.TimeOnly), cooldown, done.Format(time.TimeOnly))
 			}
-			b, _ := st.MemoryStore.Get(t.Context(), BlockOf(a))
+			b, _ := st.Get(t.Context(), BlockOf(a))
 			if d := b.Cooldowns[a]; tt.name == "durably" && d.Before(done.Add(cooldown-time.Second)) {
 				t.Errorf("the store shows the cooldown ending %s, before %s after the release again at %s",
 					d.Format(time.TimeOnly), cooldown, done.Format(time.TimeOnly))
