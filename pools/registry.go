@@ -163,10 +163,16 @@ func (r *Registry) Start(ctx context.Context) error {
 	r.watchBlocks(ctx)
 	status := time.NewTicker(r.opts.StatusInterval)
 	defer status.Stop()
-	resync := time.NewTicker(r.opts.ResyncInterval)
-	defer resync.Stop()
 	prove := time.NewTicker(r.opts.ProveInterval)
 	defer prove.Stop()
+	// Resyncs list every VM of each pool: on a loop of their own, so that
+	// many pools or a slow API server delay neither the renewals nor the
+	// status.
+	r.tasks.Add(1)
+	go func() {
+		defer r.tasks.Done()
+		r.resyncLoop(ctx)
+	}()
 	renew := time.NewTicker(r.lease.opts.RetryPeriod)
 	defer renew.Stop()
 	for {
@@ -190,6 +196,19 @@ func (r *Registry) Start(ctx context.Context) error {
 					log.Error(err, "Checking lapsed reservations", "pool", p.name)
 				}
 			}
+		}
+	}
+}
+
+// resyncLoop resyncs every pool each resync interval until ctx ends.
+func (r *Registry) resyncLoop(ctx context.Context) {
+	log := logf.FromContext(ctx)
+	resync := time.NewTicker(r.opts.ResyncInterval)
+	defer resync.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
 		case <-resync.C:
 			for _, p := range r.list() {
 				if err := r.Resync(ctx, p); err != nil && ctx.Err() == nil {
