@@ -7,6 +7,7 @@ package metrics
 import (
 	"context"
 	"net/http"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,6 +34,15 @@ var (
 		Help:    "Time vmipam's webhooks take to answer an admission request, by webhook and outcome.",
 		Buckets: []float64{5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5},
 	}, []string{"webhook", "outcome"})
+	// WebhookHTTPDuration is the server-side latency of every HTTP request
+	// to a webhook path, reading the review and writing the answer
+	// included, by path and status code. (vmipam serves its webhooks from
+	// its own server, so controller-runtime's webhook metrics stay empty.)
+	WebhookHTTPDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "vmipam_webhook_http_duration_seconds",
+		Help:    "Time vmipam's webhook server takes to answer an HTTP request, by path and status code.",
+		Buckets: []float64{5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5},
+	}, []string{"webhook", "code"})
 	// DuplicatesFound counts detections of two live objects on one address.
 	DuplicatesFound = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "vmipam_duplicates_found_total",
@@ -50,7 +60,7 @@ var (
 func Register(reg *pools.Registry) {
 	current.Store(reg)
 	once.Do(func() {
-		ctrlmetrics.Registry.MustRegister(AllocationDuration, AdmissionDuration, DuplicatesFound, poolCollector{},
+		ctrlmetrics.Registry.MustRegister(AllocationDuration, AdmissionDuration, WebhookHTTPDuration, DuplicatesFound, poolCollector{},
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 				Name: "vmipam_certificate_expiry_timestamp_seconds",
 				Help: "When the webhook's serving certificate expires, as a Unix time; 0 when unknown.",
@@ -146,6 +156,28 @@ func InstrumentAdmission(name string, h admission.Handler) admission.Handler {
 		AdmissionDuration.WithLabelValues(name, outcome(resp)).Observe(time.Since(start).Seconds())
 		return resp
 	})
+}
+
+// InstrumentHTTP wraps the HTTP handler of a webhook path to record each
+// request's latency and status code.
+func InstrumentHTTP(path string, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		sw := &statusWriter{ResponseWriter: w, code: http.StatusOK}
+		h.ServeHTTP(sw, r)
+		WebhookHTTPDuration.WithLabelValues(path, strconv.Itoa(sw.code)).Observe(time.Since(start).Seconds())
+	})
+}
+
+// statusWriter remembers the status code written.
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	w.code = code
+	w.ResponseWriter.WriteHeader(code)
 }
 
 func outcome(resp admission.Response) string {

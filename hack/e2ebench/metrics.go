@@ -229,8 +229,8 @@ func webhookStats(vBefore, vAfter, aBefore, aAfter metricSet) webhookResult {
 	return webhookResult{
 		mutating:   delta(vBefore, vAfter, adm, map[string]string{"webhook": "virtualmachine-mutating", "outcome": "allowed"}),
 		validating: delta(vBefore, vAfter, adm, map[string]string{"webhook": "virtualmachine-validating", "outcome": "allowed"}),
-		serve: delta(vBefore, vAfter, "controller_runtime_webhook_latency_seconds",
-			map[string]string{"webhook": "/mutate-vmipam-io-v1alpha1-virtualmachine"}),
+		serve: delta(vBefore, vAfter, "vmipam_webhook_http_duration_seconds",
+			map[string]string{"webhook": "/mutate-vmipam-io-v1alpha1-virtualmachine", "code": "200"}),
 		apiMutating: delta(aBefore, aAfter, api,
 			map[string]string{"name": "mvirtualmachine.vmipam.io", "operation": "CREATE", "rejected": "false"}),
 		apiValidating: delta(aBefore, aAfter, api,

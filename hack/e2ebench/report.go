@@ -583,7 +583,7 @@ func vmipamHists(wh webhookResult) []namedHist {
 	return []namedHist{
 		{"mutating handler, allowed (`vmipam_admission_duration_seconds`)", wh.mutating},
 		{"validating handler, allowed (`vmipam_admission_duration_seconds`)", wh.validating},
-		{"mutating HTTP handler (`controller_runtime_webhook_latency_seconds`, coarse)", wh.serve},
+		{"mutating HTTP handler, review read and answer written (`vmipam_webhook_http_duration_seconds`)", wh.serve},
 		{"mutating call seen by the API server (`apiserver_admission_webhook_admission_duration_seconds`, coarse)", wh.apiMutating},
 		{"validating call seen by the API server (same, coarse)", wh.apiValidating},
 		{"allocator, per allocation (`vmipam_allocation_duration_seconds`)", wh.alloc},

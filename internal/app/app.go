@@ -123,7 +123,7 @@ func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
 		webhook.ValidatorPath:       {"virtualmachine-validating", &webhook.VMValidator{Target: t}},
 		webhook.IPPoolValidatorPath: {"ippool-validating", webhook.NewIPPoolValidator(mgr.GetAPIReader(), mgr.GetScheme())},
 	} {
-		srv.Register(path, adm.Handler(metrics.InstrumentAdmission(h.name, h.handler)))
+		srv.Register(path, metrics.InstrumentHTTP(path, adm.Handler(metrics.InstrumentAdmission(h.name, h.handler))))
 	}
 	if err := mgr.AddHealthzCheck("ping", func(*http.Request) error { return nil }); err != nil {
 		return nil, fmt.Errorf("add healthz check: %w", err)

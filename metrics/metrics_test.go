@@ -1,0 +1,46 @@
+package metrics
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+)
+
+// TestInstrumentHTTP: each request to a webhook path is counted under its
+// path and the status code its handler wrote (200 when it wrote none).
+func TestInstrumentHTTP(t *testing.T) {
+	for _, tt := range []struct {
+		name, path string
+		write      int
+		code       string
+	}{
+		{"answered", "/test-answered", 0, "200"},
+		{"refused", "/test-refused", http.StatusRequestEntityTooLarge, "413"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			h := InstrumentHTTP(tt.path, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				if tt.write != 0 {
+					w.WriteHeader(tt.write)
+				}
+				_, _ = w.Write([]byte("{}"))
+			}))
+			for range 3 {
+				h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodPost, tt.path, nil))
+			}
+			o, err := WebhookHTTPDuration.GetMetricWithLabelValues(tt.path, tt.code)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var m dto.Metric
+			if err := o.(prometheus.Metric).Write(&m); err != nil {
+				t.Fatal(err)
+			}
+			if n := m.GetHistogram().GetSampleCount(); n != 3 {
+				t.Errorf("%s code %s counted %d requests, want 3", tt.path, tt.code, n)
+			}
+		})
+	}
+}
