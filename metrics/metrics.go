@@ -180,6 +180,10 @@ func (w *statusWriter) WriteHeader(code int) {
 	w.ResponseWriter.WriteHeader(code)
 }
 
+// Unwrap lets http.ResponseController reach the connection: the webhook
+// server sets its read deadlines through it.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
 func outcome(resp admission.Response) string {
 	switch {
 	case resp.Allowed:

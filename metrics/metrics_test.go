@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -27,6 +28,9 @@ func TestInstrumentHTTP(t *testing.T) {
 				}
 				_, _ = w.Write([]byte("{}"))
 			}))
+			if err := http.NewResponseController(&statusWriter{ResponseWriter: deadlineRecorder{httptest.NewRecorder()}}).SetReadDeadline(time.Time{}); err != nil {
+				t.Fatalf("the wrapped writer hides the connection's read deadline: %v", err)
+			}
 			for range 3 {
 				h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodPost, tt.path, nil))
 			}
@@ -44,3 +48,8 @@ func TestInstrumentHTTP(t *testing.T) {
 		})
 	}
 }
+
+// deadlineRecorder is a recorder whose connection takes read deadlines.
+type deadlineRecorder struct{ *httptest.ResponseRecorder }
+
+func (deadlineRecorder) SetReadDeadline(time.Time) error { return nil }
