@@ -625,31 +625,43 @@ func (m *Manager) pickLocked(want int) (p netip.Prefix, picks []netip.Addr, next
 // load reads a block from the store into the cache. Local changes not yet
 // written stay marked by the block's generation.
 func (m *Manager) load(ctx context.Context, p netip.Prefix) error {
-	m.mu.Lock()
-	since := m.nextSeqLocked()
-	m.mu.Unlock()
-	b, err := m.cfg.Store.Get(ctx, p)
-	if err != nil {
-		return fmt.Errorf("read block %s of pool %q: %w", p, m.cfg.Pool, err)
-	}
-	if b.Claims == nil {
-		b.Claims = map[string]*Bitmap{}
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.overtakenLocked(p, since) {
-		// The Manager sent or recorded a write of the block while this
-		// read was on its way, or read it since: this read may predate
-		// what the Manager knows.
+	for attempt := 1; ; attempt++ {
+		m.mu.Lock()
+		since := m.nextSeqLocked()
+		m.mu.Unlock()
+		b, err := m.cfg.Store.Get(ctx, p)
+		if err != nil {
+			return fmt.Errorf("read block %s of pool %q: %w", p, m.cfg.Pool, err)
+		}
+		if b.Claims == nil {
+			b.Claims = map[string]*Bitmap{}
+		}
+		m.mu.Lock()
+		if m.overtakenLocked(p, since) {
+			// The Manager sent or recorded a write of the block while
+			// this read was on its way, or read it since: this read may
+			// predate what the Manager knows. Keep that, if it has it;
+			// else read again, so that the caller never takes a block
+			// it has not read for one nobody claims anything in.
+			bs := m.blocks[p]
+			m.mu.Unlock()
+			if bs != nil && bs.loaded {
+				return nil
+			}
+			if attempt == 3 {
+				return fmt.Errorf("read block %s of pool %q: overtaken by writes %d times: %w", p, m.cfg.Pool, attempt, ErrStoreConflict)
+			}
+			continue
+		}
+		bs := m.blockFor(p.Addr())
+		m.setPersistedLocked(bs, b)
+		bs.loaded, bs.bound = true, since
+		m.materializeLocked(bs)
+		// New claims elsewhere may have freed or taken addresses.
+		m.noClaimableUntil = time.Time{}
+		m.mu.Unlock()
 		return nil
 	}
-	bs := m.blockFor(p.Addr())
-	m.setPersistedLocked(bs, b)
-	bs.loaded, bs.bound = true, since
-	m.materializeLocked(bs)
-	// New claims elsewhere may have freed or taken addresses.
-	m.noClaimableUntil = time.Time{}
-	return nil
 }
 
 // orphanRest is how long an orphan waits for a resync: as good as forever.

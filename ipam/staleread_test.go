@@ -267,3 +267,52 @@ func pickAddr(m *Manager, a netip.Addr) func() []*entry {
 		return []*entry{e}
 	}
 }
+
+// TestRefreshOvertakenReadsAgain: a read of a block this Manager holds
+// nothing of, overtaken (here by the forgetting of another block), is not
+// applied; the Manager must then read again, not leave the block unread.
+// The controller refreshes a block before deciding that nobody claims a
+// VM's address, and removed the finalizer of a VM another replica held,
+// whose address then stayed allocated to a VM that was gone.
+func TestRefreshOvertakenReadsAgain(t *testing.T) {
+	ctx := context.Background()
+	x := addr("10.0.0.9")
+	clk := newFakeClock()
+	st := &slowReadStore{MemoryStore: NewMemoryStore()}
+	newManager := func(holder string) *Manager {
+		m, err := NewManager(Config{
+			Pool: "p", Holder: holder, Ranges: mustRanges(t, RangeSpec{CIDR: "10.0.0.0/24"}),
+			Cooldown: time.Minute, PendingTTL: 30 * time.Second,
+			LowWatermark: 1, TargetFree: 2, HighWatermark: 200,
+			Store: st, Clock: clk,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.SetPeers([]string{"h1", "h2"})
+		if _, err := m.Recover(ctx, nil); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	h1 := newManager("h1")
+	h2 := newManager("h2")
+	if err := h2.claimAddr(ctx, x); err != nil {
+		t.Fatal(err)
+	}
+	read, release := st.holdNext()
+	defer release()
+	done := make(chan error, 1)
+	go func() { done <- h1.Refresh(ctx, x) }()
+	<-read
+	h1.mu.Lock()
+	h1.forgotAt = h1.nextSeqLocked()
+	h1.mu.Unlock()
+	release()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if h, ok := h1.HolderOf(x); !ok || h != "h2" {
+		t.Errorf("after the refresh h1 sees %s held by %q (claimed %v), want h2", x, h, ok)
+	}
+}
