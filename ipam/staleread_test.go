@@ -107,28 +107,9 @@ func TestReadOvertakenByWrites(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			clk := newFakeClock()
 			st := &slowReadStore{MemoryStore: NewMemoryStore()}
-			cfg := Config{
-				Pool: "p", Ranges: mustRanges(t, RangeSpec{CIDR: "10.0.0.0/24"}),
-				Cooldown: time.Minute, PendingTTL: 30 * time.Second,
-				LowWatermark: 1, TargetFree: 2, HighWatermark: 200,
-				Store: st, Clock: clk,
-			}
-			newManager := func(holder string) *Manager {
-				c := cfg
-				c.Holder = holder
-				m, err := NewManager(c)
-				if err != nil {
-					t.Fatal(err)
-				}
-				m.SetPeers([]string{"h1", "h2", "gone"})
-				if _, err := m.Recover(ctx, nil); err != nil {
-					t.Fatal(err)
-				}
-				return m
-			}
 			// h2 claims x, and a holder that left claims another address,
 			// for the takeover to find.
-			h2 := newManager("h2")
+			h2 := newSharingManager(t, st, clk, "h2")
 			if err := h2.claimAddr(ctx, x); err != nil {
 				t.Fatal(err)
 			}
@@ -138,7 +119,7 @@ func TestReadOvertakenByWrites(t *testing.T) {
 			if _, err := st.MemoryStore.Put(ctx, b); err != nil {
 				t.Fatal(err)
 			}
-			h1 := newManager("h1")
+			h1 := newSharingManager(t, st, clk, "h1")
 
 			// The read takes its snapshot (h2 claims x) and is held.
 			read, release := st.holdNext()
@@ -197,23 +178,7 @@ func TestReadBeforeLostReply(t *testing.T) {
 	x, y := addr("10.0.0.9"), addr("10.0.0.10")
 	clk := newFakeClock()
 	st := &slowReadStore{MemoryStore: NewMemoryStore()}
-	newManager := func(holder string) *Manager {
-		m, err := NewManager(Config{
-			Pool: "p", Holder: holder, Ranges: mustRanges(t, RangeSpec{CIDR: "10.0.0.0/24"}),
-			Cooldown: time.Minute, PendingTTL: 30 * time.Second,
-			LowWatermark: 1, TargetFree: 2, HighWatermark: 200,
-			Store: st, Clock: clk,
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		m.SetPeers([]string{"h1", "h2"})
-		if _, err := m.Recover(ctx, nil); err != nil {
-			t.Fatal(err)
-		}
-		return m
-	}
-	h1, h2 := newManager("h1"), newManager("h2")
+	h1, h2 := newSharingManager(t, st, clk, "h1"), newSharingManager(t, st, clk, "h2")
 	// x to give back, and another so that the block stays.
 	for _, a := range []netip.Addr{x, addr("10.0.0.20")} {
 		if err := h1.claimAddr(ctx, a); err != nil {
@@ -259,6 +224,26 @@ func TestReadBeforeLostReply(t *testing.T) {
 	}
 }
 
+// newSharingManager is a recovered Manager of pool p over st under holder,
+// with h1, h2 and gone as the live holders.
+func newSharingManager(t *testing.T, st Store, clk *fakeClock, holder string) *Manager {
+	t.Helper()
+	m, err := NewManager(Config{
+		Pool: "p", Holder: holder, Ranges: mustRanges(t, RangeSpec{CIDR: "10.0.0.0/24"}),
+		Cooldown: time.Minute, PendingTTL: 30 * time.Second,
+		LowWatermark: 1, TargetFree: 2, HighWatermark: 200,
+		Store: st, Clock: clk,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.SetPeers([]string{"h1", "h2", "gone"})
+	if _, err := m.Recover(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
 // pickAddr picks a, free on m, for a give-back.
 func pickAddr(m *Manager, a netip.Addr) func() []*entry {
 	return func() []*entry {
@@ -279,24 +264,8 @@ func TestRefreshOvertakenReadsAgain(t *testing.T) {
 	x := addr("10.0.0.9")
 	clk := newFakeClock()
 	st := &slowReadStore{MemoryStore: NewMemoryStore()}
-	newManager := func(holder string) *Manager {
-		m, err := NewManager(Config{
-			Pool: "p", Holder: holder, Ranges: mustRanges(t, RangeSpec{CIDR: "10.0.0.0/24"}),
-			Cooldown: time.Minute, PendingTTL: 30 * time.Second,
-			LowWatermark: 1, TargetFree: 2, HighWatermark: 200,
-			Store: st, Clock: clk,
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		m.SetPeers([]string{"h1", "h2"})
-		if _, err := m.Recover(ctx, nil); err != nil {
-			t.Fatal(err)
-		}
-		return m
-	}
-	h1 := newManager("h1")
-	h2 := newManager("h2")
+	h1 := newSharingManager(t, st, clk, "h1")
+	h2 := newSharingManager(t, st, clk, "h2")
 	if err := h2.claimAddr(ctx, x); err != nil {
 		t.Fatal(err)
 	}
