@@ -174,9 +174,6 @@ type entry struct {
 	// there, without knowing which machine holds it: it cools down until
 	// a resync with the live machines settles it (see materializeLocked).
 	orphan bool
-	// released is the UID of the machine whose release began a cooldown,
-	// so that its release retried restarts the cooldown (see Release).
-	released string
 	// changed is the Manager's sequence number at the entry's last change
 	// of owner or state, so Resync can tell changes newer than its list.
 	changed    uint64
@@ -758,10 +755,12 @@ func (m *Manager) Bind(o Owner) (netip.Addr, error) {
 // Release puts an address into cooldown. The owner must match: the UID of
 // the virtual machine it is allocated to, or the token of a pending
 // reservation. Releasing an address that is free or not held is a no-op,
-// so a retried release is harmless. Releasing again, for the same machine,
-// an address its release put into cooldown starts the cooldown again from
-// now: the machine is still there (its finalizer was not removed yet), and
-// the cooldown must end no earlier than that long after it goes. A Manager not recovered
+// so a retried release is harmless. Releasing, for a machine, an address
+// already cooling down starts the cooldown again from now: that machine
+// still carries it (its finalizer was not removed yet: a retry, or the
+// address was taken over or recovered with its release already made), and
+// the cooldown must end no earlier than that long after it goes. It only
+// ever lengthens a cooldown. A Manager not recovered
 // yet, closed or fenced refuses with ErrNotReady: nobody would persist it.
 // Bind and Adopt refuse the same way, so that nothing changes a closed
 // Manager and a late Flush of it writes nothing stale.
@@ -776,7 +775,7 @@ func (m *Manager) Release(addr netip.Addr, owner Owner) error {
 	}
 	m.advance(now)
 	e := m.entries[addr]
-	if e != nil && e.state == StateCooldown && owner.UID != "" && e.released == owner.UID {
+	if e != nil && e.state == StateCooldown && owner.UID != "" {
 		if until := now.Add(m.cfg.Cooldown); until.After(e.at) {
 			m.cooldown.remove(e)
 			e.at = until
@@ -1018,7 +1017,6 @@ func (m *Manager) toCooldown(e *entry, now time.Time) {
 	}
 	e.state = StateCooldown
 	e.armed, e.arming = false, false
-	e.released = e.owner.UID
 	e.owner = Owner{}
 	e.at = now.Add(m.cfg.Cooldown)
 	m.cooldown.insertByAt(e)
