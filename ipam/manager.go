@@ -776,6 +776,10 @@ func (m *Manager) Release(addr netip.Addr, owner Owner) error {
 	m.advance(now)
 	e := m.entries[addr]
 	if e != nil && e.state == StateCooldown && owner.UID != "" {
+		if owner.Token != "" {
+			// As below: the machine of a lapsed reservation was stored.
+			m.usedLocked(addr, owner.Token)
+		}
 		if until := now.Add(m.cfg.Cooldown); until.After(e.at) {
 			m.cooldown.remove(e)
 			e.at = until

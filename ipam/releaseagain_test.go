@@ -130,3 +130,32 @@ func TestReleaseAgainRestartsCooldown(t *testing.T) {
 		})
 	}
 }
+
+// TestReleaseOfLapsedReservationKeepsCooldown: a reservation lapses
+// unstored; its machine turns up after all, and is deleted while the
+// address cools down. That release lengthens the cooldown and settles the
+// lapsed record, so no later proof that the reservation was never stored
+// frees the address early.
+func TestReleaseOfLapsedReservationKeepsCooldown(t *testing.T) {
+	clk := newFakeClock()
+	m := newRecovered(t, NewMemoryStore(), clk, time.Minute)
+	a := addr("10.0.0.1")
+	if err := m.Reserve(t.Context(), Reservation{Token: "tok"}, a); err != nil {
+		t.Fatal(err)
+	}
+	clk.Step(31 * time.Second) // past the pending TTL
+	m.Expire()
+	lapsed := m.Unstored()
+	if len(lapsed) != 1 || lapsed[0].Addr != a {
+		t.Fatalf("lapsed reservations %v, want one of %s", lapsed, a)
+	}
+	if err := m.Release(a, Owner{UID: "uid", Token: "tok"}); err != nil {
+		t.Fatal(err)
+	}
+	if m.Unused(lapsed[0], clk.Now().Add(time.Second)) {
+		t.Errorf("%s was freed as never stored after its machine was released", a)
+	}
+	if st, _, until := m.Lookup(a); st != StateCooldown || until.Before(clk.Now().Add(time.Minute)) {
+		t.Errorf("%s is %v until %s, want cooling down a whole cooldown from the release", a, st, until.Format(time.TimeOnly))
+	}
+}
