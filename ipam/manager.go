@@ -284,6 +284,10 @@ type Manager struct {
 	// refreshAfter paces the re-reads of other holders' blocks before an
 	// allocation is refused.
 	noClaimableUntil, refreshAfter time.Time
+	// othersIn marks the blocks where the last version Observe showed
+	// claims of other holders: a hint for where to claim (see pickLocked),
+	// never a reason to hand out or refuse anything.
+	othersIn map[netip.Prefix]bool
 	// fence, when set, tells whether this holder's lease is still safely
 	// held; once not, another holder may take its claims over. Nil means
 	// no lease is kept (a test).
@@ -375,7 +379,7 @@ func NewManager(cfg Config) (*Manager, error) {
 	if cfg.Timers == nil {
 		cfg.Timers = realTimers{}
 	}
-	m := &Manager{cfg: cfg, clock: cfg.Clock, kickC: make(chan struct{}, 1)}
+	m := &Manager{cfg: cfg, clock: cfg.Clock, kickC: make(chan struct{}, 1), othersIn: map[netip.Prefix]bool{}}
 	m.reset(0)
 	return m, nil
 }

@@ -569,11 +569,35 @@ func (m *Manager) settleReturningLocked(p netip.Prefix, bs *blockState, picked [
 // cursor, inside a single block. It returns the block, the addresses and
 // where the cursor goes next; or load=true when the block must first be
 // read from the store.
+//
+// With other live holders it first looks only in blocks that no other
+// holder claims anything in, as far as this Manager knows (its reads of the
+// block, and the versions Observe showed it), so that each holder's claims,
+// arming and flushes mostly go to a block of its own and several holders
+// seldom write one block at once. Only when no such block has unclaimed
+// addresses does it claim beside other holders. What it knows may be
+// stale either way: a claim in a block another holder wrote since fails
+// its compare-and-swap, the block is read, and the next pick skips it.
 func (m *Manager) pickLocked(want int) (p netip.Prefix, picks []netip.Addr, next netip.Addr, load bool) {
 	now := m.clock.Now()
 	if now.Before(m.noClaimableUntil) {
 		return p, nil, next, false
 	}
+	if len(m.peers) > 1 {
+		if p, picks, next, load = m.scanLocked(want, true); load || len(picks) > 0 {
+			return p, picks, next, load
+		}
+	}
+	if p, picks, next, load = m.scanLocked(want, false); load || len(picks) > 0 {
+		return p, picks, next, load
+	}
+	m.noClaimableUntil = now.Add(rescanAfter)
+	return p, nil, next, false
+}
+
+// scanLocked is one pass of pickLocked; alone skips the blocks that other
+// holders claim addresses in.
+func (m *Manager) scanLocked(want int, alone bool) (p netip.Prefix, picks []netip.Addr, next netip.Addr, load bool) {
 	r := m.cfg.Ranges
 	a, wrapped := m.cursor, false
 	for {
@@ -590,25 +614,30 @@ func (m *Manager) pickLocked(want int) (p netip.Prefix, picks []netip.Addr, next
 		}
 		p = BlockOf(x)
 		bs := m.blocks[p]
-		if bs == nil || !bs.loaded {
+		loaded := bs != nil && bs.loaded
+		// Another holder claims addresses here: not in this pass.
+		skip := alone && (m.othersIn[p] || loaded && bs.elsewhere > 0)
+		if !skip && !loaded {
 			return p, nil, next, true
 		}
-		for ok && BlockOf(x) == p && len(picks) < want {
-			if m.entries[x] == nil {
-				if _, taken := bs.persisted.holderOf(blockOffset(x)); !taken {
-					picks = append(picks, x)
+		if !skip {
+			for ok && BlockOf(x) == p && len(picks) < want {
+				if m.entries[x] == nil {
+					if _, taken := bs.persisted.holderOf(blockOffset(x)); !taken {
+						picks = append(picks, x)
+					}
 				}
+				// After, not Next(x.Next()): it steps from the top of IPv4
+				// into the IPv6 ranges and never onto an IPv4-mapped address.
+				x, ok = r.After(x)
 			}
-			// After, not Next(x.Next()): it steps from the top of IPv4
-			// into the IPv6 ranges and never onto an IPv4-mapped address.
-			x, ok = r.After(x)
-		}
-		if len(picks) > 0 {
-			next = x
-			if !ok {
-				next = r.First()
+			if len(picks) > 0 {
+				next = x
+				if !ok {
+					next = r.First()
+				}
+				return p, picks, next, false
 			}
-			return p, picks, next, false
 		}
 		if a, ok = r.After(lastAddr(p)); !ok {
 			// Past the last usable address: wrap around to the start.
@@ -618,8 +647,7 @@ func (m *Manager) pickLocked(want int) (p netip.Prefix, picks []netip.Addr, next
 			wrapped, a = true, r.First()
 		}
 	}
-	m.noClaimableUntil = now.Add(rescanAfter)
-	return p, nil, next, false
+	return netip.Prefix{}, nil, next, false
 }
 
 // load reads a block from the store into the cache. Local changes not yet

@@ -49,7 +49,16 @@ func (m *Manager) Observe(b Block) {
 	for h := range b.Requests {
 		asks = asks || h != m.cfg.Holder
 	}
+	others := false
+	for h, bm := range b.Claims {
+		others = others || h != m.cfg.Holder && !bm.Empty()
+	}
 	m.mu.Lock()
+	if others {
+		m.othersIn[b.Prefix] = true
+	} else {
+		delete(m.othersIn, b.Prefix)
+	}
 	bs := m.blocks[b.Prefix]
 	kick := false
 	if asks && bs != nil && bs.ours > 0 {
