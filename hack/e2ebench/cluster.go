@@ -242,7 +242,6 @@ func (b *bench) vmipamMetrics() (metricSet, error) {
 	return parseMetrics(text), nil
 }
 
-// apiserverMetrics reads the API server's /metrics.
 // bothMetrics reads vmipam's metrics and then the API server's.
 func (b *bench) bothMetrics(ctx context.Context) (vmipam, apiserver metricSet, err error) {
 	if vmipam, err = b.vmipamMetrics(); err != nil {
@@ -254,6 +253,7 @@ func (b *bench) bothMetrics(ctx context.Context) (vmipam, apiserver metricSet, e
 	return vmipam, apiserver, nil
 }
 
+// apiserverMetrics reads the API server's /metrics.
 func (b *bench) apiserverMetrics(ctx context.Context) (metricSet, error) {
 	text, err := b.apiserverMetricsText(ctx)
 	if err != nil {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -27,6 +29,50 @@ type replicaStats struct {
 	rates    []float64
 	// ready is how long each start took until every replica was ready.
 	ready []time.Duration
+	// api is what the rounds cost the API server besides the creates.
+	api apiCost
+}
+
+// apiCost sums, over a layout's rounds, the IPBlock writes the API server
+// served (updates, creates and deletes) and how many of them lost a
+// compare-and-swap (409), and the watch events it sent and their bytes,
+// by resource: what several replicas cost the API server beyond one.
+type apiCost struct {
+	blockWrites, blockConflicts float64
+	watchEvents, watchBytes     map[string]float64
+}
+
+// add adds the difference of the API server's metrics from a0 to a1.
+func (c *apiCost) add(a0, a1 metricSet) {
+	if c.watchEvents == nil {
+		c.watchEvents, c.watchBytes = map[string]float64{}, map[string]float64{}
+	}
+	for _, verb := range []string{"UPDATE", "PUT", "POST", "DELETE", "PATCH"} {
+		want := map[string]string{"resource": "ipblocks", "verb": verb}
+		c.blockWrites += a1.sum("apiserver_request_total", want) - a0.sum("apiserver_request_total", want)
+		want["code"] = "409"
+		c.blockConflicts += a1.sum("apiserver_request_total", want) - a0.sum("apiserver_request_total", want)
+	}
+	byResource := func(m metricSet, name string) map[string]float64 {
+		out := map[string]float64{}
+		for _, s := range m {
+			if s.name != name {
+				continue
+			}
+			r := s.labels["resource"]
+			if r == "" {
+				r = strings.ToLower(s.labels["kind"])
+			}
+			out[r] += s.value
+		}
+		return out
+	}
+	for r, v := range byResource(a1, "apiserver_watch_events_total") {
+		c.watchEvents[r] += v - byResource(a0, "apiserver_watch_events_total")[r]
+	}
+	for r, v := range byResource(a1, "apiserver_watch_events_sizes_sum") {
+		c.watchBytes[r] += v - byResource(a0, "apiserver_watch_events_sizes_sum")[r]
+	}
 }
 
 func (s *replicaStats) rate() float64 { return float64(len(s.lat)) / s.elapsed.Seconds() }
@@ -71,12 +117,21 @@ func (b *bench) measureReplicas(ctx context.Context, rep *report) error {
 			offset += min(o.warmup, 64)
 			k := per[r]
 			logf("replicas round %d/%d, %d replica(s): creating %d", r+1, o.rounds, st.replicas, k)
+			a0, err := b.apiserverMetrics(ctx)
+			if err != nil {
+				return err
+			}
 			c0 := sampleCPU()
 			res := b.runOps(ctx, k, b.createOp(modeWith, fmt.Sprintf("rep%d", st.replicas), offset))
 			c1 := sampleCPU()
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
+			a1, err := b.apiserverMetrics(ctx)
+			if err != nil {
+				return err
+			}
+			st.api.add(a0, a1)
 			offset += k
 			st.cpu.add(c1.sub(c0))
 			st.elapsed += res.elapsed
@@ -158,7 +213,30 @@ func (r *report) replicasSection(b *strings.Builder) {
 		}
 		return s.cpu.procs["vmipam"] / float64(len(s.lat)) * 1000
 	}
-	t.row("vmipam CPU per 1,000 creates (s)", secs(per(one)), secs(per(many)), ratio(per(many), per(one)))
+	t.row("vmipam CPU per 1,000 creates", secs(per(one)), secs(per(many)), ratio(per(many), per(one)))
+	perCreate := func(s *replicaStats, v float64) float64 {
+		if len(s.lat) == 0 {
+			return 0
+		}
+		return v / float64(len(s.lat))
+	}
+	t.row("IPBlock writes per 1,000 creates (lost a compare-and-swap)",
+		fmt.Sprintf("%.0f (%.0f)", 1000*perCreate(one, one.api.blockWrites), 1000*perCreate(one, one.api.blockConflicts)),
+		fmt.Sprintf("%.0f (%.0f)", 1000*perCreate(many, many.api.blockWrites), 1000*perCreate(many, many.api.blockConflicts)), "")
+	resources := map[string]bool{}
+	for _, s := range []*replicaStats{one, many} {
+		for r, v := range s.api.watchEvents {
+			if v > 0 {
+				resources[r] = true
+			}
+		}
+	}
+	for _, res := range slices.Sorted(maps.Keys(resources)) {
+		t.row(fmt.Sprintf("watch events (KiB) sent per create: %s", res),
+			fmt.Sprintf("%.2f (%.1f)", perCreate(one, one.api.watchEvents[res]), perCreate(one, one.api.watchBytes[res])/1024),
+			fmt.Sprintf("%.2f (%.1f)", perCreate(many, many.api.watchEvents[res]), perCreate(many, many.api.watchBytes[res])/1024),
+			ratio(perCreate(many, many.api.watchBytes[res]), perCreate(one, one.api.watchBytes[res])))
+	}
 	t.row("start until the webhooks answer (each start)", durs(one.ready), durs(many.ready), "")
 	w("")
 	for _, s := range []*replicaStats{one, many} {
