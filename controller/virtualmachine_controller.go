@@ -146,11 +146,17 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 		holder, claimed := pool.HolderOf(addr)
 		if !claimed || !r.Registry.Live(holder) {
 			// This replica's view of the block may lag (claimed since its
-			// last read, or taken over): read it again before deciding.
-			if err := pool.Refresh(ctx, addr); err != nil {
-				return ctrl.Result{}, fmt.Errorf("read the block of %s: %w", addr, err)
+			// last read, or taken over). The watch's last version may say
+			// whose it is, which is enough to leave it alone until the
+			// look below; to act on it, read the block again.
+			if seen, ok := pool.SeenHolderOf(addr); ok && r.Registry.Live(seen) {
+				holder, claimed = seen, true
+			} else {
+				if err := pool.Refresh(ctx, addr); err != nil {
+					return ctrl.Result{}, fmt.Errorf("read the block of %s: %w", addr, err)
+				}
+				holder, claimed = pool.HolderOf(addr)
 			}
-			holder, claimed = pool.HolderOf(addr)
 		}
 		switch {
 		case pool.Held(addr):

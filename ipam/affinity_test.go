@@ -158,3 +158,41 @@ func TestClaimsBesideOthersWhenTheirOwnRunOut(t *testing.T) {
 		t.Errorf("blocks handed out from: %v; want h1 and h2 in a block each and h3 beside one of them", blocks)
 	}
 }
+
+// TestSeenHolderOf: the watch's last version of a block tells whose an
+// address is, for other holders only, and a block observed without claims
+// (deleted) tells nothing any more.
+func TestSeenHolderOf(t *testing.T) {
+	ctx := context.Background()
+	st, clk := NewMemoryStore(), newFakeClock()
+	h1 := newSharingManager(t, st, clk, "h1")
+	h2 := newSharingManager(t, st, clk, "h2")
+	a1, err := h1.Allocate(ctx, Reservation{Token: "t1", Namespace: "ns"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := st.Get(ctx, BlockOf(a1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps := []struct {
+		name   string
+		m      *Manager
+		block  Block
+		holder string
+	}{
+		{name: "before any version was seen", m: h2},
+		{name: "another holder's claim", m: h2, block: b, holder: "h1"},
+		{name: "its own claim is not another's", m: h1, block: b},
+		{name: "the block deleted", m: h2, block: Block{Prefix: BlockOf(a1)}},
+	}
+	for _, s := range steps {
+		if s.block.Prefix.IsValid() {
+			s.m.Observe(s.block)
+		}
+		h, ok := s.m.SeenHolderOf(a1)
+		if want := s.holder != ""; ok != want || h != s.holder {
+			t.Errorf("%s: %s.SeenHolderOf(%s) = %q, %v; want %q, %v", s.name, s.m.Holder(), a1, h, ok, s.holder, want)
+		}
+	}
+}

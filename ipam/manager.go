@@ -284,10 +284,10 @@ type Manager struct {
 	// refreshAfter paces the re-reads of other holders' blocks before an
 	// allocation is refused.
 	noClaimableUntil, refreshAfter time.Time
-	// othersIn marks the blocks where the last version Observe showed
-	// claims of other holders: a hint for where to claim (see pickLocked),
-	// never a reason to hand out or refuse anything.
-	othersIn map[netip.Prefix]bool
+	// seen holds, per block, the other holders' claims in the last version
+	// Observe showed: a hint for where to claim (see pickLocked) and for
+	// SeenHolderOf, never a reason to hand out or refuse anything.
+	seen map[netip.Prefix]map[string]*Bitmap
 	// fence, when set, tells whether this holder's lease is still safely
 	// held; once not, another holder may take its claims over. Nil means
 	// no lease is kept (a test).
@@ -379,7 +379,7 @@ func NewManager(cfg Config) (*Manager, error) {
 	if cfg.Timers == nil {
 		cfg.Timers = realTimers{}
 	}
-	m := &Manager{cfg: cfg, clock: cfg.Clock, kickC: make(chan struct{}, 1), othersIn: map[netip.Prefix]bool{}}
+	m := &Manager{cfg: cfg, clock: cfg.Clock, kickC: make(chan struct{}, 1), seen: map[netip.Prefix]map[string]*Bitmap{}}
 	m.reset(0)
 	return m, nil
 }
@@ -846,6 +846,25 @@ func (m *Manager) HolderOf(addr netip.Addr) (string, bool) {
 	}
 	if bs := m.blocks[BlockOf(addr)]; bs != nil && bs.loaded {
 		return bs.persisted.holderOf(blockOffset(addr))
+	}
+	return "", false
+}
+
+// SeenHolderOf returns the other holder that claims addr in the last
+// version of its block that Observe showed (the watch), if any. The watch
+// may lag, so it is a hint for work that another holder does, never a
+// reason to hand out, adopt or release anything: the controller asks it
+// before reading a block again, to learn that a machine is another
+// replica's without a read.
+func (m *Manager) SeenHolderOf(addr netip.Addr) (string, bool) {
+	addr = Canonical(addr)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	off := blockOffset(addr)
+	for h, bm := range m.seen[BlockOf(addr)] {
+		if bm.Has(off) {
+			return h, true
+		}
 	}
 	return "", false
 }

@@ -616,7 +616,7 @@ func (m *Manager) scanLocked(want int, alone bool) (p netip.Prefix, picks []neti
 		bs := m.blocks[p]
 		loaded := bs != nil && bs.loaded
 		// Another holder claims addresses here: not in this pass.
-		skip := alone && (m.othersIn[p] || loaded && bs.elsewhere > 0)
+		skip := alone && (len(m.seen[p]) > 0 || loaded && bs.elsewhere > 0)
 		if !skip && !loaded {
 			return p, nil, next, true
 		}

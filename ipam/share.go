@@ -41,6 +41,10 @@ func (m *Manager) SetPeers(holders []string) {
 // elsewhere (an informer): if another holder asks for addresses there and
 // this Manager holds some, the next rebalance reads the block and answers.
 //
+// Observe keeps the other holders' claims it shows as a hint (see
+// SeenHolderOf); a block that was deleted is observed as one without
+// claims.
+//
 // It also notices addresses handed over to this holder that it holds no
 // entry for (a grant it stopped waiting for): the next rebalance reads the
 // block, and they join the free list.
@@ -49,15 +53,21 @@ func (m *Manager) Observe(b Block) {
 	for h := range b.Requests {
 		asks = asks || h != m.cfg.Holder
 	}
-	others := false
+	var others map[string]*Bitmap
 	for h, bm := range b.Claims {
-		others = others || h != m.cfg.Holder && !bm.Empty()
+		if h != m.cfg.Holder && !bm.Empty() {
+			if others == nil {
+				others = map[string]*Bitmap{}
+			}
+			cp := *bm
+			others[h] = &cp
+		}
 	}
 	m.mu.Lock()
-	if others {
-		m.othersIn[b.Prefix] = true
+	if others != nil {
+		m.seen[b.Prefix] = others
 	} else {
-		delete(m.othersIn, b.Prefix)
+		delete(m.seen, b.Prefix)
 	}
 	bs := m.blocks[b.Prefix]
 	kick := false

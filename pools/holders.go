@@ -202,7 +202,10 @@ func (r *Registry) watchBlocks(ctx context.Context) {
 		logf.FromContext(ctx).Error(err, "Watching IPBlocks; requests for addresses are answered only when blocks are read")
 		return
 	}
-	observe := func(obj any) {
+	observe := func(obj any, deleted bool) {
+		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = d.Obj
+		}
 		blk, ok := obj.(*vmipamv1.IPBlock)
 		if !ok {
 			return
@@ -211,13 +214,20 @@ func (r *Registry) watchBlocks(ctx context.Context) {
 		if p == nil {
 			return
 		}
-		if b, err := kubestore.EncodedOf(blk).Decode(blk.ResourceVersion); err == nil {
-			p.m.Observe(b)
+		b, err := kubestore.EncodedOf(blk).Decode(blk.ResourceVersion)
+		if err != nil {
+			return
 		}
+		if deleted {
+			// Gone: nobody claims anything there any more.
+			b = ipam.Block{Prefix: b.Prefix}
+		}
+		p.m.Observe(b)
 	}
 	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { observe(obj) },
-		UpdateFunc: func(_, obj any) { observe(obj) },
+		AddFunc:    func(obj any) { observe(obj, false) },
+		UpdateFunc: func(_, obj any) { observe(obj, false) },
+		DeleteFunc: func(obj any) { observe(obj, true) },
 	})
 }
 
@@ -259,3 +269,8 @@ func (r *Registry) Chosen(key string) bool {
 // HolderOf returns the holder that claims a in the pool, as far as this
 // replica knows, and whether one does.
 func (p *Pool) HolderOf(a netip.Addr) (string, bool) { return p.m.HolderOf(a) }
+
+// SeenHolderOf returns the other holder that claims a in the last version
+// of its block the watch showed: a hint that the machine is another
+// replica's, never a reason to change anything (see ipam.Manager).
+func (p *Pool) SeenHolderOf(a netip.Addr) (string, bool) { return p.m.SeenHolderOf(a) }
