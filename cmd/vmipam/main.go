@@ -31,6 +31,7 @@ import (
 	"github.com/vmipam/vmipam/certs"
 	"github.com/vmipam/vmipam/certs/clientauth"
 	"github.com/vmipam/vmipam/internal/app"
+	"github.com/vmipam/vmipam/internal/lazylog"
 	"github.com/vmipam/vmipam/metrics"
 	"github.com/vmipam/vmipam/pools"
 	"github.com/vmipam/vmipam/target"
@@ -99,7 +100,9 @@ func main() {
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
 	flag.Visit(func(f *flag.Flag) { o.clientCNSet = o.clientCNSet || f.Name == "webhook-client-cn" })
-	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
+	// Every reconcile's logger gets values that are encoded only for a
+	// line that is written (see lazylog).
+	ctrl.SetLogger(lazylog.Wrap(zap.New(zap.UseFlagOptions(&zapOpts))))
 
 	if err := run(o); err != nil {
 		setupLog.Error(err, "vmipam stopped")
