@@ -57,18 +57,22 @@ type VMReconciler struct {
 // finalized reports whether obj, as the API server has it now, is gone or
 // no longer carries vmipam's finalizer.
 func (r *VMReconciler) finalized(ctx context.Context, obj client.Object) (bool, error) {
-	reader := r.APIReader
-	if reader == nil {
-		reader = r.Client
-	}
 	cur := r.Target.New()
-	if err := reader.Get(ctx, client.ObjectKeyFromObject(obj), cur); err != nil {
+	if err := readerOr(r.APIReader, r.Client).Get(ctx, client.ObjectKeyFromObject(obj), cur); err != nil {
 		if apierrors.IsNotFound(err) {
 			return true, nil
 		}
 		return false, fmt.Errorf("read %s again: %w", client.ObjectKeyFromObject(obj), err)
 	}
 	return cur.GetUID() != obj.GetUID() || !target.HasFinalizer(cur), nil
+}
+
+// readerOr returns reader, or c when reader is not set.
+func readerOr(reader client.Reader, c client.Client) client.Reader {
+	if reader == nil {
+		return c
+	}
+	return reader
 }
 
 // SetupWithManager registers the reconciler, on every replica.
@@ -89,11 +93,7 @@ func (r *VMReconciler) SetupWithManager(mgr ctrl.Manager) error {
 // Reconcile binds, releases or repairs the address of one object.
 func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	obj := r.Target.New()
-	reader := r.Reader
-	if reader == nil {
-		reader = r.Client
-	}
-	if err := reader.Get(ctx, req.NamespacedName, obj); err != nil {
+	if err := readerOr(r.Reader, r.Client).Get(ctx, req.NamespacedName, obj); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	log := logf.FromContext(ctx)

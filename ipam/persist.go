@@ -88,6 +88,7 @@ func (m *Manager) Rebalance(ctx context.Context) error {
 	}
 	m.advance(m.clock.Now())
 	low, target, high := m.marksLocked()
+	batch := m.armBatchLocked(m.clock.Now())
 	n, ready, unarmed, surplus := m.freeLocked(), m.readyList.n, m.free.n+m.surplus.n, m.surplus.n
 	requested := m.requestedLocked()
 	m.mu.Unlock()
@@ -105,7 +106,7 @@ func (m *Manager) Rebalance(ctx context.Context) error {
 			// The block ran out before the target: go on in the next.
 			m.Kick()
 		}
-	case ready < (m.cfg.ArmBatch+1)/2 && unarmed > 0:
+	case ready < (batch+1)/2 && unarmed > 0:
 		m.stats.rebalances.Add(1)
 		err = m.arm(ctx)
 		m.Kick()
@@ -264,7 +265,7 @@ func (m *Manager) claim(ctx context.Context, target int) (int, error) {
 			m.mu.Unlock()
 			return n, nil
 		}
-		armN := min(len(picks), max(m.cfg.ArmBatch-m.readyList.n, 0))
+		armN := min(len(picks), max(m.armBatchLocked(m.clock.Now())-m.readyList.n, 0))
 		// Should the write fail, it may have landed all the same; if the
 		// store then shows these as ours, nothing handed them out. A
 		// successful claim makes entries of them, which clears this.
@@ -409,11 +410,12 @@ func (m *Manager) arm(ctx context.Context) error {
 	m.mu.Lock()
 	// Concurrent callers each found the ready list short; the first one
 	// refilled it. Arm only up to the batch, so that a crash rests no more.
-	want := m.cfg.ArmBatch - m.readyList.n
+	batch := m.armBatchLocked(m.clock.Now())
+	want := batch - m.readyList.n
 	var p netip.Prefix
 	var picked []*entry
 	for _, l := range []*list{&m.free, &m.surplus} {
-		for e, seen := l.head, 0; e != nil && len(picked) < want && seen < 8*m.cfg.ArmBatch; e, seen = e.next, seen+1 {
+		for e, seen := l.head, 0; e != nil && len(picked) < want && seen < 8*batch; e, seen = e.next, seen+1 {
 			if !p.IsValid() {
 				p = BlockOf(e.addr)
 			}
