@@ -9,9 +9,9 @@ import (
 )
 
 // TestClaimsPreferBlocksOfTheirOwn: with other live holders, a holder claims
-// in a block nobody else claims anything in while there is one, so that
-// several holders seldom write one block; it claims beside them only when
-// no such block is left, and a single holder still claims in range order.
+// in a block no other holder claims in while there is one, so that several
+// holders seldom write one block; it claims beside them only when no such
+// block is left, and a single holder still claims in range order.
 func TestClaimsPreferBlocksOfTheirOwn(t *testing.T) {
 	ctx := context.Background()
 	tests := []struct {
@@ -20,8 +20,10 @@ func TestClaimsPreferBlocksOfTheirOwn(t *testing.T) {
 		peers []string
 		// h2Before: h2 recovers before h1 claims; seeded: block 0 is in the
 		// store then, without claims, so that h2 has read it and its view
-		// is stale when it claims; observe: h2 is shown h1's write.
-		h2Before, seeded, observe bool
+		// is stale when it claims; observe: h2 is shown h1's write;
+		// sealed: h1 seals after its allocation, so that it keeps
+		// addresses in block 0 but hands out none from there.
+		h2Before, seeded, observe, sealed bool
 		// want is the block h2's first address is in; conflicts, how many
 		// of h2's writes may lose a compare-and-swap.
 		want      string
@@ -35,6 +37,8 @@ func TestClaimsPreferBlocksOfTheirOwn(t *testing.T) {
 			h2Before: true, seeded: true, want: "10.0.16.0/20", conflicts: 1},
 		{name: "stale view, shown the other's write", cidr: "10.0.0.0/18", peers: []string{"h1", "h2"},
 			h2Before: true, seeded: true, observe: true, want: "10.0.16.0/20", conflicts: 0},
+		{name: "a holder that keeps addresses but hands out none: still another block", cidr: "10.0.0.0/18", peers: []string{"h1", "h2"},
+			sealed: true, want: "10.0.16.0/20", conflicts: 0},
 		{name: "one block: beside the other", cidr: "10.0.0.0/20", peers: []string{"h1", "h2"},
 			want: "10.0.0.0/20", conflicts: 0},
 		{name: "no other live holder: range order", cidr: "10.0.0.0/18", peers: []string{"h2"},
@@ -77,6 +81,11 @@ func TestClaimsPreferBlocksOfTheirOwn(t *testing.T) {
 			}
 			if got := BlockOf(a1).String(); got != "10.0.0.0/20" {
 				t.Fatalf("h1's first address %s is in %s, want the first block", a1, got)
+			}
+			if tt.sealed {
+				if err := h1.Seal(ctx); err != nil {
+					t.Fatal(err)
+				}
 			}
 			if h2 == nil {
 				h2 = newM("h2")
@@ -194,5 +203,46 @@ func TestSeenHolderOf(t *testing.T) {
 		if want := s.holder != ""; ok != want || h != s.holder {
 			t.Errorf("%s: %s.SeenHolderOf(%s) = %q, %v; want %q, %v", s.name, s.m.Holder(), a1, h, ok, s.holder, want)
 		}
+	}
+}
+
+// TestClaimsBesideKeptAddresses: when every block holds addresses of
+// other holders, a holder claims in one they do not hand out from (no
+// armed addresses there) before one they do.
+func TestClaimsBesideKeptAddresses(t *testing.T) {
+	ctx := context.Background()
+	st, clk := NewMemoryStore(), newFakeClock()
+	// Block 0: h1 hands out from it (armed); block 1: h1 only keeps an
+	// address in use there.
+	armed, kept := new(Bitmap), new(Bitmap)
+	armed.Set(1)
+	kept.Set(1)
+	for _, b := range []Block{
+		{Prefix: netip.MustParsePrefix("10.0.0.0/20"), Claims: map[string]*Bitmap{"h1": armed}, Armed: map[string]*Bitmap{"h1": armed}, InUse: map[string]*Bitmap{}, Exact: true},
+		{Prefix: netip.MustParsePrefix("10.0.16.0/20"), Claims: map[string]*Bitmap{"h1": kept}, InUse: map[string]*Bitmap{"h1": kept}, Armed: map[string]*Bitmap{}, Exact: true},
+	} {
+		if _, err := st.Put(ctx, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h2, err := NewManager(Config{
+		Pool: "p", Holder: "h2", Ranges: mustRanges(t, RangeSpec{CIDR: "10.0.0.0/19"}),
+		Cooldown: time.Minute, PendingTTL: 30 * time.Second,
+		LowWatermark: 2, TargetFree: 8, HighWatermark: 64,
+		Store: st, Clock: clk,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h2.SetPeers([]string{"h1", "h2"})
+	if _, err := h2.Recover(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	a, err := h2.Allocate(ctx, Reservation{Token: "t", Namespace: "ns"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := BlockOf(a).String(), "10.0.16.0/20"; got != want {
+		t.Errorf("h2 handed out %s from %s; want it from %s, where h1 hands out nothing", a, got, want)
 	}
 }

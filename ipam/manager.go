@@ -302,6 +302,9 @@ type Manager struct {
 	// Observe showed: a hint for where to claim (see pickLocked) and for
 	// SeenHolderOf, never a reason to hand out or refuse anything.
 	seen map[netip.Prefix]map[string]*Bitmap
+	// armedIn marks the blocks where that version showed addresses other
+	// holders armed: blocks they hand out from, and so write often.
+	armedIn map[netip.Prefix]bool
 	// fence, when set, tells whether this holder's lease is still safely
 	// held; once not, another holder may take its claims over. Nil means
 	// no lease is kept (a test).
@@ -395,7 +398,7 @@ func NewManager(cfg Config) (*Manager, error) {
 	if cfg.Timers == nil {
 		cfg.Timers = realTimers{}
 	}
-	m := &Manager{cfg: cfg, clock: cfg.Clock, kickC: make(chan struct{}, 1), seen: map[netip.Prefix]map[string]*Bitmap{}, armMax: armMax}
+	m := &Manager{cfg: cfg, clock: cfg.Clock, kickC: make(chan struct{}, 1), seen: map[netip.Prefix]map[string]*Bitmap{}, armedIn: map[netip.Prefix]bool{}, armMax: armMax}
 	m.reset(0)
 	return m, nil
 }

@@ -572,34 +572,78 @@ func (m *Manager) settleReturningLocked(p netip.Prefix, bs *blockState, picked [
 // where the cursor goes next; or load=true when the block must first be
 // read from the store.
 //
-// With other live holders it first looks only in blocks that no other
-// holder claims anything in, as far as this Manager knows (its reads of the
-// block, and the versions Observe showed it), so that each holder's claims,
-// arming and flushes mostly go to a block of its own and several holders
-// seldom write one block at once. Only when no such block has unclaimed
-// addresses does it claim beside other holders. What it knows may be
-// stale either way: a claim in a block another holder wrote since fails
-// its compare-and-swap, the block is read, and the next pick skips it.
+// With other live holders it looks first in blocks where no other holder
+// claims anything, then in blocks that no other holder hands out from (has
+// armed addresses in), as far as this Manager knows (its reads of the
+// block, and the versions Observe showed it), and only then beside other
+// holders. Each holder's claims, arming and flushes then mostly go to
+// blocks of its own, and several holders seldom write one block at once.
+// The second pass is for pools where every block holds some other
+// holder's addresses that it only keeps there (in use on long-lived
+// machines, cooling down, or taken over from a replica that left). What
+// it knows may be stale either way: a claim in a block another holder
+// wrote since fails its compare-and-swap, the block is read, and the next
+// pick skips it.
 func (m *Manager) pickLocked(want int) (p netip.Prefix, picks []netip.Addr, next netip.Addr, load bool) {
 	now := m.clock.Now()
 	if now.Before(m.noClaimableUntil) {
 		return p, nil, next, false
 	}
+	passes := []scanPass{anyBlock}
 	if len(m.peers) > 1 {
-		if p, picks, next, load = m.scanLocked(want, true); load || len(picks) > 0 {
+		passes = []scanPass{unclaimedByOthers, unarmedByOthers, anyBlock}
+	}
+	for _, pass := range passes {
+		if p, picks, next, load = m.scanLocked(want, pass); load || len(picks) > 0 {
 			return p, picks, next, load
 		}
-	}
-	if p, picks, next, load = m.scanLocked(want, false); load || len(picks) > 0 {
-		return p, picks, next, load
 	}
 	m.noClaimableUntil = now.Add(rescanAfter)
 	return p, nil, next, false
 }
 
-// scanLocked is one pass of pickLocked; alone skips the blocks that other
-// holders claim addresses in.
-func (m *Manager) scanLocked(want int, alone bool) (p netip.Prefix, picks []netip.Addr, next netip.Addr, load bool) {
+// othersArmIn reports whether b shows addresses armed by other holders; a
+// block of the old format, which does not say, whether it shows any of
+// theirs.
+func (m *Manager) othersArmIn(b *Block) bool {
+	bms := b.Armed
+	if !b.Exact {
+		bms = b.Claims
+	}
+	for h, bm := range bms {
+		if h != m.cfg.Holder && !bm.Empty() {
+			return true
+		}
+	}
+	return false
+}
+
+// scanPass says which blocks a pass of pickLocked may claim in.
+type scanPass int
+
+const (
+	// unclaimedByOthers: blocks where no other holder claims anything.
+	unclaimedByOthers scanPass = iota
+	// unarmedByOthers: blocks where no other holder has armed addresses.
+	unarmedByOthers
+	// anyBlock: every block.
+	anyBlock
+)
+
+// skipsLocked reports whether pass leaves block p (bs, if loaded) out.
+func (m *Manager) skipsLocked(pass scanPass, p netip.Prefix, bs *blockState, loaded bool) bool {
+	switch pass {
+	case unclaimedByOthers:
+		return len(m.seen[p]) > 0 || loaded && bs.elsewhere > 0
+	case unarmedByOthers:
+		return m.armedIn[p] || loaded && m.othersArmIn(&bs.persisted)
+	default:
+		return false
+	}
+}
+
+// scanLocked is one pass of pickLocked.
+func (m *Manager) scanLocked(want int, pass scanPass) (p netip.Prefix, picks []netip.Addr, next netip.Addr, load bool) {
 	r := m.cfg.Ranges
 	a, wrapped := m.cursor, false
 	for {
@@ -617,8 +661,7 @@ func (m *Manager) scanLocked(want int, alone bool) (p netip.Prefix, picks []neti
 		p = BlockOf(x)
 		bs := m.blocks[p]
 		loaded := bs != nil && bs.loaded
-		// Another holder claims addresses here: not in this pass.
-		skip := alone && (len(m.seen[p]) > 0 || loaded && bs.elsewhere > 0)
+		skip := m.skipsLocked(pass, p, bs, loaded)
 		if !skip && !loaded {
 			return p, nil, next, true
 		}

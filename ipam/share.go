@@ -69,6 +69,11 @@ func (m *Manager) Observe(b Block) {
 	} else {
 		delete(m.seen, b.Prefix)
 	}
+	if m.othersArmIn(&b) {
+		m.armedIn[b.Prefix] = true
+	} else {
+		delete(m.armedIn, b.Prefix)
+	}
 	bs := m.blocks[b.Prefix]
 	kick := false
 	if asks && bs != nil && bs.ours > 0 {
