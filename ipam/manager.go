@@ -152,7 +152,8 @@ func defaultArmBatch(usable uint64) int {
 
 // maxArmBatch bounds the arm batch that grows with the rate: a 32nd of the
 // pool, as the default batch is, but up to 512 (a /18 in IPv4 at 200
-// allocations a second then writes once a second instead of 12 times).
+// allocations a second then arms about twice a second instead of every 16
+// allocations).
 func maxArmBatch(usable uint64) int {
 	return int(min(max(usable/32, 4), 512))
 }
@@ -713,11 +714,11 @@ func (m *Manager) rollRateLocked(now time.Time) {
 }
 
 // armBatchLocked is how many free addresses to keep armed: cfg.ArmBatch,
-// or about a second of allocations at the rate of the last two seconds
-// when that is more, up to armMax. A crash rests no more than that, a
-// second's allocations at most beyond the configured batch; in exchange,
-// a fast stream of allocations writes its block about once a second to
-// arm, not every ArmBatch/2 allocations.
+// or the allocations of the last full second or of the current one when
+// that is more, up to armMax. A crash rests no more than that: about a
+// second's allocations beyond the configured batch at most. In exchange,
+// a fast stream of allocations arms (writes its block) about twice a
+// second, not every ArmBatch/2 allocations.
 func (m *Manager) armBatchLocked(now time.Time) int {
 	m.rollRateLocked(now)
 	return min(max(m.cfg.ArmBatch, m.lastRate, m.rateCount), max(m.armMax, m.cfg.ArmBatch))
