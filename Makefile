@@ -33,10 +33,12 @@ test: ## Unit, property, fuzz-seed and envtest integration tests under -race.
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" $(GO) test -race -count=1 -timeout 15m $$($(GO) list ./... | grep -v -e /test/chaos -e /test/replicas)
 	@# The suites that run several vmipam processes each, one after the other
 	@# (-p 1), after the rest: side by side on 2 cores they measure the machine.
-	@# TestRollingRestart is left out: in about 1 run of 4, 2 of some 1,500
-	@# creates fail when one replica loses every compare-and-swap on the one
-	@# IPBlock that all replicas write (issue 10's closing note; docs/design.md,
-	@# "What is left for later"). `make test-replicas` and `make chaos` run it.
+	@# TestRollingRestart is left out: now and then a create of some 1,000
+	@# fails, when one replica loses every compare-and-swap on the one IPBlock
+	@# of the test's small pool, or when the API server picks a keep-alive
+	@# connection that a replica closes at the end of its drain (1 run of 7
+	@# in issue 10's last note; docs/design.md, "What is left for later").
+	@# `make test-replicas` and `make chaos` run it.
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" $(GO) test -race -count=1 -p 1 -timeout 15m -skip '^TestRollingRestart$$' ./test/replicas/
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" $(GO) test -race -count=1 -timeout 15m ./test/chaos/
 
