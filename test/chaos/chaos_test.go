@@ -129,7 +129,7 @@ func TestChaos(t *testing.T) {
 			}
 		}
 		if t.Failed() {
-			t.Logf("vmipam's error lines:\n%s", collapse(strings.Join(grep(logs.since(0), 400, `"level":"error"`, "panic", "=== chaos"), "\n")))
+			t.Logf("vmipam's error lines:\n%s", collapse(strings.Join(harness.Grep(logs.since(0), 400, `"level":"error"`, "panic", "=== chaos"), "\n")))
 			t.Logf("vmipam's logs (tail):\n%s", logs.tail(250))
 		}
 	})
@@ -348,7 +348,7 @@ func TestChaos(t *testing.T) {
 	}
 	if len(full.dups) > 0 || len(rest.dups) > 0 {
 		t.Logf("vmipam's resync reports and duplicate findings (a resync that releases addresses while nobody removed a finalizer by force released a live VM's address):\n%s",
-			strings.Join(grep(logs.since(0), 60, `"msg":"Resynced pool"`, `"msg":"Duplicate address"`, "=== chaos"), "\n"))
+			strings.Join(harness.Grep(logs.since(0), 60, `"msg":"Resynced pool"`, `"msg":"Duplicate address"`, "=== chaos"), "\n"))
 	}
 	if len(full.vms) != usable {
 		t.Errorf("%d VirtualMachines after filling the pool, want %d (usable)", len(full.vms), usable)

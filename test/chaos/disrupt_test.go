@@ -344,7 +344,7 @@ func (s *supervisor) watch(ctx context.Context) error {
 		s.p.Kill()
 		s.selfExits++
 		out := s.logs.since(s.startedAt)
-		why := grep(out, 3, "leader election lost", "vmipam stopped", `"level":"error"`, "panic")
+		why := harness.Grep(out, 3, "leader election lost", "vmipam stopped", `"level":"error"`, "panic")
 		s.exitReasons = append(s.exitReasons, fmt.Sprintf("vmipam #%d exited on its own at %s; last error lines:\n%s",
 			s.starts, t0.Format(stamp), strings.Join(why, "\n")))
 		s.logs.mark("vmipam #%d found gone; restarting", s.starts)
@@ -388,7 +388,7 @@ func (s *supervisor) watchReplicas(ctx context.Context) error {
 		s.ended(t0)
 		s.selfExits++
 		s.rs.Remove(gone)
-		why := grep(s.logs.since(s.startedAt), 3, "vmipam stopped", `"level":"error"`, "panic")
+		why := harness.Grep(s.logs.since(s.startedAt), 3, "vmipam stopped", `"level":"error"`, "panic")
 		s.exitReasons = append(s.exitReasons, fmt.Sprintf("replica %s exited on its own at %s; last error lines:\n%s",
 			gone.Holder, t0.Format(stamp), strings.Join(why, "\n")))
 		s.logs.mark("replica %s found gone; restarting", gone.Holder)

@@ -71,23 +71,6 @@ func (l *logBuffer) tail(n int) string {
 	return strings.Join(lines, "\n")
 }
 
-// grep returns up to max lines containing any of words.
-func grep(text string, limit int, words ...string) []string {
-	var out []string
-	for line := range strings.SplitSeq(text, "\n") {
-		for _, w := range words {
-			if strings.Contains(line, w) {
-				out = append(out, line)
-				break
-			}
-		}
-	}
-	if len(out) > limit {
-		out = out[len(out)-limit:]
-	}
-	return out
-}
-
 // goneTime is when a VirtualMachine was seen to disappear. exact is true
 // when a live watch delivered its DELETED event; false when the watch was
 // broken at that moment (the API server restart) and the disappearance was

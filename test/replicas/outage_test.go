@@ -210,7 +210,7 @@ func TestAPIServerOutage(t *testing.T) {
 			t.Errorf("the Lease of %s is gone after the outage (%v): it was taken over although it lived", rep.Holder, err)
 		}
 		for _, other := range reps {
-			taking := grep(s.logs.get(rep.Index).String(), 5, `"msg":"Taking over a holder that left"`)
+			taking := harness.Grep(s.logs.get(rep.Index).String(), 5, `"msg":"Taking over a holder that left"`)
 			for _, line := range taking {
 				if strings.Contains(line, `"holder":"`+other.Holder+`"`) {
 					t.Errorf("%s took the live holder %s over after the outage:\n%s", rep.Holder, other.Holder, line)

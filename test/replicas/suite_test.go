@@ -527,7 +527,7 @@ func exited(rep *harness.Replica) bool {
 func (s *suite) checkRenewals(when string, reps ...*harness.Replica) {
 	s.t.Helper()
 	for _, rep := range reps {
-		lines := grep(s.logs.get(rep.Index).String(), 6, "has not been renewed in time", `"msg":"The holder lease was taken over`)
+		lines := harness.Grep(s.logs.get(rep.Index).String(), 6, "has not been renewed in time", `"msg":"The holder lease was taken over`)
 		if len(lines) > 0 {
 			s.t.Logf("FENCED ITSELF %s: %s, never paused and with the API server up, missed its renew deadline:\n%s",
 				when, rep.Holder, strings.Join(lines, "\n"))
@@ -638,7 +638,7 @@ func (r *replicaLogs) checkCrashes(t *testing.T) {
 		if at := strings.Index(text, "panic:"); at >= 0 {
 			t.Errorf("REPLICA %d CRASHED: vmipam panicked:\n%s", i, strings.Join(head(text[at:], 16), "\n"))
 		}
-		if lines := grep(text, 3, `"msg":"vmipam stopped"`); len(lines) > 0 {
+		if lines := harness.Grep(text, 3, `"msg":"vmipam stopped"`); len(lines) > 0 {
 			t.Errorf("REPLICA %d EXITED ON AN ERROR:\n%s", i, strings.Join(lines, "\n"))
 		}
 	}
@@ -660,26 +660,9 @@ func (r *replicaLogs) save(t *testing.T, dir string) {
 func (r *replicaLogs) dump(t *testing.T) {
 	for _, i := range r.indexes() {
 		text := r.get(i).String()
-		t.Logf("replica %d: error lines:\n%s", i, strings.Join(grep(text, 30, `"level":"error"`, "panic", "=== replicas"), "\n"))
+		t.Logf("replica %d: error lines:\n%s", i, strings.Join(harness.Grep(text, 30, `"level":"error"`, "panic", "=== replicas"), "\n"))
 		t.Logf("replica %d: log tail:\n%s", i, strings.Join(tail(text, 40), "\n"))
 	}
-}
-
-// grep returns the last limit lines containing any of words.
-func grep(text string, limit int, words ...string) []string {
-	var out []string
-	for line := range strings.SplitSeq(text, "\n") {
-		for _, w := range words {
-			if strings.Contains(line, w) {
-				out = append(out, line)
-				break
-			}
-		}
-	}
-	if len(out) > limit {
-		out = out[len(out)-limit:]
-	}
-	return out
 }
 
 // head returns the first n lines of text.
