@@ -36,7 +36,7 @@ test: ## Unit, property, fuzz-seed and envtest integration tests under -race.
 	@# TestRollingRestart is left out: now and then a create of some 1,000
 	@# fails, when one replica loses every compare-and-swap on the one IPBlock
 	@# of the test's small pool, or when the API server picks a keep-alive
-	@# connection that a replica closes at the end of its drain (1 run of 7
+	@# connection that a replica closes at the end of its drain (1 run of 6
 	@# in issue 10's last note; docs/design.md, "What is left for later").
 	@# `make test-replicas` and `make chaos` run it.
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" $(GO) test -race -count=1 -p 1 -timeout 15m -skip '^TestRollingRestart$$' ./test/replicas/
