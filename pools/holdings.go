@@ -109,8 +109,11 @@ func (r *Registry) Resync(ctx context.Context, p *Pool) error {
 	}
 	rep := p.m.Resync(live, asOf)
 	p.noteConflicts(rep.Conflicts)
-	if rep.Released > 0 || rep.Adopted > 0 || len(rep.Conflicts) > 0 {
-		logf.FromContext(ctx).Info("Resynced pool", "pool", p.name, "released", rep.Released, "adopted", rep.Adopted, "conflicts", len(rep.Conflicts))
+	if rep.Released > 0 || rep.Adopted > 0 || rep.Settled > 0 || len(rep.Conflicts) > 0 {
+		// settled: orphans, addresses the store showed in use without
+		// saying on which machine, that are on none and now rest.
+		logf.FromContext(ctx).Info("Resynced pool", "pool", p.name, "released", rep.Released, "adopted", rep.Adopted,
+			"settled", rep.Settled, "deferred", rep.Deferred, "conflicts", len(rep.Conflicts))
 	}
 	for _, c := range rep.Conflicts {
 		r.warn(&vmipamv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: p.name, UID: p.uid}}, "DuplicateAddress", c.Error())

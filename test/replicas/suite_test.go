@@ -656,11 +656,12 @@ func (r *replicaLogs) save(t *testing.T, dir string) {
 	}
 }
 
-// dump prints each replica's error lines and the tail of its log.
+// dump prints each replica's error lines, takeovers and resyncs, and the
+// tail of its log.
 func (r *replicaLogs) dump(t *testing.T) {
 	for _, i := range r.indexes() {
 		text := r.get(i).String()
-		t.Logf("replica %d: error lines:\n%s", i, strings.Join(harness.Grep(text, 30, `"level":"error"`, "panic", "=== replicas"), "\n"))
+		t.Logf("replica %d: error lines, takeovers and resyncs:\n%s", i, strings.Join(harness.Grep(text, 40, `"level":"error"`, "panic", "=== replicas", `"msg":"Resynced pool"`, `"msg":"Took over a holder's claims"`), "\n"))
 		t.Logf("replica %d: log tail:\n%s", i, strings.Join(tail(text, 40), "\n"))
 	}
 }
