@@ -721,7 +721,7 @@ func (m *Manager) rollRateLocked(now time.Time) {
 // second, not every ArmBatch/2 allocations.
 func (m *Manager) armBatchLocked(now time.Time) int {
 	m.rollRateLocked(now)
-	return min(max(m.cfg.ArmBatch, m.lastRate, m.rateCount), max(m.armMax, m.cfg.ArmBatch))
+	return min(max(m.cfg.ArmBatch, m.lastRate, m.rateCount), m.armMax)
 }
 
 // CanReserve says, without changing anything, whether Reserve of addr
