@@ -55,20 +55,7 @@ func TestClaimsPreferBlocksOfTheirOwn(t *testing.T) {
 				}
 			}
 			newM := func(holder string) *Manager {
-				m, err := NewManager(Config{
-					Pool: "p", Holder: holder, Ranges: mustRanges(t, RangeSpec{CIDR: tt.cidr}),
-					Cooldown: time.Minute, PendingTTL: 30 * time.Second,
-					LowWatermark: 2, TargetFree: 8, HighWatermark: 64,
-					Store: st, Clock: clk,
-				})
-				if err != nil {
-					t.Fatal(err)
-				}
-				m.SetPeers(tt.peers)
-				if _, err := m.Recover(ctx, nil); err != nil {
-					t.Fatal(err)
-				}
-				return m
+				return newAffinityManager(t, st, clk, holder, tt.cidr, tt.peers...)
 			}
 			h1 := newM("h1")
 			var h2 *Manager
@@ -122,20 +109,7 @@ func TestClaimsBesideOthersWhenTheirOwnRunOut(t *testing.T) {
 	st, clk := NewMemoryStore(), newFakeClock()
 	var ms []*Manager
 	for _, h := range []string{"h1", "h2", "h3"} {
-		m, err := NewManager(Config{
-			Pool: "p", Holder: h, Ranges: mustRanges(t, RangeSpec{CIDR: "10.0.0.0/19"}),
-			Cooldown: time.Minute, PendingTTL: 30 * time.Second,
-			LowWatermark: 2, TargetFree: 8, HighWatermark: 64,
-			Store: st, Clock: clk,
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		m.SetPeers([]string{"h1", "h2", "h3"})
-		if _, err := m.Recover(ctx, nil); err != nil {
-			t.Fatal(err)
-		}
-		ms = append(ms, m)
+		ms = append(ms, newAffinityManager(t, st, clk, h, "10.0.0.0/19", "h1", "h2", "h3"))
 	}
 	seen := map[netip.Addr]string{}
 	blocks := map[string]map[netip.Prefix]bool{}
@@ -225,19 +199,7 @@ func TestClaimsBesideKeptAddresses(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	h2, err := NewManager(Config{
-		Pool: "p", Holder: "h2", Ranges: mustRanges(t, RangeSpec{CIDR: "10.0.0.0/19"}),
-		Cooldown: time.Minute, PendingTTL: 30 * time.Second,
-		LowWatermark: 2, TargetFree: 8, HighWatermark: 64,
-		Store: st, Clock: clk,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h2.SetPeers([]string{"h1", "h2"})
-	if _, err := h2.Recover(ctx, nil); err != nil {
-		t.Fatal(err)
-	}
+	h2 := newAffinityManager(t, st, clk, "h2", "10.0.0.0/19", "h1", "h2")
 	a, err := h2.Allocate(ctx, Reservation{Token: "t", Namespace: "ns"})
 	if err != nil {
 		t.Fatal(err)
@@ -245,4 +207,16 @@ func TestClaimsBesideKeptAddresses(t *testing.T) {
 	if got, want := BlockOf(a).String(), "10.0.16.0/20"; got != want {
 		t.Errorf("h2 handed out %s from %s; want it from %s, where h1 hands out nothing", a, got, want)
 	}
+}
+
+// newAffinityManager is a recovered Manager of pool p over cidr under
+// holder, with small watermarks and peers as the live holders.
+func newAffinityManager(t *testing.T, st Store, clk *fakeClock, holder, cidr string, peers ...string) *Manager {
+	t.Helper()
+	return newPeerManager(t, Config{
+		Pool: "p", Holder: holder, Ranges: mustRanges(t, RangeSpec{CIDR: cidr}),
+		Cooldown: time.Minute, PendingTTL: 30 * time.Second,
+		LowWatermark: 2, TargetFree: 8, HighWatermark: 64,
+		Store: st, Clock: clk,
+	}, peers...)
 }

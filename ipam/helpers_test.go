@@ -103,3 +103,18 @@ func newTestManager(t testing.TB, p testPool) (*Manager, *fakeClock, *countingSt
 }
 
 func addr(s string) netip.Addr { return netip.MustParseAddr(s) }
+
+// newPeerManager is a Manager of cfg that knows peers as the pool's live
+// holders, recovered with no live machines.
+func newPeerManager(t testing.TB, cfg Config, peers ...string) *Manager {
+	t.Helper()
+	m, err := NewManager(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.SetPeers(peers)
+	if _, err := m.Recover(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}

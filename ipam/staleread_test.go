@@ -228,20 +228,12 @@ func TestReadBeforeLostReply(t *testing.T) {
 // with h1, h2 and gone as the live holders.
 func newSharingManager(t *testing.T, st Store, clk *fakeClock, holder string) *Manager {
 	t.Helper()
-	m, err := NewManager(Config{
+	return newPeerManager(t, Config{
 		Pool: "p", Holder: holder, Ranges: mustRanges(t, RangeSpec{CIDR: "10.0.0.0/24"}),
 		Cooldown: time.Minute, PendingTTL: 30 * time.Second,
 		LowWatermark: 1, TargetFree: 2, HighWatermark: 200,
 		Store: st, Clock: clk,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.SetPeers([]string{"h1", "h2", "gone"})
-	if _, err := m.Recover(context.Background(), nil); err != nil {
-		t.Fatal(err)
-	}
-	return m
+	}, "h1", "h2", "gone")
 }
 
 // pickAddr picks a, free on m, for a give-back.
