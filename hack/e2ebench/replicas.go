@@ -67,11 +67,13 @@ func (c *apiCost) add(a0, a1 metricSet) {
 		}
 		return out
 	}
-	for r, v := range byResource(a1, "apiserver_watch_events_total") {
-		c.watchEvents[r] += v - byResource(a0, "apiserver_watch_events_total")[r]
-	}
-	for r, v := range byResource(a1, "apiserver_watch_events_sizes_sum") {
-		c.watchBytes[r] += v - byResource(a0, "apiserver_watch_events_sizes_sum")[r]
+	for name, into := range map[string]map[string]float64{
+		"apiserver_watch_events_total": c.watchEvents, "apiserver_watch_events_sizes_sum": c.watchBytes,
+	} {
+		before := byResource(a0, name)
+		for r, v := range byResource(a1, name) {
+			into[r] += v - before[r]
+		}
 	}
 }
 
