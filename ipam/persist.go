@@ -306,7 +306,7 @@ func (m *Manager) claim(ctx context.Context, target int) (int, error) {
 		m.mu.Lock()
 		m.cursor = next
 		for i, a := range picks {
-			if m.entries[a] != nil {
+			if !m.takeWrittenLocked(a) {
 				continue
 			}
 			e := m.addEntry(a, StateFree)
@@ -783,6 +783,27 @@ func (m *Manager) materializeLocked(bs *blockState) {
 		cooling = append(cooling, e)
 	}
 	m.pushCoolingLocked(cooling)
+}
+
+// takeWrittenLocked reports whether a, which a write of this Manager has
+// just claimed, armed or taken over, is the writer's to record now: held
+// by nothing yet, or only as an orphan. A read that lands between the
+// write and now (a Refresh, or the read before answering requests that
+// the watch's view of the write starts) finds a claimed by this holder,
+// armed or in use, with no entry: it makes an orphan, which would wait
+// for the next Resync. The writer knows better; the orphan goes. Anything
+// else was handed out or given back since, which is newer than the write.
+func (m *Manager) takeWrittenLocked(a netip.Addr) bool {
+	e := m.entries[a]
+	if e == nil {
+		return true
+	}
+	if !e.orphan || e.state != StateCooldown {
+		return false
+	}
+	m.cooldown.remove(e)
+	m.removeEntry(e)
+	return true
 }
 
 // setPersistedLocked records b as what the store holds for bs, keeping the

@@ -306,7 +306,7 @@ func (m *Manager) Takeover(ctx context.Context, from string, live []Holding) (Ta
 		m.mu.Lock()
 		var cooling []*entry
 		for _, e := range staged {
-			if m.entries[e.addr] != nil {
+			if !m.takeWrittenLocked(e.addr) {
 				continue
 			}
 			m.entries[e.addr] = e

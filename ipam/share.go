@@ -259,7 +259,7 @@ func (m *Manager) absorb(ctx context.Context, p netip.Prefix) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, a := range got {
-		if m.entries[a] == nil {
+		if m.takeWrittenLocked(a) {
 			e := m.addEntry(a, StateFree)
 			e.armed = true
 			m.readyList.pushBack(e)
