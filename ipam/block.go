@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"maps"
+	"math/bits"
 	"net/netip"
 	"slices"
 	"time"
@@ -50,6 +51,15 @@ func (b *Bitmap) Clear(i int) { b[i/64] &^= 1 << (i % 64) }
 
 // Empty reports whether no offset is set.
 func (b *Bitmap) Empty() bool { return *b == Bitmap{} }
+
+// Count returns how many offsets are set.
+func (b *Bitmap) Count() int {
+	n := 0
+	for _, x := range b {
+		n += bits.OnesCount64(x)
+	}
+	return n
+}
 
 // Block is the persisted state of one block of a pool's addresses: which
 // holder (Manager) has claimed which address, and the cooldown deadlines of

@@ -810,28 +810,13 @@ func (m *Manager) takeWrittenLocked(a netip.Addr) bool {
 // count of addresses claimed elsewhere current, and notes requests of
 // other holders to answer.
 func (m *Manager) setPersistedLocked(bs *blockState, b Block) {
-	n, free := 0, 0
+	n := 0
 	for h, bm := range b.Claims {
-		if h == m.cfg.Holder {
-			continue
-		}
-		for w, x := range bm {
-			n += bits.OnesCount64(x)
-			if b.Exact {
-				if u := b.InUse[h]; u != nil {
-					x &^= u[w]
-				}
-				free += bits.OnesCount64(x)
-			}
+		if h != m.cfg.Holder {
+			n += bm.Count()
 		}
 	}
-	if free > 0 {
-		for a := range b.Cooldowns {
-			if h, ok := b.holderOf(blockOffset(a)); ok && h != m.cfg.Holder && !has(b.InUse, h, blockOffset(a)) {
-				free--
-			}
-		}
-	}
+	free := othersFree(&b, func(h string) bool { return h != m.cfg.Holder })
 	m.elsewhere += n - bs.elsewhere
 	m.othersFree += free - bs.othersFree
 	bs.persisted, bs.elsewhere, bs.othersFree = b, n, free
@@ -840,6 +825,36 @@ func (m *Manager) setPersistedLocked(bs *blockState, b Block) {
 			bs.requested = true
 		}
 	}
+}
+
+// othersFree counts the addresses b shows claimed by the holders that of
+// selects, neither in use nor cooling down there: free, or armed. A block
+// written before vmipam recorded what is in use shows none.
+func othersFree(b *Block, of func(holder string) bool) int {
+	if !b.Exact {
+		return 0
+	}
+	free := 0
+	for h, bm := range b.Claims {
+		if !of(h) {
+			continue
+		}
+		u := b.InUse[h]
+		for w, x := range bm {
+			if u != nil {
+				x &^= u[w]
+			}
+			free += bits.OnesCount64(x)
+		}
+	}
+	if free > 0 {
+		for a := range b.Cooldowns {
+			if h, ok := b.holderOf(blockOffset(a)); ok && of(h) && !has(b.InUse, h, blockOffset(a)) {
+				free--
+			}
+		}
+	}
+	return free
 }
 
 // forgetIfIdleLocked drops the state of a block that holds nothing and has

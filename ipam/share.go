@@ -116,12 +116,7 @@ func (m *Manager) askFor(ctx context.Context, a netip.Addr) error {
 	if a.IsValid() {
 		p = BlockOf(a)
 	} else {
-		best := 0
-		for q, bs := range m.blocks {
-			if bs.loaded && bs.elsewhere > best && m.livePeersIn(bs) {
-				p, best = q, bs.elsewhere
-			}
-		}
+		p = m.askWhereLocked()
 	}
 	m.mu.Unlock()
 	if !p.IsValid() {
@@ -196,6 +191,29 @@ func (m *Manager) askFor(ctx context.Context, a netip.Addr) error {
 		return &AddressError{Addr: a, Reason: ErrInUse, State: StatePending, Holder: h}
 	}
 	return nil
+}
+
+// askWhereLocked returns the block to ask other live holders for any free
+// addresses in: the one where the last read showed the live ones the most
+// free,
+// else (all of those reads showed none, and may be stale) the one where
+// they claim the most. Asking where they claim the most alone asked, in a
+// pool filled to the last address, a block whose holder had every address
+// in use, while another holder's block had some free: they were out of
+// reach, and creates were refused with addresses left.
+func (m *Manager) askWhereLocked() netip.Prefix {
+	var p netip.Prefix
+	bestFree, best := 0, 0
+	for q, bs := range m.blocks {
+		if !bs.loaded || !m.livePeersIn(bs) {
+			continue
+		}
+		free := othersFree(&bs.persisted, func(h string) bool { return h != m.cfg.Holder && (m.peers == nil || m.peers[h]) })
+		if free > bestFree || bestFree == 0 && free == 0 && bs.elsewhere > best {
+			p, bestFree, best = q, free, bs.elsewhere
+		}
+	}
+	return p
 }
 
 // livePeersIn reports whether a block holds claims of another live holder.
