@@ -17,9 +17,12 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	crcontroller "sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/ipam"
@@ -41,6 +44,10 @@ type VMReconciler struct {
 	// never reconciled concurrently, every write is an optimistically
 	// locked patch, and a deletion timestamp never goes away.
 	Reader client.Reader
+	// Unlabeled, if set, is the cache of the objects with no holder label
+	// (see vmipamv1.HolderLabel): the controller watches them beside the
+	// manager's cache, which holds the objects labelled for this replica.
+	Unlabeled cache.Cache
 	// APIReader reads from the API server, for the rare read that must
 	// not lag: whether an object whose address was released already still
 	// waits for its finalizer's removal. Nil reads through Client.
@@ -81,13 +88,16 @@ func (r *VMReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if n == 0 {
 		n = 16
 	}
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		For(r.Target.New()).
 		Named("address-gc").
 		// Every replica runs it: each looks after the objects whose
 		// addresses it holds.
-		WithOptions(crcontroller.Options{MaxConcurrentReconciles: n, NeedLeaderElection: ptr.To(false)}).
-		Complete(r)
+		WithOptions(crcontroller.Options{MaxConcurrentReconciles: n, NeedLeaderElection: ptr.To(false)})
+	if r.Unlabeled != nil {
+		b = b.WatchesRawSource(source.Kind(r.Unlabeled, r.Target.New(), &handler.TypedEnqueueRequestForObject[*unstructured.Unstructured]{}))
+	}
+	return b.Complete(r)
 }
 
 // Reconcile binds, releases or repairs the address of one object.
@@ -239,12 +249,12 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 		}
 	}
 	if st, o, _ := pool.Lookup(addr); st == ipam.StateAllocated && o.UID == owner.UID {
-		return ctrl.Result{}, nil
+		return ctrl.Result{}, r.label(ctx, obj)
 	}
 	if owner.Token != "" {
 		if _, err := pool.Bind(owner); err == nil {
 			log.V(1).Info("Bound address", "address", addr, "pool", pool.Name())
-			return ctrl.Result{}, nil
+			return ctrl.Result{}, r.label(ctx, obj)
 		} else if errors.Is(err, ipam.ErrNotReady) {
 			return ctrl.Result{RequeueAfter: time.Second}, nil
 		} else if errors.Is(err, ipam.ErrConflict) {
@@ -258,6 +268,7 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 		// Rare (an object that bypassed the webhook, or a lost
 		// reservation), so worth an Event.
 		r.event(obj, corev1.EventTypeNormal, "AddressAdopted", "Assign", "Adopted %s into IPPool %s", addr, pool.Name())
+		return ctrl.Result{}, r.label(ctx, obj)
 	case errors.Is(err, ipam.ErrNotReady):
 		// The pool's allocator was rebuilt meanwhile.
 		return ctrl.Result{RequeueAfter: time.Second}, nil
@@ -288,7 +299,7 @@ func (r *VMReconciler) assign(ctx context.Context, obj *unstructured.Unstructure
 		return ctrl.Result{}, fmt.Errorf("allocate for %s: %w", client.ObjectKeyFromObject(obj), err)
 	}
 	base := obj.DeepCopy()
-	if err := r.Target.Stamp(obj, a.String(), pool.Name(), token); err != nil {
+	if err := r.Target.Stamp(obj, a.String(), pool.Name(), token, r.Registry.HolderLabel()); err != nil {
 		return ctrl.Result{}, err
 	}
 	if err := r.Client.Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
@@ -298,6 +309,22 @@ func (r *VMReconciler) assign(ctx context.Context, obj *unstructured.Unstructure
 		return ctrl.Result{}, fmt.Errorf("stamp address: %w", err)
 	}
 	return ctrl.Result{}, nil
+}
+
+// label puts this replica's holder label on obj, whose address it looks
+// after, if obj lacks it: an object that bypassed the webhook, labelled
+// before vmipam had replicas, or whose label was changed. Without it, a
+// change of the object reaches this replica only while no replica's label
+// is on it.
+func (r *VMReconciler) label(ctx context.Context, obj *unstructured.Unstructured) error {
+	base := obj.DeepCopy()
+	if !target.SetHolder(obj, r.Registry.HolderLabel()) {
+		return nil
+	}
+	if err := r.Client.Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+		return client.IgnoreNotFound(fmt.Errorf("set the holder label: %w", err))
+	}
+	return nil
 }
 
 func (r *VMReconciler) removeFinalizer(ctx context.Context, obj *unstructured.Unstructured) error {

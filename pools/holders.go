@@ -113,16 +113,22 @@ func (r *Registry) takeover(ctx context.Context, p peer) {
 		return
 	}
 	log.Info("Taking over a holder that left", "holder", p.holder)
+	all := r.list()
+	ranges := make(map[string]*ipam.Ranges, len(all))
+	for _, pool := range all {
+		ranges[pool.name] = pool.m.Ranges()
+	}
+	by, err := r.liveIn(ctx, ranges)
+	if err != nil {
+		log.Error(err, "Taking over a holder's claims", "holder", p.holder)
+		return
+	}
 	done := true
-	for _, pool := range r.list() {
-		live, err := r.liveHoldings(ctx, pool.name, pool.m.Ranges())
-		if err == nil {
-			var rep ipam.TakeoverReport
-			rep, err = pool.m.Takeover(ctx, p.holder, live)
-			if rep.Blocks > 0 {
-				log.Info("Took over a holder's claims", "holder", p.holder, "pool", pool.name,
-					"allocated", rep.Allocated, "free", rep.Free, "cooldown", rep.Cooldown, "blocks", rep.Blocks)
-			}
+	for _, pool := range all {
+		rep, err := pool.m.Takeover(ctx, p.holder, by[pool.name].holdings)
+		if rep.Blocks > 0 {
+			log.Info("Took over a holder's claims", "holder", p.holder, "pool", pool.name,
+				"allocated", rep.Allocated, "free", rep.Free, "cooldown", rep.Cooldown, "blocks", rep.Blocks)
 		}
 		if err != nil {
 			done = false
@@ -133,6 +139,12 @@ func (r *Registry) takeover(ctx context.Context, p peer) {
 		if err := r.lease.finishTakeover(ctx, p.holder); err != nil {
 			log.Error(err, "Deleting the lease of a holder taken over", "holder", p.holder)
 		}
+	}
+	// The objects it looked after are this replica's now, but only once
+	// labelled does this replica's watch see them. A deletion of one waits
+	// for its finalizer until then.
+	for _, pool := range all {
+		r.relabel(ctx, pool, by[pool.name].elsewhere)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
@@ -15,15 +16,52 @@ import (
 	"github.com/vmipam/vmipam/target"
 )
 
+// listPage bounds one page of a list of the target kind from the API
+// server.
+const listPage = 500
+
+// live is what a list of the live objects tells of a pool.
+type live struct {
+	// holdings are the addresses of the pool on live objects.
+	holdings []ipam.Holding
+	// elsewhere are those of them not labelled for this replica: if its
+	// allocator holds their address for them, relabel moves the label.
+	elsewhere []labelled
+}
+
+// labelled is an object whose holder label may have to move.
+type labelled struct {
+	key  client.ObjectKey
+	uid  types.UID
+	addr netip.Addr
+}
+
 // liveHoldings returns the addresses of the pool on live objects, read from
-// the informer cache: those stamped with the pool, and unstamped ones
-// inside its ranges. Objects being deleted still hold their address until
-// the controller releases it.
-func (r *Registry) liveHoldings(ctx context.Context, pool string, ranges *ipam.Ranges) ([]ipam.Holding, error) {
-	var out []ipam.Holding
+// the API server (the informer cache holds only this replica's objects):
+// those stamped with the pool, and unstamped ones inside its ranges.
+// Objects being deleted still hold their address until the controller
+// releases it.
+func (r *Registry) liveHoldings(ctx context.Context, pool string, ranges *ipam.Ranges) (live, error) {
+	by, err := r.liveIn(ctx, map[string]*ipam.Ranges{pool: ranges})
+	return by[pool], err
+}
+
+// liveIn is liveHoldings for several pools, named with their ranges, from
+// one list of the objects.
+func (r *Registry) liveIn(ctx context.Context, pools map[string]*ipam.Ranges) (map[string]live, error) {
+	out := make(map[string]live, len(pools))
+	mine := HolderLabelValue(r.opts.Holder)
 	err := r.eachLive(ctx, func(obj *unstructured.Unstructured, h ipam.Holding, stamped string) {
-		if stamped == pool || stamped == "" && ranges.Contains(h.Addr) {
-			out = append(out, h)
+		for name, ranges := range pools {
+			if stamped != name && (stamped != "" || !ranges.Contains(h.Addr)) {
+				continue
+			}
+			l := out[name]
+			l.holdings = append(l.holdings, h)
+			if obj.GetLabels()[vmipamv1.HolderLabel] != mine {
+				l.elsewhere = append(l.elsewhere, labelled{key: client.ObjectKeyFromObject(obj), uid: obj.GetUID(), addr: h.Addr})
+			}
+			out[name] = l
 		}
 	})
 	return out, err
@@ -32,20 +70,35 @@ func (r *Registry) liveHoldings(ctx context.Context, pool string, ranges *ipam.R
 // eachLive calls fn with every live object of the target kind that carries
 // an address, its holding and the pool stamped on it.
 func (r *Registry) eachLive(ctx context.Context, fn func(obj *unstructured.Unstructured, h ipam.Holding, stamped string)) error {
-	list := r.opts.Target.NewList()
-	if err := r.opts.Client.List(ctx, list); err != nil {
-		return fmt.Errorf("list %s: %w", r.opts.Target.GVK.Kind, err)
-	}
-	for i := range list.Items {
-		obj := &list.Items[i]
+	return r.eachObject(ctx, "", func(obj *unstructured.Unstructured) {
 		if obj.GetDeletionTimestamp() != nil && !target.HasFinalizer(obj) {
-			continue
+			return
 		}
 		if h, stamped, ok := r.holding(obj); ok {
 			fn(obj, h, stamped)
 		}
+	})
+}
+
+// eachObject calls fn with every object of the target kind in namespace ns
+// (every namespace when empty), read from the API server a page at a time.
+func (r *Registry) eachObject(ctx context.Context, ns string, fn func(obj *unstructured.Unstructured)) error {
+	opts := []client.ListOption{client.Limit(listPage)}
+	if ns != "" {
+		opts = append(opts, client.InNamespace(ns))
 	}
-	return nil
+	for cont := ""; ; {
+		list := r.opts.Target.NewList()
+		if err := r.opts.APIReader.List(ctx, list, append(opts, client.Continue(cont))...); err != nil {
+			return fmt.Errorf("list %s: %w", r.opts.Target.GVK.Kind, err)
+		}
+		for i := range list.Items {
+			fn(&list.Items[i])
+		}
+		if cont = list.GetContinue(); cont == "" {
+			return nil
+		}
+	}
 }
 
 // holding reads the address, owner and stamped pool of obj. Addresses are
@@ -97,26 +150,47 @@ func (r *Registry) Holders(ctx context.Context, pool string) ([]Holder, error) {
 
 // Resync reconciles a pool's allocator with every live object.
 func (r *Registry) Resync(ctx context.Context, p *Pool) error {
-	if !p.m.Ready() {
-		return nil
-	}
+	return r.resync(ctx, []*Pool{p})
+}
+
+// resync reconciles the allocators of ps with every live object, read in
+// one list, and moves the holder label of the objects whose addresses they
+// hold to this replica.
+func (r *Registry) resync(ctx context.Context, ps []*Pool) error {
 	// Mark before listing: what changes while the list is taken is left
 	// for the next resync.
-	asOf := p.m.Mark()
-	live, err := r.liveHoldings(ctx, p.name, p.m.Ranges())
+	asOf := map[string]uint64{}
+	ranges := map[string]*ipam.Ranges{}
+	for _, p := range ps {
+		if p.m.Ready() {
+			asOf[p.name], ranges[p.name] = p.m.Mark(), p.m.Ranges()
+		}
+	}
+	if len(ranges) == 0 {
+		return nil
+	}
+	by, err := r.liveIn(ctx, ranges)
 	if err != nil {
 		return err
 	}
-	rep := p.m.Resync(live, asOf)
-	p.noteConflicts(rep.Conflicts)
-	if rep.Released > 0 || rep.Adopted > 0 || rep.Settled > 0 || len(rep.Conflicts) > 0 {
-		// settled: orphans, addresses the store showed in use without
-		// saying on which machine, that are on none and now rest.
-		logf.FromContext(ctx).Info("Resynced pool", "pool", p.name, "released", rep.Released, "adopted", rep.Adopted,
-			"settled", rep.Settled, "deferred", rep.Deferred, "conflicts", len(rep.Conflicts))
-	}
-	for _, c := range rep.Conflicts {
-		r.warn(&vmipamv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: p.name, UID: p.uid}}, "DuplicateAddress", c.Error())
+	for _, p := range ps {
+		mark, ok := asOf[p.name]
+		if !ok {
+			continue
+		}
+		live := by[p.name]
+		rep := p.m.Resync(live.holdings, mark)
+		p.noteConflicts(rep.Conflicts)
+		if rep.Released > 0 || rep.Adopted > 0 || rep.Settled > 0 || len(rep.Conflicts) > 0 {
+			// settled: orphans, addresses the store showed in use without
+			// saying on which machine, that are on none and now rest.
+			logf.FromContext(ctx).Info("Resynced pool", "pool", p.name, "released", rep.Released, "adopted", rep.Adopted,
+				"settled", rep.Settled, "deferred", rep.Deferred, "conflicts", len(rep.Conflicts))
+		}
+		for _, c := range rep.Conflicts {
+			r.warn(&vmipamv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: p.name, UID: p.uid}}, "DuplicateAddress", c.Error())
+		}
+		r.relabel(ctx, p, live.elsewhere)
 	}
 	return nil
 }

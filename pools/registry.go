@@ -210,10 +210,8 @@ func (r *Registry) resyncLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-resync.C:
-			for _, p := range r.list() {
-				if err := r.Resync(ctx, p); err != nil && ctx.Err() == nil {
-					log.Error(err, "Resyncing pool", "pool", p.name)
-				}
+			if err := r.resync(ctx, r.list()); err != nil && ctx.Err() == nil {
+				log.Error(err, "Resyncing pools")
 			}
 		}
 	}
@@ -294,7 +292,7 @@ func (r *Registry) Ensure(ctx context.Context, pool *vmipamv1.IPPool) error {
 	r.mu.RLock()
 	p.m.SetPeers(r.peers)
 	r.mu.RUnlock()
-	rep, err := p.m.Recover(ctx, live)
+	rep, err := p.m.Recover(ctx, live.holdings)
 	if err != nil {
 		return fmt.Errorf("recover pool %s: %w", pool.Name, err)
 	}
@@ -315,6 +313,11 @@ func (r *Registry) Ensure(ctx context.Context, pool *vmipamv1.IPPool) error {
 	r.mu.Lock()
 	r.pools[pool.Name] = p
 	r.mu.Unlock()
+	if len(live.elsewhere) > 0 {
+		// Objects this replica adopted, or labelled before vmipam had
+		// replicas: label them, without holding up the recovery.
+		r.tasks.Go(func() { r.relabel(runCtx, p, live.elsewhere) })
+	}
 	return nil
 }
 

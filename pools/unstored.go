@@ -6,7 +6,7 @@ import (
 	"net/netip"
 	"time"
 
-	"sigs.k8s.io/controller-runtime/pkg/client"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
@@ -17,9 +17,6 @@ import (
 // proof read counts as made after a reservation's deadline only once this
 // much more has passed.
 const clockSkew = 5 * time.Second
-
-// proveListPage bounds one page of the proof's list.
-const proveListPage = 500
 
 // proveUnused settles the pool's lapsed reservations. A reservation whose
 // object never appeared (a create refused after admission: by schema
@@ -68,30 +65,17 @@ func (r *Registry) proveUnused(ctx context.Context, p *Pool) error {
 // object of the target kind in namespace ns.
 func (r *Registry) stampsIn(ctx context.Context, ns string) (map[string]bool, map[netip.Addr]bool, error) {
 	tokens, addrs := map[string]bool{}, map[netip.Addr]bool{}
-	opts := []client.ListOption{client.Limit(proveListPage)}
-	if ns != "" {
-		opts = append(opts, client.InNamespace(ns))
-	}
-	for cont := ""; ; {
-		list := r.opts.Target.NewList()
-		if err := r.opts.APIReader.List(ctx, list, append(opts, client.Continue(cont))...); err != nil {
-			return nil, nil, err
+	err := r.eachObject(ctx, ns, func(obj *unstructured.Unstructured) {
+		if t := obj.GetAnnotations()[vmipamv1.TokenAnnotation]; t != "" {
+			tokens[t] = true
 		}
-		for i := range list.Items {
-			obj := &list.Items[i]
-			if t := obj.GetAnnotations()[vmipamv1.TokenAnnotation]; t != "" {
-				tokens[t] = true
-			}
-			if as, err := r.opts.Target.Addresses(obj); err == nil {
-				for _, s := range as {
-					if a, err := netip.ParseAddr(s); err == nil {
-						addrs[ipam.Canonical(a)] = true
-					}
+		if as, err := r.opts.Target.Addresses(obj); err == nil {
+			for _, s := range as {
+				if a, err := netip.ParseAddr(s); err == nil {
+					addrs[ipam.Canonical(a)] = true
 				}
 			}
 		}
-		if cont = list.GetContinue(); cont == "" {
-			return tokens, addrs, nil
-		}
-	}
+	})
+	return tokens, addrs, err
 }

@@ -120,16 +120,35 @@ func (t Target) Pool(obj *unstructured.Unstructured) (string, error) {
 }
 
 // Stamp records what vmipam gave obj: the address, the pool and the
-// reservation token, and the finalizer that makes deletion release it.
-func (t Target) Stamp(obj *unstructured.Unstructured, addr, pool, token string) error {
+// reservation token, the finalizer that makes deletion release it, and the
+// holder label naming the replica that looks after it (none if empty).
+func (t Target) Stamp(obj *unstructured.Unstructured, addr, pool, token, holder string) error {
 	if err := t.SetAddresses(obj, []string{addr}); err != nil {
 		return err
+	}
+	if holder != "" {
+		SetHolder(obj, holder)
 	}
 	SetAnnotation(obj, vmipamv1.PoolAnnotation, pool)
 	SetAnnotation(obj, vmipamv1.TokenAnnotation, token)
 	SetAnnotation(obj, vmipamv1.AddressAnnotation, addr)
 	AddFinalizer(obj)
 	return nil
+}
+
+// SetHolder sets vmipam's holder label on obj; it reports whether that
+// changed it.
+func SetHolder(obj *unstructured.Unstructured, holder string) bool {
+	l := obj.GetLabels()
+	if l[vmipamv1.HolderLabel] == holder {
+		return false
+	}
+	if l == nil {
+		l = map[string]string{}
+	}
+	l[vmipamv1.HolderLabel] = holder
+	obj.SetLabels(l)
+	return true
 }
 
 // AddFinalizer adds vmipam's finalizer to obj if missing.

@@ -9,7 +9,7 @@ import (
 // Trim is a cache transform (controller-runtime's cache.ByObject
 // Transform): it keeps of an object only what vmipam reads, its identity,
 // resourceVersion, deletion timestamp, finalizers, vmipam's annotations and
-// the address and pool fields, so that the informer cache of a fleet of
+// holder label, and the address and pool fields, so that the informer cache of a fleet of
 // large objects costs what vmipam needs and no more. Patches computed from
 // a trimmed object name only the fields they change, so nothing else is
 // lost when the controller writes.
@@ -37,6 +37,11 @@ func (t Target) Trim(obj any) (any, error) {
 		}
 		if len(keep) > 0 {
 			md["annotations"] = keep
+		}
+	}
+	if l, ok := src["labels"].(map[string]any); ok {
+		if v, ok := l[vmipamv1.HolderLabel]; ok {
+			md["labels"] = map[string]any{vmipamv1.HolderLabel: v}
 		}
 	}
 	out.Object["metadata"] = md

@@ -25,14 +25,17 @@ const maxAddressItems = 16
 // whose status holds a quarter of a million conditions is read in one pass
 // that decodes none of them.
 type View struct {
-	APIVersion, Kind                     string
-	Name, GenerateName, Namespace, UID   string
-	Token, StampedPool, StampedAddress   string
+	APIVersion, Kind                   string
+	Name, GenerateName, Namespace, UID string
+	Token, StampedPool, StampedAddress string
+	// Holder is the value of vmipam's holder label.
+	Holder                               string
 	HasToken                             bool
 	HasFinalizer                         bool
 	Addresses                            []string
 	Pool                                 string
 	hasMetadata, hasAnnotations, hasFins bool
+	hasLabels                            bool
 	addrPresent                          bool
 	// addrDepth counts the leading elements of AddressesField present as
 	// objects, for the patch that adds the field.
@@ -53,6 +56,8 @@ const (
 	pStampedPool
 	pStampedAddress
 	pFinalizers
+	pLabels
+	pHolder
 	pAddress
 	pPool
 	pFixed // the prefixes of AddressesField follow
@@ -75,6 +80,8 @@ func (t Target) Read(raw []byte) (*View, error) {
 		pStampedPool:    {"metadata", "annotations", vmipamv1.PoolAnnotation},
 		pStampedAddress: {"metadata", "annotations", vmipamv1.AddressAnnotation},
 		pFinalizers:     {"metadata", "finalizers"},
+		pLabels:         {"metadata", "labels"},
+		pHolder:         {"metadata", "labels", vmipamv1.HolderLabel},
 		pAddress:        t.addressLocation(),
 		pPool:           t.PoolField,
 	}
@@ -112,6 +119,8 @@ func (t Target) Read(raw []byte) (*View, error) {
 	v.HasToken = str(pToken, annPath.Key(vmipamv1.TokenAnnotation), &v.Token)
 	str(pStampedPool, annPath.Key(vmipamv1.PoolAnnotation), &v.StampedPool)
 	str(pStampedAddress, annPath.Key(vmipamv1.AddressAnnotation), &v.StampedAddress)
+	v.hasLabels = isObject(vals[pLabels])
+	str(pHolder, meta.Child("labels").Key(vmipamv1.HolderLabel), &v.Holder)
 	if f := vals[pFinalizers]; f != nil && jsonscan.KindOf(f) != jsonscan.KindNull {
 		v.hasFins = true
 		err := jsonscan.Each(f, func(_ int, elem []byte) bool {
@@ -186,14 +195,19 @@ func (v *View) Describe() string {
 
 // StampPatch returns the JSON patch (RFC 6902) that stamps on the object v
 // was read from the address (in its field and as vmipam's address
-// annotation), the pool and the reservation token, and vmipam's finalizer.
-// It is built from v alone: the object is never copied or re-encoded.
-func (t Target) StampPatch(v *View, addr, pool, token string) []jsonpatch.Operation {
+// annotation), the pool and the reservation token, vmipam's finalizer, and
+// the holder label naming the replica that looks after it (none when
+// holder is empty). It is built from v alone: the object is never copied
+// or re-encoded.
+func (t Target) StampPatch(v *View, addr, pool, token, holder string) []jsonpatch.Operation {
 	set := map[string]string{vmipamv1.PoolAnnotation: pool, vmipamv1.TokenAnnotation: token, vmipamv1.AddressAnnotation: addr}
 	if len(t.AddressesField) == 0 {
 		set[t.AddressAnnotation] = addr
 	}
 	ops := t.metadataOps(v, set, false)
+	if holder != "" && v.Holder != holder {
+		ops = append(ops, holderOp(v, holder))
+	}
 	if len(t.AddressesField) > 0 && (!v.addrPresent || !slices.Equal(v.Addresses, []string{addr})) {
 		ops = append(ops, t.addressOp(v, addr))
 	}
@@ -211,6 +225,15 @@ func (t Target) DryRunPatch(v *View, pool string) []jsonpatch.Operation {
 // object lacks it.
 func (t Target) FinalizerPatch(v *View) []jsonpatch.Operation {
 	return t.metadataOps(v, nil, false)
+}
+
+// holderOp sets the holder label, creating the labels on its way. It
+// follows metadataOps, which creates the metadata when it is missing.
+func holderOp(v *View, holder string) jsonpatch.Operation {
+	if !v.hasLabels {
+		return jsonpatch.NewOperation("add", "/metadata/labels", map[string]string{vmipamv1.HolderLabel: holder})
+	}
+	return jsonpatch.NewOperation("add", "/metadata/labels/"+EscapePointer(vmipamv1.HolderLabel), holder)
 }
 
 func (t Target) metadataOps(v *View, set map[string]string, dropToken bool) []jsonpatch.Operation {

@@ -62,6 +62,10 @@ func TestReadAndStamp(t *testing.T) {
 		"other annotations":     {target: VirtualMachine, obj: `{"metadata":{"annotations":{"a/b":"c","vmipam.io/pool":"old"},"finalizers":["x"]}}`},
 		"our finalizer already": {target: VirtualMachine, obj: `{"metadata":{"finalizers":["vmipam.io/release-address"]}}`},
 		"escaped key":           {target: VirtualMachine, obj: `{"metadata":{"annotations":{"vmipam.io\/token":"copied"}}}`},
+		"other labels":          {target: VirtualMachine, obj: `{"metadata":{"labels":{"app":"db"}}}`},
+		"null labels":           {target: VirtualMachine, obj: `{"metadata":{"labels":null}}`},
+		"another holder":        {target: VirtualMachine, obj: `{"metadata":{"labels":{"app":"db","vmipam.io/holder":"h2"}}}`},
+		"holder not a string":   {target: VirtualMachine, obj: `{"metadata":{"labels":{"vmipam.io/holder":1}}}`, wantErr: "metadata.labels[vmipam.io/holder]"},
 		"deep, nothing":         {target: deep, obj: `{"metadata":{}}`},
 		"deep, half":            {target: deep, obj: `{"spec":{"other":1}}`},
 		"deep, full":            {target: deep, obj: `{"spec":{"network":{"pool":"p","addresses":[]}}}`},
@@ -86,17 +90,17 @@ func TestReadAndStamp(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			stamped := apply(t, []byte(tc.obj), tc.target.StampPatch(v, "10.0.0.5", "pool-a", "tok"))
+			stamped := apply(t, []byte(tc.obj), tc.target.StampPatch(v, "10.0.0.5", "pool-a", "tok", "h1"))
 			raw, _ := json.Marshal(stamped)
 			back, err := tc.target.Read(raw)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !reflect.DeepEqual(back.Addresses, []string{"10.0.0.5"}) || back.StampedPool != "pool-a" || back.Token != "tok" || !back.HasFinalizer {
+			if !reflect.DeepEqual(back.Addresses, []string{"10.0.0.5"}) || back.StampedPool != "pool-a" || back.Token != "tok" || !back.HasFinalizer || back.Holder != "h1" {
 				t.Fatalf("stamped object reads back as %+v", back)
 			}
 			// Stamping again changes nothing.
-			if ops := tc.target.StampPatch(back, "10.0.0.5", "pool-a", "tok"); len(ops) != 0 {
+			if ops := tc.target.StampPatch(back, "10.0.0.5", "pool-a", "tok", "h1"); len(ops) != 0 {
 				t.Errorf("a second stamp patches %v", ops)
 			}
 			// A dry run stamps the pool and the finalizer, and no token.
@@ -113,6 +117,11 @@ func TestReadAndStamp(t *testing.T) {
 					t.Errorf("lost annotation a/b")
 				}
 			}
+			if a, ok := nested(orig, "metadata", "labels", "app"); ok {
+				if b, _ := nested(stamped, "metadata", "labels", "app"); b != a {
+					t.Errorf("lost label app")
+				}
+			}
 		})
 	}
 }
@@ -126,7 +135,7 @@ func TestTrim(t *testing.T) {
 	u := &unstructured.Unstructured{}
 	big := strings.Repeat("x", 1<<16)
 	if err := json.Unmarshal([]byte(`{"apiVersion":"vmipam.io/v1alpha1","kind":"VirtualMachine",
-		"metadata":{"name":"a","namespace":"n","uid":"u","resourceVersion":"7","labels":{"l":"`+big+`"},
+		"metadata":{"name":"a","namespace":"n","uid":"u","resourceVersion":"7","labels":{"l":"`+big+`","vmipam.io/holder":"h1"},
 		"annotations":{"vmipam.io/token":"t","vmipam.io/pool":"p","other":"`+big+`"},"finalizers":["f"],
 		"managedFields":[{"manager":"`+big+`"}],"deletionTimestamp":"2026-01-01T00:00:00Z"},
 		"spec":{"addresses":["10.0.0.1"],"ipPool":"p","image":"`+big+`"},"status":{"conditions":[{"type":"`+big+`"}]}}`), &u.Object); err != nil {
@@ -145,7 +154,8 @@ func TestTrim(t *testing.T) {
 	pool, _ := VirtualMachine.Pool(tr)
 	if tr.GetName() != "a" || tr.GetNamespace() != "n" || tr.GetUID() != "u" || tr.GetResourceVersion() != "7" ||
 		tr.GetDeletionTimestamp() == nil || !HasFinalizer(&unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{"finalizers": []any{vmipamv1.Finalizer}}}}) ||
-		len(tr.GetFinalizers()) != 1 || tr.GetAnnotations()[vmipamv1.TokenAnnotation] != "t" || !reflect.DeepEqual(addrs, []string{"10.0.0.1"}) || pool != "p" {
+		len(tr.GetFinalizers()) != 1 || tr.GetAnnotations()[vmipamv1.TokenAnnotation] != "t" || !reflect.DeepEqual(addrs, []string{"10.0.0.1"}) || pool != "p" ||
+		tr.GetLabels()[vmipamv1.HolderLabel] != "h1" {
 		t.Fatalf("trimmed object lost what vmipam reads: %s", got)
 	}
 	if other, _ := VirtualMachine.Trim("a tombstone"); other != "a tombstone" {
@@ -173,7 +183,7 @@ func FuzzStampPatch(f *testing.F) {
 			if err != nil {
 				continue
 			}
-			raw, _ := json.Marshal(tg.StampPatch(v, "10.0.0.5", "p", "t"))
+			raw, _ := json.Marshal(tg.StampPatch(v, "10.0.0.5", "p", "t", "h"))
 			p, err := jsonpatchapply.DecodePatch(raw)
 			if err != nil {
 				t.Fatalf("%s: patch %s does not decode: %v", tg.GVK.Kind, raw, err)
@@ -183,7 +193,7 @@ func FuzzStampPatch(f *testing.F) {
 				t.Fatalf("%s: patch %s does not apply to %s: %v", tg.GVK.Kind, raw, obj, err)
 			}
 			back, err := tg.Read(out)
-			if err != nil || len(back.Addresses) != 1 || back.Addresses[0] != "10.0.0.5" || back.Token != "t" || !back.HasFinalizer {
+			if err != nil || len(back.Addresses) != 1 || back.Addresses[0] != "10.0.0.5" || back.Token != "t" || !back.HasFinalizer || back.Holder != "h" {
 				t.Fatalf("%s: %s stamped to %s reads back as %+v, %v", tg.GVK.Kind, obj, out, back, err)
 			}
 		}

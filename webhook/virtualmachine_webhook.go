@@ -146,7 +146,7 @@ func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admissi
 		log.Error(err, "Allocating address", "object", v.Describe(), "pool", pool.Name())
 		return admission.Errored(http.StatusInternalServerError, err)
 	}
-	return patched(d.Target.StampPatch(v, a.String(), pool.Name(), token))
+	return patched(d.Target.StampPatch(v, a.String(), pool.Name(), token, d.Registry.HolderLabel()))
 }
 
 // nameTaken refuses a create whose name the cache already holds: the API

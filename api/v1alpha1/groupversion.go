@@ -49,4 +49,11 @@ const (
 	PoolFinalizer = "vmipam.io/ippool-protection"
 	// PoolLabel on an IPBlock names its pool.
 	PoolLabel = "vmipam.io/pool"
+	// HolderLabel on a VirtualMachine names the vmipam replica (holder)
+	// that looks after its address: each replica watches only the objects
+	// labelled with its own holder, and those with no such label. vmipam
+	// sets it at admission and moves it when a replica takes another's
+	// claims over; a changed or removed label is put back by the holder's
+	// next resync.
+	HolderLabel = "vmipam.io/holder"
 )

@@ -169,7 +169,7 @@ func run(o options) error {
 		HealthProbeBindAddress: o.probeAddr,
 		PprofBindAddress:       o.pprofAddr,
 		WebhookServer:          &gatedServer{Server: webhookServer, serving: cert.serving},
-		Cache:                  app.CacheOptions(target.VirtualMachine, o.namespace),
+		Cache:                  app.CacheOptions(target.VirtualMachine, o.namespace, o.holder),
 		// Not before the pools are sealed (Registry) and the webhook
 		// drained (the signal handler below).
 		GracefulShutdownTimeout: ptr.To(45 * time.Second),

@@ -12,7 +12,9 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/selection"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -64,14 +66,50 @@ type Options struct {
 }
 
 // CacheOptions returns the informer cache options vmipam needs: objects of
-// the target kind trimmed to what vmipam reads (target.Target.Trim), and
-// Secrets only in vmipam's own namespace, which is all RBAC grants.
-func CacheOptions(t target.Target, namespace string) cache.Options {
+// the target kind that replica holder looks after (labelled with it; see
+// vmipamv1.HolderLabel), trimmed to what vmipam reads
+// (target.Target.Trim), and Secrets only in vmipam's own namespace, which
+// is all RBAC grants. Objects with no holder label come through a cache of
+// their own (Setup makes it).
+func CacheOptions(t target.Target, namespace, holder string) cache.Options {
 	return cache.Options{ByObject: map[client.Object]cache.ByObject{
 		&corev1.Secret{}:        {Namespaces: map[string]cache.Config{namespace: {}}},
 		&coordinationv1.Lease{}: {Namespaces: map[string]cache.Config{namespace: {}}},
-		t.New():                 {Transform: t.Trim},
+		t.New(): {
+			Label:     labels.SelectorFromSet(labels.Set{vmipamv1.HolderLabel: pools.HolderLabelValue(holderOr(holder))}),
+			Transform: t.Trim,
+		},
 	}}
+}
+
+// unlabeledCache returns a cache of the objects of the target kind with no
+// holder label: those that bypassed the webhook, or were created before
+// vmipam labelled them. Every replica sees them, and the one that holds an
+// address (or is chosen for one that needs one) labels it.
+func unlabeledCache(mgr ctrl.Manager, t target.Target) (cache.Cache, error) {
+	req, err := labels.NewRequirement(vmipamv1.HolderLabel, selection.DoesNotExist, nil)
+	if err != nil {
+		return nil, fmt.Errorf("select unlabelled objects: %w", err)
+	}
+	c, err := cache.New(mgr.GetConfig(), cache.Options{
+		HTTPClient: mgr.GetHTTPClient(), Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(),
+		ByObject: map[client.Object]cache.ByObject{t.New(): {Label: labels.NewSelector().Add(*req), Transform: t.Trim}},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("make the cache of unlabelled %s: %w", t.GVK.Kind, err)
+	}
+	if err := mgr.Add(c); err != nil {
+		return nil, fmt.Errorf("add the cache of unlabelled %s: %w", t.GVK.Kind, err)
+	}
+	return c, nil
+}
+
+// holderOr returns holder, or the default holder when it is empty.
+func holderOr(holder string) string {
+	if holder == "" {
+		return "vmipam"
+	}
+	return holder
 }
 
 // Setup adds the pool registry, the controllers, the webhooks and the
@@ -81,9 +119,14 @@ func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
 	if opts.Target != nil {
 		t = *opts.Target
 	}
-	if opts.Holder == "" {
-		opts.Holder = "vmipam"
+	opts.Holder = holderOr(opts.Holder)
+	unlabeled, err := unlabeledCache(mgr, t)
+	if err != nil {
+		return nil, err
 	}
+	// What the controller and the webhook read of the objects: this
+	// replica's, and the unlabelled ones.
+	objects := shardReader{own: mgr.GetCache(), unlabeled: unlabeled}
 	lease := opts.Lease
 	lease.Namespace = opts.Namespace
 	if lease.Namespace == "" {
@@ -106,7 +149,7 @@ func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
 		return nil, fmt.Errorf("set up IPPool controller: %w", err)
 	}
 	if err := (&controller.VMReconciler{
-		Client: mgr.GetClient(), Reader: mgr.GetCache(), APIReader: mgr.GetAPIReader(), Registry: reg, Target: t, Recorder: mgr.GetEventRecorder("vmipam"),
+		Client: mgr.GetClient(), Reader: objects, Unlabeled: unlabeled, APIReader: mgr.GetAPIReader(), Registry: reg, Target: t, Recorder: mgr.GetEventRecorder("vmipam"),
 		MaxConcurrentReconciles: opts.MaxConcurrentReconciles,
 	}).SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("set up address controller: %w", err)
@@ -119,7 +162,7 @@ func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
 		name    string
 		handler admission.Handler
 	}{
-		webhook.DefaulterPath:       {"virtualmachine-mutating", &webhook.VMDefaulter{Registry: reg, Target: t, Reader: mgr.GetCache()}},
+		webhook.DefaulterPath:       {"virtualmachine-mutating", &webhook.VMDefaulter{Registry: reg, Target: t, Reader: objects}},
 		webhook.ValidatorPath:       {"virtualmachine-validating", &webhook.VMValidator{Target: t}},
 		webhook.IPPoolValidatorPath: {"ippool-validating", webhook.NewIPPoolValidator(mgr.GetAPIReader(), mgr.GetScheme())},
 	} {

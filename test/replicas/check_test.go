@@ -14,6 +14,8 @@ import (
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/ipam"
 	"github.com/vmipam/vmipam/kubestore"
+	"github.com/vmipam/vmipam/pools"
+	"github.com/vmipam/vmipam/test/harness"
 )
 
 // liveState is the test namespace's VirtualMachines as the API server
@@ -266,4 +268,45 @@ func addrAt(p netip.Prefix, off int) netip.Addr {
 	b := p.Addr().As4()
 	v := (uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])) + uint32(off)
 	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}
+
+// checkLabels fails the test unless, within 15s, every VM of pool carries
+// the holder label of the replica that claims its address (the only one
+// whose watch delivers it): after a takeover, the taker relabels the VMs
+// of the replica that left.
+func (s *suite) checkLabels(when, pool string, prefix netip.Prefix) {
+	s.t.Helper()
+	var wrong []string
+	err := harness.Poll(s.ctx, 500*time.Millisecond, 15*time.Second, func() error {
+		st, err := s.live(s.ctx, pool, prefix)
+		if err != nil {
+			return err
+		}
+		bs, err := s.blocks(s.ctx, pool)
+		if err != nil {
+			return err
+		}
+		wrong = wrong[:0]
+		for i := range st.vms {
+			vm := &st.vms[i]
+			if len(vm.Spec.Addresses) != 1 {
+				continue
+			}
+			a, err := netip.ParseAddr(vm.Spec.Addresses[0])
+			if err != nil {
+				continue
+			}
+			holder, claimed := bs.claimedBy[a]
+			if got := vm.Labels[vmipamv1.HolderLabel]; !claimed || got != pools.HolderLabelValue(holder) {
+				wrong = append(wrong, fmt.Sprintf("%s%s on %s: labelled %q, claimed by %q", vm.Name, terminating(vm), a, got, holder))
+			}
+		}
+		if len(wrong) > 0 {
+			return fmt.Errorf("%d VMs", len(wrong))
+		}
+		return nil
+	})
+	if err != nil {
+		s.t.Errorf("MISLABELLED VMs %s, 15s on (no replica's watch sees them): %v:\n%s", when, err, summarize(wrong, 20))
+	}
 }

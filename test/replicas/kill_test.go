@@ -164,6 +164,7 @@ func killDuringStorm(t *testing.T, n int) {
 	}
 	t.Logf("claims by holder after the takeover: %v", bs.claims)
 	live := s.checkLive("after the takeover", pool, prefix)
+	s.checkLabels("after the takeover", pool, prefix)
 	var unclaimed []string
 	for a, name := range live.byAddr {
 		if h, ok := bs.claimedBy[a]; !ok || h == victim.Holder {

@@ -219,6 +219,7 @@ func TestAPIServerOutage(t *testing.T) {
 		}
 	}
 	s.checkLive("after the outage", pool, prefix)
+	s.checkLabels("after the outage", pool, prefix)
 }
 
 // availability polls the API server every 50ms, each time on a new

@@ -105,6 +105,7 @@ func TestRollingRestart(t *testing.T) {
 		t.Errorf("only %d creates went through; the storm proves little", creates)
 	}
 	s.checkLive("after the rolling restart", pool, prefix)
+	s.checkLabels("after the rolling restart", pool, prefix)
 
 	// Everything goes; then the cooldown passes.
 	s.deleteAll(led, 60*time.Second)

@@ -81,6 +81,7 @@ func TestSpread(t *testing.T) {
 	}
 
 	st := s.checkLive("after the creates", "spread", prefix)
+	s.checkLabels("after the creates", "spread", prefix)
 	if len(st.vms) != creates || len(st.byAddr) != creates {
 		t.Errorf("%d VMs listed with %d distinct addresses; want %d of each", len(st.vms), len(st.byAddr), creates)
 	}

@@ -20,6 +20,12 @@
 //     and creates succeed again soon after the API server answers.
 //   - TestFencingPausedReplica: a replica paused (SIGSTOP) until it was
 //     taken over hands out no address when it resumes.
+//   - TestHolderLabelRepaired: a VM whose holder label was removed or
+//     changed, which no replica's watch then delivers, is labelled again
+//     by the replica that holds its address, and goes when deleted.
+//
+// After the storms, every VM carries the holder label of the replica that
+// claims its address (checkLabels): each replica watches only those.
 //
 // The replicas run with short lease timings (replicaFlags: 10s lease, 7s
 // renew deadline, 2s retry period, 2s shutdown drain; shorter ones fence
@@ -150,12 +156,14 @@ func namespaceFor(test string) string {
 	return strings.Trim(string(b[:min(len(b), 63)]), "-")
 }
 
-// startReplicas starts n replicas behind the proxy with replicaFlags. On
-// failure their error lines and the tail of their logs are printed.
-func (s *suite) startReplicas(n int) {
+// startReplicas starts n replicas behind the proxy with replicaFlags and
+// extra. On failure their error lines and the tail of their logs are
+// printed.
+func (s *suite) startReplicas(n int, extra ...string) {
 	s.t.Helper()
 	began := time.Now()
-	rs, err := s.cl.StartReplicas(s.ctx, n, s.logs.writer, replicaFlags...)
+	flags := append(slices.Clone(replicaFlags), extra...)
+	rs, err := s.cl.StartReplicas(s.ctx, n, s.logs.writer, flags...)
 	// Cleanups run last first: the test's pools go while the replicas
 	// still serve the webhook that their update needs, then the replicas
 	// stop, then the pools' blocks and the Leases go, so that the next
@@ -192,7 +200,7 @@ func (s *suite) startReplicas(n int) {
 		}
 		return nil
 	})
-	s.t.Logf("%d replicas ready in %s, flags %v", n, time.Since(began).Round(100*time.Millisecond), replicaFlags)
+	s.t.Logf("%d replicas ready in %s, flags %v", n, time.Since(began).Round(100*time.Millisecond), flags)
 }
 
 // mark writes a line of the test's own into every replica's log.

@@ -1,0 +1,120 @@
+package pools
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+
+	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/ipam"
+)
+
+// relabelWorkers bounds the label patches in flight at once; relabelRounds
+// is how many times one relabel tries a failed patch.
+const (
+	relabelWorkers = 8
+	relabelRounds  = 3
+)
+
+// HolderLabelValue is the value of vmipam's holder label that names
+// holder: the holder itself when it is a valid label value (a pod's name
+// is), else a digest of it.
+func HolderLabelValue(holder string) string {
+	if len(validation.IsValidLabelValue(holder)) == 0 {
+		return holder
+	}
+	sum := sha256.Sum256([]byte(holder))
+	return "h-" + hex.EncodeToString(sum[:15])
+}
+
+// HolderLabel is the holder label value of this replica: the objects
+// labelled with it are the ones it looks after.
+func (r *Registry) HolderLabel() string { return HolderLabelValue(r.opts.Holder) }
+
+// relabel moves vmipam's holder label to this replica on the objects of
+// objs whose address this replica's allocator of p holds allocated to
+// them: taken over from a replica that left, adopted, or labelled
+// otherwise by hand. Until then no replica's watch delivers them, and a
+// deletion waits for its finalizer. The patch carries the object's UID,
+// so a new object of the same name is left alone.
+func (r *Registry) relabel(ctx context.Context, p *Pool, objs []labelled) {
+	var todo []labelled
+	for _, o := range objs {
+		if st, owner, _ := p.m.Lookup(o.addr); st == ipam.StateAllocated && owner.UID == string(o.uid) {
+			todo = append(todo, o)
+		}
+	}
+	if len(todo) == 0 {
+		return
+	}
+	log := logf.FromContext(ctx)
+	mine := r.HolderLabel()
+	moved := 0
+	for round := 1; ; round++ {
+		failed := r.patchHolders(ctx, todo, mine)
+		moved += len(todo) - len(failed)
+		if len(failed) == 0 || round == relabelRounds || ctx.Err() != nil {
+			// What is left is tried again by the next resync.
+			log.Info("Moved the holder label to this replica", "pool", p.name, "objects", moved, "failed", len(failed))
+			return
+		}
+		todo = failed
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Duration(round) * time.Second):
+		}
+	}
+}
+
+// patchHolders sets the holder label of objs to value, relabelWorkers at a
+// time, and returns those whose patch failed.
+func (r *Registry) patchHolders(ctx context.Context, objs []labelled, value string) []labelled {
+	work := make(chan labelled)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var failed []labelled
+	for range min(relabelWorkers, len(objs)) {
+		wg.Go(func() {
+			for o := range work {
+				if err := r.patchHolder(ctx, o.key, o.uid, value); err != nil {
+					logf.FromContext(ctx).V(1).Info("Moving the holder label", "object", o.key.String(), "error", err.Error())
+					mu.Lock()
+					failed = append(failed, o)
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	for _, o := range objs {
+		work <- o
+	}
+	close(work)
+	wg.Wait()
+	return failed
+}
+
+// patchHolder sets the holder label of the object key with UID uid.
+func (r *Registry) patchHolder(ctx context.Context, key client.ObjectKey, uid types.UID, value string) error {
+	obj := r.opts.Target.New()
+	obj.SetNamespace(key.Namespace)
+	obj.SetName(key.Name)
+	patch := fmt.Sprintf(`{"metadata":{"uid":%q,"labels":{%q:%q}}}`, uid, vmipamv1.HolderLabel, value)
+	err := r.opts.Client.Patch(ctx, obj, client.RawPatch(types.MergePatchType, []byte(patch)))
+	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		// Gone, or another object by that name now.
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("label %s with %s=%s: %w", key, vmipamv1.HolderLabel, value, err)
+	}
+	return nil
+}
