@@ -7,10 +7,12 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/ipam"
+	"github.com/vmipam/vmipam/target"
 )
 
 // clockSkew is how far vmipam's clock may be behind the API server's: a
@@ -27,8 +29,10 @@ const clockSkew = 5 * time.Second
 // itself (not the cache, which may lag) that begins after the deadline and
 // finds no object in the namespace with the token or the address proves
 // that no machine ever had it: the address may go back at once. An object
-// found keeps the cooldown. See docs/design.md, "Reservations that were
-// never stored".
+// found keeps the cooldown; one found with the token and the address was
+// stored and never bound (its holder label was changed before the bind, so
+// no replica's watch showed it), and is bound to the address here. See
+// docs/design.md, "Reservations that were never stored".
 func (r *Registry) proveUnused(ctx context.Context, p *Pool) error {
 	if !p.m.Ready() {
 		return nil
@@ -47,13 +51,26 @@ func (r *Registry) proveUnused(ctx context.Context, p *Pool) error {
 			return fmt.Errorf("read %s in namespace %s to settle lapsed reservations of pool %s: %w", r.opts.Target.GVK.Kind, ns, p.name, err)
 		}
 		returned := 0
+		var bound []labelled
 		for _, u := range us {
-			if tokens[u.Token] || addrs[u.Addr] {
+			o, stored := tokens[u.Token]
+			if stored && o.addr == u.Addr {
+				// Stored, and never bound: no replica's watch showed it,
+				// because its holder label was changed before the bind.
+				// It holds the address: bind it here, or the address would
+				// come free at the end of its cooldown while it is in use.
+				owner := ipam.Owner{Token: u.Token, UID: string(o.uid), Ref: Ref(o.key.Namespace, o.key.Name)}
+				if err := p.m.Adopt(ctx, u.Addr, owner); err == nil {
+					bound = append(bound, o)
+				}
+			}
+			if stored || addrs[u.Addr] {
 				p.m.Used(u)
 			} else if p.m.Unused(u, readAt) {
 				returned++
 			}
 		}
+		r.relabel(ctx, p, bound)
 		if returned > 0 {
 			logf.FromContext(ctx).V(1).Info("Returned addresses of reservations never stored", "pool", p.name, "namespace", ns, "count", returned)
 		}
@@ -61,14 +78,12 @@ func (r *Registry) proveUnused(ctx context.Context, p *Pool) error {
 	return nil
 }
 
-// stampsIn reads, from the API server, the tokens and addresses on every
-// object of the target kind in namespace ns.
-func (r *Registry) stampsIn(ctx context.Context, ns string) (map[string]bool, map[netip.Addr]bool, error) {
-	tokens, addrs := map[string]bool{}, map[netip.Addr]bool{}
+// stampsIn reads, from the API server, the tokens on every live object of
+// the target kind in namespace ns, with the object and its address, and
+// every address on any of them.
+func (r *Registry) stampsIn(ctx context.Context, ns string) (map[string]labelled, map[netip.Addr]bool, error) {
+	tokens, addrs := map[string]labelled{}, map[netip.Addr]bool{}
 	err := r.eachObject(ctx, ns, func(obj *unstructured.Unstructured) {
-		if t := obj.GetAnnotations()[vmipamv1.TokenAnnotation]; t != "" {
-			tokens[t] = true
-		}
 		if as, err := r.opts.Target.Addresses(obj); err == nil {
 			for _, s := range as {
 				if a, err := netip.ParseAddr(s); err == nil {
@@ -76,6 +91,15 @@ func (r *Registry) stampsIn(ctx context.Context, ns string) (map[string]bool, ma
 				}
 			}
 		}
+		t := obj.GetAnnotations()[vmipamv1.TokenAnnotation]
+		if t == "" {
+			return
+		}
+		o := labelled{key: client.ObjectKeyFromObject(obj), uid: obj.GetUID()}
+		if h, _, ok := r.holding(obj); ok && (obj.GetDeletionTimestamp() == nil || target.HasFinalizer(obj)) {
+			o.addr = h.Addr
+		}
+		tokens[t] = o
 	})
 	return tokens, addrs, err
 }

@@ -1,0 +1,86 @@
+package pools
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/ipam"
+	"github.com/vmipam/vmipam/target"
+)
+
+// TestLapsedReservationOfAMislabelledVM: a VM stored with its
+// reservation's token and address, whose holder label was changed before
+// the controller bound it, is in no replica's watch. When the reservation
+// lapses, the proof that reads the namespace from the API server finds it:
+// it binds the address to it and moves the label back. Before, the address
+// only kept its cooldown, and came free while the VM still held it.
+func TestLapsedReservationOfAMislabelledVM(t *testing.T) {
+	const cooldown, ttl = time.Minute, time.Minute
+	ctx := t.Context()
+	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	if err := vmipamv1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	pool := &vmipamv1.IPPool{
+		ObjectMeta: metav1.ObjectMeta{Name: "lapse", UID: "uid-lapse", Generation: 1},
+		Spec: vmipamv1.IPPoolSpec{Ranges: []vmipamv1.IPRange{{CIDR: "10.98.0.0/29"}},
+			Cooldown: &metav1.Duration{Duration: cooldown}, PendingTTL: &metav1.Duration{Duration: ttl},
+			Watermarks: &vmipamv1.Watermarks{Low: 0, Target: 1, High: 1}},
+	}
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(pool.DeepCopy()).Build()
+	reg := NewRegistry(Options{Client: c, APIReader: c, Target: target.VirtualMachine, Holder: "vmipam-a", Clock: clk,
+		RunInterval: time.Hour, ResyncInterval: time.Hour, StatusInterval: time.Hour, ProveInterval: time.Hour})
+	regCtx, stop := context.WithCancel(ctx)
+	var done sync.WaitGroup
+	done.Go(func() { _ = reg.Start(regCtx) })
+	t.Cleanup(func() { stop(); done.Wait() })
+	if err := reg.Ensure(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	p := reg.Get(pool.Name)
+	a, err := p.Allocate(ctx, ipam.Reservation{Token: "token-1", Namespace: "default"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vm := &vmipamv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "vm-1", UID: "uid-vm-1",
+		Labels:      map[string]string{vmipamv1.HolderLabel: "vmipam-b"},
+		Annotations: map[string]string{vmipamv1.TokenAnnotation: "token-1", vmipamv1.PoolAnnotation: pool.Name},
+		Finalizers:  []string{vmipamv1.Finalizer}}, Spec: vmipamv1.VirtualMachineSpec{IPPool: pool.Name, Addresses: []string{a.String()}}}
+	if err := c.Create(ctx, vm); err != nil {
+		t.Fatal(err)
+	}
+
+	clk.Step(ttl + clockSkew + time.Second)
+	if err := reg.proveUnused(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	if st, o, until := p.Lookup(a); st != ipam.StateAllocated || o.UID != string(vm.UID) {
+		t.Errorf("after the proof, %s is %s (to %+v, until %s); want allocated to %s", a, st, o, until, vm.UID)
+	}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(vm), vm); err != nil {
+		t.Fatal(err)
+	}
+	if got := vm.Labels[vmipamv1.HolderLabel]; got != reg.HolderLabel() {
+		t.Errorf("%s is labelled %q after the proof; want this replica's %q", vm.Name, got, reg.HolderLabel())
+	}
+	clk.Step(cooldown + time.Second)
+	for i := range 6 {
+		if b, err := p.Allocate(ctx, ipam.Reservation{Token: "other-" + string(rune('a'+i)), Namespace: "default"}); err == nil && b == a {
+			t.Fatalf("DUPLICATE: %s, on the live %s, handed out again", a, vm.Name)
+		}
+	}
+}
