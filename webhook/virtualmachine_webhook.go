@@ -151,7 +151,10 @@ func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admissi
 
 // nameTaken refuses a create whose name the cache already holds: the API
 // server would refuse it after admission, and an address reserved for it
-// would only wait out its pending TTL.
+// would only wait out its pending TTL. The cache holds this replica's
+// objects and the unlabelled ones, not other replicas' (see
+// vmipamv1.HolderLabel); a reservation for a name one of those holds is
+// returned by the proof that it was never stored.
 func (d *VMDefaulter) nameTaken(ctx context.Context, v *target.View) (admission.Response, bool) {
 	if d.Reader == nil || v.Name == "" {
 		return admission.Response{}, false

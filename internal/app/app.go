@@ -70,7 +70,8 @@ type Options struct {
 // vmipamv1.HolderLabel), trimmed to what vmipam reads
 // (target.Target.Trim), and Secrets only in vmipam's own namespace, which
 // is all RBAC grants. Objects with no holder label come through a cache of
-// their own (Setup makes it).
+// their own (Setup makes it). holder must be the Options.Holder given to
+// Setup: the replica's watch shows it no other objects of the kind.
 func CacheOptions(t target.Target, namespace, holder string) cache.Options {
 	return cache.Options{ByObject: map[client.Object]cache.ByObject{
 		&corev1.Secret{}:        {Namespaces: map[string]cache.Config{namespace: {}}},
