@@ -111,7 +111,9 @@ vmipam_args() {
 		--webhook-host 127.0.0.1 --webhook-port "$(webhook_port "$i")" --webhook-extra-sans 127.0.0.1
 		--metrics-bind-address "127.0.0.1:$(metrics_port "$i")"
 		--health-probe-bind-address "127.0.0.1:$(probe_port "$i")"
-		--resync-interval 1m --holder "$(name_of "$i")")
+		--resync-interval 1m --holder "$(name_of "$i")"
+		# stop() waits 30s: no wait for the API server's idle connections.
+		--shutdown-connection-wait 0s)
 	if [ "$replicas" -gt 1 ]; then
 		args+=(--metrics-secure=false)
 	fi

@@ -33,7 +33,9 @@ const shutdownTimeout = time.Minute
 // (Closing an idle connection races with a client that picks it at that
 // moment, and a POST is not retried: hence after the drain, when the
 // connections left idle are the ones the client has not needed for the
-// whole drain, not at its start.)
+// whole drain, not at its start; and only after WaitConnectionsClosed
+// gave the client the time to close them itself, which is race-free. The
+// API server's transports close a connection idle for 90s.)
 //
 // CloseIdle is complete over HTTP/1.1, which is what the server speaks
 // unless a TLS option offers "h2".
@@ -48,6 +50,8 @@ type HTTPServer struct {
 	addr     net.Addr
 	started  bool
 	draining bool
+	// open counts the connections accepted and not closed yet.
+	open int
 }
 
 var _ crwebhook.Server = (*HTTPServer)(nil)
@@ -102,6 +106,40 @@ func (s *HTTPServer) CloseIdle() {
 	}
 }
 
+// WaitConnectionsClosed waits until no connection to the server is open,
+// or ctx ends, and reports whether none is. While draining, a connection
+// closes after its next response; one its client keeps idle closes when
+// the client's idle timeout ends it.
+func (s *HTTPServer) WaitConnectionsClosed(ctx context.Context) bool {
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		s.mu.Lock()
+		open := s.open
+		s.mu.Unlock()
+		if open == 0 {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-tick.C:
+		}
+	}
+}
+
+// connState counts the open connections.
+func (s *HTTPServer) connState(_ net.Conn, st http.ConnState) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch st {
+	case http.StateNew:
+		s.open++
+	case http.StateClosed, http.StateHijacked:
+		s.open--
+	}
+}
+
 // Start listens and serves until ctx ends, then stops accepting and waits
 // up to a minute for the requests in flight.
 func (s *HTTPServer) Start(ctx context.Context) error {
@@ -123,6 +161,7 @@ func (s *HTTPServer) Start(ctx context.Context) error {
 		ReadHeaderTimeout: 32 * time.Second,
 		IdleTimeout:       90 * time.Second, // as http.DefaultTransport keeps connections
 		MaxHeaderBytes:    1 << 20,
+		ConnState:         s.connState,
 		// The requests in flight when ctx ends are answered, not cancelled.
 		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}

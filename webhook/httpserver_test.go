@@ -90,3 +90,51 @@ func TestHTTPServerCloseIdle(t *testing.T) {
 		})
 	}
 }
+
+// TestHTTPServerWaitConnectionsClosed: a drain can wait until the clients
+// closed the connections they kept idle, which is race-free, instead of
+// closing them under a client that may be sending on one: the wait ends
+// once the client's idle timeout closed its connection, and not before.
+func TestHTTPServerWaitConnectionsClosed(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		// idle is the client's idle timeout; 0 keeps the connection.
+		idle   time.Duration
+		closed bool
+	}{
+		{"the client closes its idle connection", 200 * time.Millisecond, true},
+		{"the client keeps it", 0, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			cert := selfSigned(t)
+			s := NewHTTPServer("127.0.0.1", 0, []func(*tls.Config){func(c *tls.Config) { c.Certificates = []tls.Certificate{cert} }})
+			s.Register("/ok", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))
+			ctx, cancel := context.WithCancel(t.Context())
+			done := make(chan error, 1)
+			go func() { done <- s.Start(ctx) }()
+			defer func() {
+				cancel()
+				if err := <-done; err != nil {
+					t.Errorf("Start: %v", err)
+				}
+			}()
+			for s.StartedChecker()(nil) != nil {
+				time.Sleep(time.Millisecond)
+			}
+			tr := &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, IdleConnTimeout: tt.idle} //nolint:gosec // a test's own certificate
+			defer tr.CloseIdleConnections()
+			resp, err := (&http.Client{Transport: tr}).Get("https://" + s.Addr().String() + "/ok")
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			_ = resp.Body.Close()
+			wctx, wcancel := context.WithTimeout(ctx, time.Second)
+			defer wcancel()
+			began := time.Now()
+			if got := s.WaitConnectionsClosed(wctx); got != tt.closed {
+				t.Errorf("WaitConnectionsClosed = %v after %s; want %v", got, time.Since(began).Round(time.Millisecond), tt.closed)
+			}
+		})
+	}
+}

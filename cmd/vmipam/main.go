@@ -54,7 +54,7 @@ type options struct {
 	serviceName, metricsService   string
 	extraSANs                     string
 	mutatingConfig, validatingCfg string
-	resync, drain                 time.Duration
+	resync, drain, connWait       time.Duration
 	clientCA, clientCN            string
 	limits                        webhook.Limits
 	// clientCNSet records that --webhook-client-cn was given, which
@@ -79,6 +79,7 @@ func main() {
 	flag.StringVar(&o.namespace, "namespace", envOr("POD_NAMESPACE", "vmipam-system"), "vmipam's own namespace: its Secret, holder leases and events.")
 	flag.StringVar(&o.holder, "holder", envOr("POD_NAME", hostname()), "This replica's name in the pools' claims and its holder lease: stable across its restarts, and used by one process at a time (the pod's name, from $POD_NAME).")
 	flag.DurationVar(&o.drain, "shutdown-drain", 10*time.Second, "On SIGTERM, how long to keep serving, not ready and closing connections, while the Service stops sending requests here; then shut down, sealing the pools.")
+	flag.DurationVar(&o.connWait, "shutdown-connection-wait", 85*time.Second, "After --shutdown-drain, how much longer to keep serving until the API server has closed the connections it keeps idle here (its transports close one idle for 90s); those left are closed then. Closing an idle connection races with an admission the API server may be sending on it, which then fails; 0 closes them at the end of the drain.")
 	flag.StringVar(&o.webhookHost, "webhook-host", "", "Address the webhook server binds to (all interfaces when empty).")
 	flag.IntVar(&o.webhookPort, "webhook-port", 9443, "Port of the webhook server.")
 	flag.StringVar(&o.certMode, "cert-mode", "self", "Serving certificates: \"self\" (vmipam keeps a CA and a certificate in a Secret and injects the CA) or \"cert-manager\" (files in --cert-dir, reloaded on change).")
@@ -122,8 +123,8 @@ func (o options) validate() error {
 		return fmt.Errorf("--lease-renew-deadline (%s) must be longer than 1.2 × --lease-retry-period (%s)", o.renewDeadline, o.retryPeriod)
 	case o.holder == "":
 		return errors.New("--holder is empty: give each replica a stable name (the pod's name, from $POD_NAME)")
-	case o.drain < 0:
-		return errors.New("--shutdown-drain must not be negative")
+	case o.drain < 0 || o.connWait < 0:
+		return errors.New("--shutdown-drain and --shutdown-connection-wait must not be negative")
 	case o.limits.MaxBodyBytes <= 0 || o.limits.MaxInflightBytes <= 0 || o.limits.MaxConcurrent <= 0 || o.limits.ReadTimeout <= 0:
 		return errors.New("--webhook-max-body-bytes, --webhook-max-inflight-bytes, --webhook-max-concurrent and --webhook-read-timeout must be positive")
 	case o.limits.MaxInflightBytes < o.limits.MaxBodyBytes:
@@ -198,38 +199,60 @@ func run(o options) error {
 	}
 	setupLog.Info("Starting vmipam", "namespace", o.namespace, "holder", o.holder, "certMode", o.certMode,
 		"webhookPort", o.webhookPort, "webhookClientAuth", clientAuth != nil)
-	if err := mgr.Start(drainingSignalHandler(o.drain, &draining, httpServer.CloseIdle)); err != nil {
+	if err := mgr.Start(drainingSignalHandler(o.drain, o.connWait, &draining, httpServer)); err != nil {
 		return fmt.Errorf("run manager: %w", err)
 	}
 	return nil
 }
 
-// drainingSignalHandler returns a context that ends drain after the first
-// SIGTERM or SIGINT: meanwhile the replica reports not ready and closes
-// each connection after its response, so that the Service and the API
-// server's kept-alive connections move to the other replicas before this
-// one stops (the API server keeps reusing connections to a terminating
-// webhook pod otherwise: kubernetes issue 127335). At the end of the drain
-// it calls closeIdle, for the connections that carried no request
-// meanwhile. A second signal ends the drain at once; a third exits.
-func drainingSignalHandler(drain time.Duration, draining *atomic.Bool, closeIdle func()) context.Context {
+// drainingSignalHandler returns a context that ends after the first
+// SIGTERM or SIGINT and a drain: meanwhile the replica reports not ready
+// and closes each connection after its response, so that the Service and
+// the API server's kept-alive connections move to the other replicas
+// before this one stops (the API server keeps reusing connections to a
+// terminating webhook pod otherwise: kubernetes issue 127335). The drain
+// lasts drain, then up to connWait more until no connection is left: the
+// API server closes those it keeps idle itself, which is race-free. Those
+// still open then are closed (srv.CloseIdle). A second signal ends the
+// drain at once; a third exits.
+func drainingSignalHandler(drain, connWait time.Duration, draining *atomic.Bool, srv drainable) context.Context {
 	ctx, cancel := context.WithCancel(context.Background())
 	c := make(chan os.Signal, 3)
 	signal.Notify(c, syscall.SIGTERM, os.Interrupt)
 	go func() {
 		<-c
 		draining.Store(true)
-		setupLog.Info("Draining before shutdown: not ready, closing connections", "for", drain)
+		setupLog.Info("Draining before shutdown: not ready, closing connections", "for", drain, "thenWaitingForConnections", connWait)
+		wait, stop := context.WithCancel(context.Background())
+		go func() {
+			select {
+			case <-c:
+				stop()
+			case <-wait.Done():
+			}
+		}()
 		select {
 		case <-time.After(drain):
-		case <-c:
+			wctx, wcancel := context.WithTimeout(wait, connWait)
+			if !srv.WaitConnectionsClosed(wctx) {
+				setupLog.Info("Closing the connections left open after the drain")
+			}
+			wcancel()
+		case <-wait.Done():
 		}
-		closeIdle()
+		stop()
+		srv.CloseIdle()
 		cancel()
 		<-c
 		os.Exit(1)
 	}()
 	return ctx
+}
+
+// drainable is the webhook server as the drain sees it.
+type drainable interface {
+	WaitConnectionsClosed(ctx context.Context) bool
+	CloseIdle()
 }
 
 // gatedServer starts the webhook server only once a certificate can be

@@ -5,9 +5,13 @@
 package binary
 
 import (
+	"bufio"
 	"bytes"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -92,5 +96,82 @@ func TestBinary(t *testing.T) {
 	})
 	if err := p.Stop(30 * time.Second); err != nil {
 		t.Fatalf("SIGTERM: %v", err)
+	}
+
+	// The drain waits for the clients to close the connections they keep
+	// idle (the API server does after 90s; this client after 1s), and
+	// closes from its side only those still open after
+	// --shutdown-connection-wait: a close from the server's side races with
+	// a request the client may be sending on the connection.
+	for _, tt := range []struct {
+		name string
+		// idle is when the client closes its idle connection; 0 never.
+		idle         time.Duration
+		wait         time.Duration
+		closedBySelf bool
+	}{
+		{"the client closes its idle connection", time.Second, 20 * time.Second, false},
+		{"the client keeps it", 0, 3 * time.Second, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var logs bytes.Buffer
+			p, err := cl.StartVMIPAM(ctx, &logs, "--shutdown-drain=500ms", "--shutdown-connection-wait="+tt.wait.String())
+			if err != nil {
+				t.Fatalf("%v\nlogs:\n%s", err, logs.String())
+			}
+			defer p.Kill()
+			conn, err := tls.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", cl.WebhookPort), &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // only the connection matters here
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = conn.Close() }()
+			// One request, answered, leaves the connection idle.
+			if _, err := io.WriteString(conn, "POST /mutate-vmipam-io-v1alpha1-virtualmachine HTTP/1.1\r\nHost: vmipam\r\n"+
+				"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"); err != nil {
+				t.Fatal(err)
+			}
+			br := bufio.NewReader(conn)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			_ = resp.Body.Close()
+			if resp.Close {
+				t.Fatalf("the server closed the connection after a response before the drain")
+			}
+			// The server's close shows as the end of the stream.
+			serverClosed := make(chan struct{})
+			go func() {
+				_, _ = br.ReadByte()
+				close(serverClosed)
+			}()
+			began := time.Now()
+			stopped := make(chan error, 1)
+			go func() { stopped <- p.Stop(60 * time.Second) }()
+			byServer := false
+			if tt.idle > 0 {
+				select {
+				case <-serverClosed:
+					byServer = true
+				case <-time.After(tt.idle):
+					_ = conn.Close()
+				}
+			} else {
+				<-serverClosed
+				byServer = true
+			}
+			if err := <-stopped; err != nil {
+				t.Fatalf("SIGTERM: %v\nlogs:\n%s", err, logs.String())
+			}
+			t.Logf("stopped %s after SIGTERM; the server closed the idle connection: %v", time.Since(began).Round(100*time.Millisecond), byServer)
+			if byServer != tt.closedBySelf {
+				t.Errorf("the server closed the idle connection: %v, want %v (the client closes it after %s, --shutdown-connection-wait %s)",
+					byServer, tt.closedBySelf, tt.idle, tt.wait)
+			}
+			if said := strings.Contains(logs.String(), "Closing the connections left open"); said != tt.closedBySelf {
+				t.Errorf("the log says it closed connections left open: %v, want %v", said, tt.closedBySelf)
+			}
+		})
 	}
 }

@@ -333,17 +333,20 @@ func checkDeployment(t *testing.T, r *rendered) {
 	if strings.HasPrefix(pod.PriorityClassName, "system-") {
 		t.Errorf("priorityClassName %q is refused outside kube-system in many clusters", pod.PriorityClassName)
 	}
-	// The drain and the manager's 45s graceful shutdown (sealing the
-	// blocks) must both fit before the kubelet's SIGKILL.
-	drain := 10 * time.Second
-	if v := flagValue(t, c, "shutdown-drain"); v != "" {
-		var err error
-		if drain, err = time.ParseDuration(v); err != nil {
-			t.Errorf("--shutdown-drain=%q: %v", v, err)
+	// The drain, the wait for the API server's idle connections and the
+	// manager's 45s graceful shutdown (sealing the blocks) must all fit
+	// before the kubelet's SIGKILL.
+	drain, wait := 10*time.Second, 85*time.Second
+	for flag, d := range map[string]*time.Duration{"shutdown-drain": &drain, "shutdown-connection-wait": &wait} {
+		if v := flagValue(t, c, flag); v != "" {
+			var err error
+			if *d, err = time.ParseDuration(v); err != nil {
+				t.Errorf("--%s=%q: %v", flag, v, err)
+			}
 		}
 	}
-	if g := pod.TerminationGracePeriodSeconds; g == nil || time.Duration(*g)*time.Second < drain+45*time.Second {
-		t.Errorf("terminationGracePeriodSeconds %v: must cover --shutdown-drain (%s) and the manager's 45s graceful shutdown", deref(g), drain)
+	if g := pod.TerminationGracePeriodSeconds; g == nil || time.Duration(*g)*time.Second < drain+wait+45*time.Second {
+		t.Errorf("terminationGracePeriodSeconds %v: must cover --shutdown-drain (%s), --shutdown-connection-wait (%s) and the manager's 45s graceful shutdown", deref(g), drain, wait)
 	}
 	if pod.HostNetwork || pod.HostPID || pod.HostIPC {
 		t.Errorf("the pod shares a host namespace")
