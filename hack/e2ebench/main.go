@@ -10,8 +10,10 @@
 //     outside every pool, so vmipam neither admits nor manages them;
 //   - no-op webhooks: like without, but through a mutating and a validating
 //     webhook that e2ebench serves itself and that do nothing but allow
-//     (the mutating one adding an annotation): the floor of what any pair
-//     of webhooks costs, against which vmipam's own cost shows;
+//     (the mutating one adding an annotation and a finalizer, which a
+//     controller in e2ebench removes on delete): the floor of what any pair
+//     of webhooks, and a delete through a finalizer, cost, against which
+//     vmipam's own cost shows;
 //   - baseline: whereabouts-style IPAM, a read-modify-write of one ConfigMap
 //     holding every allocation (retrying on conflict), then the create.
 //

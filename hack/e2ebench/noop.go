@@ -40,7 +40,8 @@ const (
 
 // noopServer is the HTTPS server behind the no-op webhooks: it decodes
 // every AdmissionReview and allows it, the mutating webhook with a JSON
-// patch that adds one annotation. It is the floor of what any pair of
+// patch that adds one annotation and a finalizer (noopFinalizer, which
+// the bench's finalizerRemover takes away on deletion). It is the floor of what any pair of
 // webhooks costs the API server (encoding the review, TLS on loopback,
 // applying a patch), with almost no work of its own. It runs inside this
 // program, so its CPU counts as e2ebench's.
@@ -71,11 +72,14 @@ func startNoopServer() (*noopServer, error) {
 	s := &noopServer{caBundle: ca.CertPEM}
 	// A JSON pointer escapes "~" and "/" in a map key.
 	key := strings.NewReplacer("~", "~0", "/", "~1").Replace(noopAnnotation)
-	if s.patchKey, err = json.Marshal([]map[string]any{{"op": "add", "path": "/metadata/annotations/" + key, "value": noopAnnotationValue}}); err != nil {
+	// And the finalizer the remover takes away, as vmipam adds its own
+	// (the bench's objects carry none of their own).
+	fin := map[string]any{"op": "add", "path": "/metadata/finalizers", "value": []string{noopFinalizer}}
+	if s.patchKey, err = json.Marshal([]map[string]any{{"op": "add", "path": "/metadata/annotations/" + key, "value": noopAnnotationValue}, fin}); err != nil {
 		return nil, err
 	}
 	if s.patchMap, err = json.Marshal([]map[string]any{{"op": "add", "path": "/metadata/annotations",
-		"value": map[string]string{noopAnnotation: noopAnnotationValue}}}); err != nil {
+		"value": map[string]string{noopAnnotation: noopAnnotationValue}}, fin}); err != nil {
 		return nil, err
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -142,7 +146,8 @@ func writeReview(w http.ResponseWriter, resp *admissionv1.AdmissionResponse) {
 	}
 }
 
-// mutate allows the object with a patch adding the annotation. Only the
+// mutate allows the object with a patch adding the annotation and the
+// finalizer. Only the
 // object's annotations are decoded, to tell which of the two fixed
 // patches applies; the object is never encoded again.
 func (s *noopServer) mutate(w http.ResponseWriter, r *http.Request) {
