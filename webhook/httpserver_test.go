@@ -35,6 +35,28 @@ func selfSigned(t *testing.T) tls.Certificate {
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
 
+// startOKServer starts an HTTPServer that answers "ok" at /ok, stopped
+// when the test ends; the context is the server's.
+func startOKServer(t *testing.T) (*HTTPServer, context.Context) {
+	t.Helper()
+	cert := selfSigned(t)
+	s := NewHTTPServer("127.0.0.1", 0, []func(*tls.Config){func(c *tls.Config) { c.Certificates = []tls.Certificate{cert} }})
+	s.Register("/ok", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- s.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Start: %v", err)
+		}
+	})
+	for s.StartedChecker()(nil) != nil {
+		time.Sleep(time.Millisecond)
+	}
+	return s, ctx
+}
+
 // TestHTTPServerCloseIdle: after CloseIdle, a connection kept alive from
 // before carries no further request: the next one comes on a new
 // connection, and its response closes that one too. A client that kept a
@@ -49,21 +71,7 @@ func TestHTTPServerCloseIdle(t *testing.T) {
 		{"draining", true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			cert := selfSigned(t)
-			s := NewHTTPServer("127.0.0.1", 0, []func(*tls.Config){func(c *tls.Config) { c.Certificates = []tls.Certificate{cert} }})
-			s.Register("/ok", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))
-			ctx, cancel := context.WithCancel(t.Context())
-			done := make(chan error, 1)
-			go func() { done <- s.Start(ctx) }()
-			defer func() {
-				cancel()
-				if err := <-done; err != nil {
-					t.Errorf("Start: %v", err)
-				}
-			}()
-			for s.StartedChecker()(nil) != nil {
-				time.Sleep(time.Millisecond)
-			}
+			s, ctx := startOKServer(t)
 			c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // a test's own certificate
 			get := func() (reused, closed bool) {
 				t.Helper()
@@ -106,21 +114,7 @@ func TestHTTPServerWaitConnectionsClosed(t *testing.T) {
 		{"the client keeps it", 0, false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			cert := selfSigned(t)
-			s := NewHTTPServer("127.0.0.1", 0, []func(*tls.Config){func(c *tls.Config) { c.Certificates = []tls.Certificate{cert} }})
-			s.Register("/ok", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))
-			ctx, cancel := context.WithCancel(t.Context())
-			done := make(chan error, 1)
-			go func() { done <- s.Start(ctx) }()
-			defer func() {
-				cancel()
-				if err := <-done; err != nil {
-					t.Errorf("Start: %v", err)
-				}
-			}()
-			for s.StartedChecker()(nil) != nil {
-				time.Sleep(time.Millisecond)
-			}
+			s, ctx := startOKServer(t)
 			tr := &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, IdleConnTimeout: tt.idle} //nolint:gosec // a test's own certificate
 			defer tr.CloseIdleConnections()
 			resp, err := (&http.Client{Transport: tr}).Get("https://" + s.Addr().String() + "/ok")
