@@ -49,8 +49,6 @@ type bench struct {
 	clients       []client.Client
 	base          baseline
 	noop          *noopServer // nil without -noop
-	// finalizers removes the no-op finalizer; nil without -noop.
-	finalizers *finalizerRemover
 	// vmipam is what runs vmipam now; logFile gets its output.
 	vmipam  stopper
 	logFile io.Writer
@@ -182,7 +180,7 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 		}
 		// The no-op objects carry a finalizer: something must take it
 		// away, as vmipam's controller takes its own.
-		if b.finalizers, err = b.startFinalizerRemover(ctx); err != nil {
+		if err := b.startFinalizerRemover(ctx); err != nil {
 			return nil, fmt.Errorf("no-op finalizer remover: %w", err)
 		}
 	}

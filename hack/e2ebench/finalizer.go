@@ -4,7 +4,6 @@ import (
 	"context"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -35,8 +34,7 @@ const finalizerWorkers = 16
 // without duplicates, and finalizerWorkers workers. A patch that loses to
 // a newer version is made again when the watch shows that version.
 type finalizerRemover struct {
-	c       client.WithWatch
-	removed atomic.Int64
+	c client.WithWatch
 
 	mu sync.Mutex
 	// latest is the last version the watch showed of each queued name.
@@ -45,18 +43,18 @@ type finalizerRemover struct {
 	wake    chan struct{}
 }
 
-// startFinalizerRemover runs the remover until ctx ends.
-func (b *bench) startFinalizerRemover(ctx context.Context) (*finalizerRemover, error) {
+// startFinalizerRemover runs a remover until ctx ends.
+func (b *bench) startFinalizerRemover(ctx context.Context) error {
 	c, err := client.NewWithWatch(b.cl.Config, client.Options{Scheme: app.Scheme, Mapper: b.cl.Client.RESTMapper()})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	f := &finalizerRemover{c: c, latest: map[string]*vmipamv1.VirtualMachine{}, wake: make(chan struct{}, 1)}
 	go f.watch(ctx)
 	for range finalizerWorkers {
 		go f.work(ctx)
 	}
-	return f, nil
+	return nil
 }
 
 // watch queues every object being deleted that carries the finalizer,
@@ -140,14 +138,11 @@ func (f *finalizerRemover) work(ctx context.Context) {
 		}
 		base := vm.DeepCopy()
 		vm.Finalizers = slices.DeleteFunc(vm.Finalizers, func(s string) bool { return s == noopFinalizer })
+		// A conflict needs nothing: the watch brings the newer version and
+		// queues it again. Any other failure is tried again with what the
+		// watch shows by then.
 		err := f.c.Patch(ctx, vm, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
-		switch {
-		case err == nil, apierrors.IsNotFound(err):
-			f.removed.Add(1)
-		case apierrors.IsConflict(err):
-			// The watch brings the newer version, and queues it again.
-		default:
-			// Try again with what the watch shows by then.
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 			sleepCtx(ctx, 100*time.Millisecond)
 			f.offer(base)
 		}
