@@ -62,10 +62,11 @@ generate: $(CONTROLLER_GEN) ## Generate deepcopy code.
 	$(CONTROLLER_GEN) object paths=./api/...
 
 .PHONY: manifests
-manifests: $(CONTROLLER_GEN) ## Generate CRDs, RBAC and webhook manifests from markers.
+manifests: $(CONTROLLER_GEN) ## Generate CRDs, RBAC and webhook manifests from markers, and the kinds' wiring from deploy/kinds/kinds.yaml.
 	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=deploy/crd
 	$(CONTROLLER_GEN) rbac:roleName=vmipam paths=./... output:rbac:artifacts:config=deploy/rbac
 	$(CONTROLLER_GEN) webhook paths=./... output:webhook:artifacts:config=deploy/webhook
+	$(GO) run ./cmd/vmipam manifests --kinds-config deploy/kinds/kinds.yaml > deploy/kinds/wiring.yaml
 
 .PHONY: verify
 verify: generate manifests ## Fail if generated files are stale.

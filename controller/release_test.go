@@ -59,7 +59,7 @@ func TestReleaseRetry(t *testing.T) {
 					return cl.Patch(ctx, obj, p, opts...)
 				},
 			})
-			reg := pools.NewRegistry(pools.Options{Client: c, APIReader: c, Target: target.VirtualMachine, Holder: "vmipam", Clock: clk,
+			reg := pools.NewRegistry(pools.Options{Client: c, APIReader: c, Targets: target.Default(), Holder: "vmipam", Clock: clk,
 				RunInterval: time.Hour, ResyncInterval: time.Hour, StatusInterval: time.Hour})
 			regCtx, stop := context.WithCancel(ctx)
 			var regDone sync.WaitGroup

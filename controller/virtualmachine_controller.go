@@ -6,14 +6,17 @@ package controller
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -30,7 +33,8 @@ import (
 	"github.com/vmipam/vmipam/target"
 )
 
-// +kubebuilder:rbac:groups=vmipam.io,resources=virtualmachines,verbs=get;list;watch;update;patch
+// The kinds' own RBAC comes from the kinds configuration (vmipam
+// manifests), not from markers.
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
 
@@ -90,7 +94,7 @@ func (r *VMReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	b := ctrl.NewControllerManagedBy(mgr).
 		For(r.Target.New()).
-		Named("address-gc").
+		Named(Name(r.Target)).
 		// Every replica runs it: each looks after the objects whose
 		// addresses it holds.
 		WithOptions(crcontroller.Options{MaxConcurrentReconciles: n, NeedLeaderElection: ptr.To(false)})
@@ -98,6 +102,16 @@ func (r *VMReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		b = b.WatchesRawSource(source.Kind(r.Unlabeled, r.Target.New(), &handler.TypedEnqueueRequestForObject[*unstructured.Unstructured]{}))
 	}
 	return b.Complete(r)
+}
+
+// Name names the garbage collector of kind t, in logs and
+// metrics: address-gc for vmipam's own kind, address-gc-<resource>.<group>
+// for the others.
+func Name(t target.Target) string {
+	if t.GVR() == target.VirtualMachine.GVR() {
+		return "address-gc"
+	}
+	return "address-gc-" + t.Resource + "." + t.GVK.Group
 }
 
 // Reconcile binds, releases or repairs the address of one object.
@@ -120,9 +134,13 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 	case hasAddr:
 		pool = r.Registry.PoolFor(addr)
 	case obj.GetDeletionTimestamp() == nil:
+		if !r.Target.InScope(obj) {
+			// Its kind's condition leaves it out: no address for it.
+			return ctrl.Result{}, nil
+		}
 		named, err := r.Target.Pool(obj)
 		if err == nil {
-			pool, err = r.Registry.Select(ctx, obj.GetNamespace(), named)
+			pool, err = r.Registry.Select(ctx, r.Target, obj.GetNamespace(), named)
 		}
 		if err != nil {
 			r.event(obj, corev1.EventTypeWarning, "NoPool", "Assign", "%v", err)
@@ -249,12 +267,12 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 		}
 	}
 	if st, o, _ := pool.Lookup(addr); st == ipam.StateAllocated && o.UID == owner.UID {
-		return ctrl.Result{}, r.label(ctx, obj)
+		return ctrl.Result{}, r.settle(ctx, obj, pool, addr)
 	}
 	if owner.Token != "" {
 		if _, err := pool.Bind(owner); err == nil {
 			log.V(1).Info("Bound address", "address", addr, "pool", pool.Name())
-			return ctrl.Result{}, r.label(ctx, obj)
+			return ctrl.Result{}, r.settle(ctx, obj, pool, addr)
 		} else if errors.Is(err, ipam.ErrNotReady) {
 			return ctrl.Result{RequeueAfter: time.Second}, nil
 		} else if errors.Is(err, ipam.ErrConflict) {
@@ -268,7 +286,7 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 		// Rare (an object that bypassed the webhook, or a lost
 		// reservation), so worth an Event.
 		r.event(obj, corev1.EventTypeNormal, "AddressAdopted", "Assign", "Adopted %s into IPPool %s", addr, pool.Name())
-		return ctrl.Result{}, r.label(ctx, obj)
+		return ctrl.Result{}, r.settle(ctx, obj, pool, addr)
 	case errors.Is(err, ipam.ErrNotReady):
 		// The pool's allocator was rebuilt meanwhile.
 		return ctrl.Result{RequeueAfter: time.Second}, nil
@@ -309,6 +327,30 @@ func (r *VMReconciler) assign(ctx context.Context, obj *unstructured.Unstructure
 		return ctrl.Result{}, fmt.Errorf("stamp address: %w", err)
 	}
 	return ctrl.Result{}, nil
+}
+
+// settle finishes an object whose address this replica holds allocated to
+// it: its holder label, and for a kind whose address goes into status, the
+// status fields. Those are filled as soon as the address is bound, before
+// the kind's own controller may fill them another way (NeonVM allocates an
+// address of its own when status.extraNetIP is empty).
+func (r *VMReconciler) settle(ctx context.Context, obj *unstructured.Unstructured, pool *pools.Pool, addr netip.Addr) error {
+	if err := r.label(ctx, obj); err != nil {
+		return err
+	}
+	prefix, _ := pool.Prefix(addr)
+	fill := r.Target.StatusFill(obj, addr, prefix)
+	if fill == nil {
+		return nil
+	}
+	raw, err := json.Marshal(map[string]any{"status": fill["status"]})
+	if err != nil {
+		return fmt.Errorf("encode the status fill: %w", err)
+	}
+	if err := r.Client.Status().Patch(ctx, obj, client.RawPatch(types.MergePatchType, raw)); err != nil {
+		return client.IgnoreNotFound(fmt.Errorf("fill %s: %w", strings.Join(r.Target.Status.Address, "."), err))
+	}
+	return nil
 }
 
 // label puts this replica's holder label on obj, whose address it looks

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
@@ -49,6 +50,13 @@ var (
 		Help: "Times two live objects were found carrying one address (each detection counts).",
 	}, []string{"pool"})
 
+	// KindServed is 1 for a configured kind the API server serves, 0 for
+	// one whose CRD vmipam waits for.
+	KindServed = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "vmipam_kind_served",
+		Help: "1 when the API server serves a kind of the kinds configuration, 0 while vmipam waits for its CRD.",
+	}, []string{"group", "version", "kind"})
+
 	current   atomic.Pointer[pools.Registry]
 	certNotAf atomic.Pointer[func() time.Time]
 	once      sync.Once
@@ -60,7 +68,7 @@ var (
 func Register(reg *pools.Registry) {
 	current.Store(reg)
 	once.Do(func() {
-		ctrlmetrics.Registry.MustRegister(AllocationDuration, AdmissionDuration, WebhookHTTPDuration, DuplicatesFound, poolCollector{},
+		ctrlmetrics.Registry.MustRegister(AllocationDuration, AdmissionDuration, WebhookHTTPDuration, DuplicatesFound, KindServed, poolCollector{},
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 				Name: "vmipam_certificate_expiry_timestamp_seconds",
 				Help: "When the webhook's serving certificate expires, as a Unix time; 0 when unknown.",
@@ -192,4 +200,13 @@ func outcome(resp admission.Response) string {
 		return "error"
 	}
 	return "denied"
+}
+
+// SetKindServed records whether the API server serves kind gvk.
+func SetKindServed(gvk schema.GroupVersionKind, served bool) {
+	v := 0.0
+	if served {
+		v = 1
+	}
+	KindServed.WithLabelValues(gvk.Group, gvk.Version, gvk.Kind).Set(v)
 }

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"net/netip"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
@@ -31,6 +33,7 @@ type live struct {
 
 // labelled is an object whose holder label may have to move.
 type labelled struct {
+	gvk  schema.GroupVersionKind
 	key  client.ObjectKey
 	uid  types.UID
 	addr netip.Addr
@@ -59,7 +62,7 @@ func (r *Registry) liveIn(ctx context.Context, pools map[string]*ipam.Ranges) (m
 			l := out[name]
 			l.holdings = append(l.holdings, h)
 			if obj.GetLabels()[vmipamv1.HolderLabel] != mine {
-				l.elsewhere = append(l.elsewhere, labelled{key: client.ObjectKeyFromObject(obj), uid: obj.GetUID(), addr: h.Addr})
+				l.elsewhere = append(l.elsewhere, labelled{gvk: obj.GroupVersionKind(), key: client.ObjectKeyFromObject(obj), uid: obj.GetUID(), addr: h.Addr})
 			}
 			out[name] = l
 		}
@@ -80,17 +83,33 @@ func (r *Registry) eachLive(ctx context.Context, fn func(obj *unstructured.Unstr
 	})
 }
 
-// eachObject calls fn with every object of the target kind in namespace ns
-// (every namespace when empty), read from the API server a page at a time.
+// eachObject calls fn with every object of the target kinds in namespace
+// ns (every namespace when empty), read from the API server a page at a
+// time. A kind whose CRD is not installed has none.
 func (r *Registry) eachObject(ctx context.Context, ns string, fn func(obj *unstructured.Unstructured)) error {
+	for _, t := range r.opts.Targets {
+		if t.ClusterScoped && ns != "" {
+			continue
+		}
+		if err := r.eachOf(ctx, t, ns, fn); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (r *Registry) eachOf(ctx context.Context, t target.Target, ns string, fn func(obj *unstructured.Unstructured)) error {
 	opts := []client.ListOption{client.Limit(listPage)}
 	if ns != "" {
 		opts = append(opts, client.InNamespace(ns))
 	}
 	for cont := ""; ; {
-		list := r.opts.Target.NewList()
+		list := t.NewList()
 		if err := r.opts.APIReader.List(ctx, list, append(opts, client.Continue(cont))...); err != nil {
-			return fmt.Errorf("list %s: %w", r.opts.Target.GVK.Kind, err)
+			if meta.IsNoMatchError(err) {
+				return nil
+			}
+			return fmt.Errorf("list %s: %w", t.GVR().GroupResource(), err)
 		}
 		for i := range list.Items {
 			fn(&list.Items[i])
@@ -105,7 +124,11 @@ func (r *Registry) eachObject(ctx context.Context, ns string, fn func(obj *unstr
 // taken in their canonical form: an object that bypassed the webhook with
 // a second spelling of an address still holds that address.
 func (r *Registry) holding(obj *unstructured.Unstructured) (ipam.Holding, string, bool) {
-	addrs, err := r.opts.Target.Addresses(obj)
+	t, ok := r.TargetOf(obj.GroupVersionKind())
+	if !ok {
+		return ipam.Holding{}, "", false
+	}
+	addrs, err := t.Addresses(obj)
 	if err != nil || len(addrs) == 0 {
 		return ipam.Holding{}, "", false
 	}
@@ -118,6 +141,16 @@ func (r *Registry) holding(obj *unstructured.Unstructured) (ipam.Holding, string
 			Token: ann[vmipamv1.TokenAnnotation], UID: string(obj.GetUID()), Ref: Ref(obj.GetNamespace(), obj.GetName()),
 		}},
 		ann[vmipamv1.PoolAnnotation], true
+}
+
+// TargetOf returns the configured kind gvk, if it is one.
+func (r *Registry) TargetOf(gvk schema.GroupVersionKind) (target.Target, bool) {
+	for _, t := range r.opts.Targets {
+		if t.GVK == gvk {
+			return t, true
+		}
+	}
+	return target.Target{}, false
 }
 
 // Ref names an object in messages: namespace/name, or the name alone.

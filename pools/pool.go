@@ -45,6 +45,17 @@ func (p *Pool) Default() bool { return p.spec.Default }
 // Ready reports whether the allocator has recovered and serves the pool.
 func (p *Pool) Ready() bool { return p.m.Ready() }
 
+// Prefix returns the subnet (the CIDR of the pool's range) that holds a,
+// for a guest that needs its prefix length or mask.
+func (p *Pool) Prefix(a netip.Addr) (netip.Prefix, bool) {
+	for _, r := range p.spec.Ranges {
+		if c, err := netip.ParsePrefix(r.CIDR); err == nil && c.Contains(a) {
+			return c.Masked(), true
+		}
+	}
+	return netip.Prefix{}, false
+}
+
 // Ranges returns the pool's usable addresses.
 func (p *Pool) Ranges() *ipam.Ranges { return p.m.Ranges() }
 

@@ -44,8 +44,9 @@ type Options struct {
 	// APIReader reads from the API server directly: the blocks, and the
 	// quorum reads that prove a lapsed reservation unused.
 	APIReader client.Reader
-	// Target is the kind given addresses.
-	Target target.Target
+	// Targets are the kinds given addresses; a kind whose CRD is not
+	// installed has no objects.
+	Targets []target.Target
 	// Holder names this replica in the pools' claims; stable across
 	// restarts.
 	Holder string

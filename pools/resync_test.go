@@ -58,7 +58,7 @@ func TestResyncKeepsAddressBoundDuringItsList(t *testing.T) {
 			return err
 		},
 	})
-	reg := pools.NewRegistry(pools.Options{Client: c, APIReader: c, Target: target.VirtualMachine, Holder: "vmipam", Clock: clk,
+	reg := pools.NewRegistry(pools.Options{Client: c, APIReader: c, Targets: target.Default(), Holder: "vmipam", Clock: clk,
 		RunInterval: time.Hour, ResyncInterval: time.Hour, StatusInterval: time.Hour})
 	regCtx, stop := context.WithCancel(ctx)
 	var regDone sync.WaitGroup

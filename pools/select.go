@@ -11,6 +11,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/vmipam/vmipam/target"
 )
 
 // ErrNotAllowed means the object's namespace may not draw from the pool
@@ -20,8 +22,13 @@ var ErrNotAllowed = errors.New("namespace not allowed to use the pool")
 // Select picks the pool for an object of namespace ns that names the pool
 // named (empty when it names none): the one it names, else the one whose
 // namespace selector matches ns, else the default pool. A pool that ns may
-// not use, or that is being deleted, is refused with the reason.
-func (r *Registry) Select(ctx context.Context, ns, named string) (*Pool, error) {
+// not use, or that is being deleted, is refused with the reason. t is the
+// object's kind, whose pool field the messages name.
+func (r *Registry) Select(ctx context.Context, t target.Target, ns, named string) (*Pool, error) {
+	where := "the pool field of the kinds configuration"
+	if p := t.PoolPath(); p != "" {
+		where = p
+	}
 	if named != "" {
 		p := r.Get(named)
 		if p == nil {
@@ -60,13 +67,13 @@ func (r *Registry) Select(ctx context.Context, ns, named string) (*Pool, error) 
 	switch {
 	case len(matched) > 1:
 		return nil, fmt.Errorf("namespace %s matches the namespaceSelector of several IPPools (%s); name one in %s",
-			ns, strings.Join(matched, ", "), r.opts.Target.PoolPath())
+			ns, strings.Join(matched, ", "), where)
 	case chosen != nil:
 		return chosen, r.usable(chosen, nsObj)
 	case def != nil:
 		return def, r.usable(def, nsObj)
 	}
-	return nil, errors.New("no IPPool applies: name one in " + r.opts.Target.PoolPath() +
+	return nil, errors.New("no IPPool applies: name one in " + where +
 		", give a pool a namespaceSelector matching namespace " + ns + ", or mark one pool spec.default: true")
 }
 

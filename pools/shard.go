@@ -9,6 +9,7 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -85,7 +86,7 @@ func (r *Registry) patchHolders(ctx context.Context, objs []labelled, value stri
 	for range min(relabelWorkers, len(objs)) {
 		wg.Go(func() {
 			for o := range work {
-				if err := r.patchHolder(ctx, o.key, o.uid, value); err != nil {
+				if err := r.patchHolder(ctx, o, value); err != nil {
 					logf.FromContext(ctx).V(1).Info("Moving the holder label", "object", o.key.String(), "error", err.Error())
 					mu.Lock()
 					failed = append(failed, o)
@@ -103,8 +104,10 @@ func (r *Registry) patchHolders(ctx context.Context, objs []labelled, value stri
 }
 
 // patchHolder sets the holder label of the object key with UID uid.
-func (r *Registry) patchHolder(ctx context.Context, key client.ObjectKey, uid types.UID, value string) error {
-	obj := r.opts.Target.New()
+func (r *Registry) patchHolder(ctx context.Context, o labelled, value string) error {
+	key, uid := o.key, o.uid
+	obj := &unstructured.Unstructured{}
+	obj.SetGroupVersionKind(o.gvk)
 	obj.SetNamespace(key.Namespace)
 	obj.SetName(key.Name)
 	patch := fmt.Sprintf(`{"metadata":{"uid":%q,"labels":{%q:%q}}}`, uid, vmipamv1.HolderLabel, value)

@@ -48,7 +48,7 @@ func (r *Registry) proveUnused(ctx context.Context, p *Pool) error {
 		readAt := r.clock.Now().Add(-clockSkew)
 		tokens, addrs, err := r.stampsIn(ctx, ns)
 		if err != nil {
-			return fmt.Errorf("read %s in namespace %s to settle lapsed reservations of pool %s: %w", r.opts.Target.GVK.Kind, ns, p.name, err)
+			return fmt.Errorf("read %s in namespace %s to settle lapsed reservations of pool %s: %w", "objects", ns, p.name, err)
 		}
 		returned := 0
 		var bound []labelled
@@ -84,7 +84,9 @@ func (r *Registry) proveUnused(ctx context.Context, p *Pool) error {
 func (r *Registry) stampsIn(ctx context.Context, ns string) (map[string]labelled, map[netip.Addr]bool, error) {
 	tokens, addrs := map[string]labelled{}, map[netip.Addr]bool{}
 	err := r.eachObject(ctx, ns, func(obj *unstructured.Unstructured) {
-		if as, err := r.opts.Target.Addresses(obj); err == nil {
+		if t, ok := r.TargetOf(obj.GroupVersionKind()); !ok {
+			return
+		} else if as, err := t.Addresses(obj); err == nil {
 			for _, s := range as {
 				if a, err := netip.ParseAddr(s); err == nil {
 					addrs[ipam.Canonical(a)] = true
@@ -95,7 +97,7 @@ func (r *Registry) stampsIn(ctx context.Context, ns string) (map[string]labelled
 		if t == "" {
 			return
 		}
-		o := labelled{key: client.ObjectKeyFromObject(obj), uid: obj.GetUID()}
+		o := labelled{gvk: obj.GroupVersionKind(), key: client.ObjectKeyFromObject(obj), uid: obj.GetUID()}
 		if h, _, ok := r.holding(obj); ok && (obj.GetDeletionTimestamp() == nil || target.HasFinalizer(obj)) {
 			o.addr = h.Addr
 		}

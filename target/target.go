@@ -6,7 +6,12 @@
 package target
 
 import (
+	"encoding/json"
 	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"strconv"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -16,21 +21,88 @@ import (
 )
 
 // Target is a kind vmipam gives addresses to, and where on it the address
-// and the pool choice live.
+// and the pool choice live. Exactly one of AddressesField, AddressField,
+// AddressAnnotation and Status says where the address goes; Load builds
+// Targets from a configuration file and checks that.
 type Target struct {
 	// GVK is the kind.
 	GVK schema.GroupVersionKind
 	// Resource is the kind's plural resource name, as admission requests
 	// and messages name it.
 	Resource string
+	// ClusterScoped is set for a kind whose objects have no namespace.
+	ClusterScoped bool
+	// Condition, if set, is a CEL expression over `object` that selects
+	// the objects given an address (for example NeonVM's
+	// "has(object.spec.extraNetwork) && object.spec.extraNetwork.enable");
+	// the others are left alone. The API server evaluates it as the
+	// mutating webhook's match condition, the controller for objects that
+	// bypassed the webhook.
+	Condition string
+
 	// AddressesField is the path of a string-list field holding the
-	// addresses ("spec.addresses"); AddressAnnotation, used when the field
-	// is empty, names an annotation holding one address instead.
-	AddressesField    []string
+	// address ("spec.addresses").
+	AddressesField []string
+	// AddressField is the path of a string field holding the address.
+	AddressField []string
+	// AddressAnnotation names an annotation holding the address, in the
+	// annotations of the object at AnnotationPath (the object's own
+	// metadata when empty, or for example spec.template.metadata), written
+	// in AnnotationFormat.
 	AddressAnnotation string
-	// PoolField is the path of a string field naming the pool, if any.
-	PoolField []string
+	AnnotationPath    []string
+	AnnotationFormat  Format
+	// Status, if set, says that the address goes into status fields after
+	// the create (the API server drops status on create for a kind with a
+	// status subresource). vmipam records it at admission in
+	// vmipamv1.AddressAnnotation, and the controller fills the fields.
+	Status *StatusFields
+
+	// PoolField is the path of a string field naming the pool, if any;
+	// PoolAnnotation, an annotation of the object's metadata naming it.
+	PoolField      []string
+	PoolAnnotation string
 }
+
+// StatusFields are the status fields a kind reads its address from.
+type StatusFields struct {
+	// Address is the path of the string field given the address
+	// ("status.extraNetIP").
+	Address []string
+	// Mask, if set, is the path of the string field given the prefix of
+	// the address's range, in MaskFormat.
+	Mask       []string
+	MaskFormat MaskFormat
+	// RequestAnnotation names the annotation of the object's metadata in
+	// which a user asks for a specific address.
+	RequestAnnotation string
+}
+
+// Format is how an annotation holds addresses.
+type Format string
+
+// The annotation formats.
+const (
+	// FormatPlain is one address: 10.0.0.5.
+	FormatPlain Format = "plain"
+	// FormatComma is a comma-separated list: 10.0.0.5,fd00::5.
+	FormatComma Format = "comma"
+	// FormatJSON is a JSON list of strings, as Calico's
+	// cni.projectcalico.org/ipAddrs: ["10.0.0.5"].
+	FormatJSON Format = "json"
+)
+
+// MaskFormat is how a status field holds the prefix of an address.
+type MaskFormat string
+
+// The mask formats.
+const (
+	// MaskDotted is a dotted mask, 255.255.255.0 (IPv4 only; an IPv6
+	// range gets its prefix length).
+	MaskDotted MaskFormat = "dotted"
+	// MaskPrefix is the prefix length, 24.
+	MaskPrefix MaskFormat = "prefix"
+)
 
 // VirtualMachine is vmipam's reference kind.
 var VirtualMachine = Target{
@@ -38,6 +110,91 @@ var VirtualMachine = Target{
 	Resource:       "virtualmachines",
 	AddressesField: []string{"spec", "addresses"},
 	PoolField:      []string{"spec", "ipPool"},
+}
+
+// locKind is what the address location holds.
+type locKind int
+
+const (
+	locList       locKind = iota // a list of strings
+	locString                    // one string
+	locAnnotation                // an annotation in Format
+)
+
+// location returns the path the address (or, for a status kind, the
+// static request) is read from and written to, and what it holds. A path
+// under metadata.annotations of the object itself ends in the key.
+func (t Target) location() ([]string, locKind) {
+	switch {
+	case len(t.AddressesField) > 0:
+		return t.AddressesField, locList
+	case len(t.AddressField) > 0:
+		return t.AddressField, locString
+	case t.Status != nil:
+		return []string{"metadata", "annotations", t.Status.RequestAnnotation}, locAnnotation
+	}
+	base := t.AnnotationPath
+	if len(base) == 0 {
+		base = []string{"metadata"}
+	}
+	return append(slices.Clip(base), "annotations", t.AddressAnnotation), locAnnotation
+}
+
+// onMetadata reports whether the address location is an annotation of the
+// object's own metadata, which the stamp writes with vmipam's annotations.
+func (t Target) onMetadata() bool {
+	p, k := t.location()
+	return k == locAnnotation && len(p) == 3 && p[0] == "metadata"
+}
+
+// format is the format of an annotation location.
+func (t Target) format() Format {
+	if t.Status != nil || t.AnnotationFormat == "" {
+		return FormatPlain
+	}
+	return t.AnnotationFormat
+}
+
+// Render writes addrs as the address location holds them, for a location
+// that holds a string.
+func (t Target) Render(addrs []string) string {
+	if t.format() == FormatJSON {
+		b, _ := json.Marshal(addrs)
+		return string(b)
+	}
+	return strings.Join(addrs, ",")
+}
+
+// parse reads the addresses of an annotation or string location's value.
+func (t Target) parse(s string) ([]string, error) {
+	if s == "" {
+		return nil, nil
+	}
+	_, k := t.location()
+	if k == locString {
+		return []string{s}, nil
+	}
+	switch t.format() {
+	case FormatJSON:
+		var out []string
+		if err := json.Unmarshal([]byte(s), &out); err != nil {
+			return nil, fmt.Errorf(`must be a JSON list of strings, for example ["10.0.0.5"]: %w`, err)
+		}
+		if len(out) > maxAddressItems {
+			return nil, fmt.Errorf("holds more than %d addresses", maxAddressItems)
+		}
+		return out, nil
+	case FormatComma:
+		if strings.Count(s, ",") >= maxAddressItems {
+			return nil, fmt.Errorf("holds more than %d addresses", maxAddressItems)
+		}
+		parts := strings.Split(s, ",")
+		for i := range parts {
+			parts[i] = strings.TrimSpace(parts[i])
+		}
+		return parts, nil
+	}
+	return []string{s}, nil
 }
 
 // GVR is the kind's group, version and resource.
@@ -48,23 +205,30 @@ func (t Target) GVR() schema.GroupVersionResource {
 // AddressPath is how the address's location is written in messages to the
 // user, such as "spec.addresses[0]".
 func (t Target) AddressPath() string {
-	if len(t.AddressesField) > 0 {
-		return strings.Join(t.AddressesField, ".") + "[0]"
+	if _, k := t.location(); k == locList {
+		return t.AddressesPath() + "[0]"
 	}
-	return "metadata.annotations[" + t.AddressAnnotation + "]"
+	return t.AddressesPath()
 }
 
-// AddressesPath is how the whole address field is written in messages,
-// such as "spec.addresses".
+// AddressesPath is how the whole address location is written in
+// messages, such as "spec.addresses" or
+// "spec.template.metadata.annotations[cni.projectcalico.org/ipAddrs]".
 func (t Target) AddressesPath() string {
-	if len(t.AddressesField) > 0 {
-		return strings.Join(t.AddressesField, ".")
+	p, k := t.location()
+	if k == locAnnotation {
+		return strings.Join(p[:len(p)-1], ".") + "[" + p[len(p)-1] + "]"
 	}
-	return "metadata.annotations[" + t.AddressAnnotation + "]"
+	return strings.Join(p, ".")
 }
 
-// PoolPath is how the pool field is written in messages.
-func (t Target) PoolPath() string { return strings.Join(t.PoolField, ".") }
+// PoolPath is how the pool's location is written in messages.
+func (t Target) PoolPath() string {
+	if t.PoolAnnotation != "" {
+		return "metadata.annotations[" + t.PoolAnnotation + "]"
+	}
+	return strings.Join(t.PoolField, ".")
+}
 
 // New returns an empty object of the target's kind.
 func (t Target) New() *unstructured.Unstructured {
@@ -80,35 +244,72 @@ func (t Target) NewList() *unstructured.UnstructuredList {
 	return u
 }
 
-// Addresses returns the addresses on obj.
+// Addresses returns the addresses on obj. For a kind whose address goes
+// into status, that is the address vmipam recorded at admission, or else
+// what the status holds.
 func (t Target) Addresses(obj *unstructured.Unstructured) ([]string, error) {
-	if len(t.AddressesField) > 0 {
-		v, _, err := unstructured.NestedStringSlice(obj.Object, t.AddressesField...)
-		if err != nil {
-			return nil, fmt.Errorf("read %s: %w", strings.Join(t.AddressesField, "."), err)
+	if t.Status != nil {
+		if a := obj.GetAnnotations()[vmipamv1.AddressAnnotation]; a != "" {
+			return []string{a}, nil
 		}
-		return v, nil
+		v, _, err := unstructured.NestedString(obj.Object, t.Status.Address...)
+		if err != nil || v == "" {
+			return nil, wrapPath(t.Status.Address, err)
+		}
+		return []string{v}, nil
 	}
-	if a := obj.GetAnnotations()[t.AddressAnnotation]; a != "" {
-		return []string{a}, nil
+	p, k := t.location()
+	if k == locList {
+		v, _, err := unstructured.NestedStringSlice(obj.Object, p...)
+		return v, wrapPath(p, err)
 	}
-	return nil, nil
+	v, _, err := unstructured.NestedString(obj.Object, p...)
+	if err != nil {
+		return nil, wrapPath(p, err)
+	}
+	addrs, err := t.parse(v)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", t.AddressesPath(), err)
+	}
+	return addrs, nil
 }
 
-// SetAddresses writes the addresses on obj.
-func (t Target) SetAddresses(obj *unstructured.Unstructured, addrs []string) error {
-	if len(t.AddressesField) > 0 {
-		if err := unstructured.SetNestedStringSlice(obj.Object, addrs, t.AddressesField...); err != nil {
-			return fmt.Errorf("write %s: %w", strings.Join(t.AddressesField, "."), err)
-		}
+func wrapPath(p []string, err error) error {
+	if err == nil {
 		return nil
 	}
-	SetAnnotation(obj, t.AddressAnnotation, strings.Join(addrs, ","))
+	return fmt.Errorf("read %s: %w", strings.Join(p, "."), err)
+}
+
+// SetAddresses writes the addresses on obj. For a kind whose address goes
+// into status, that is vmipam's record of it; the controller fills the
+// status fields (StatusPatch).
+func (t Target) SetAddresses(obj *unstructured.Unstructured, addrs []string) error {
+	if t.Status != nil {
+		SetAnnotation(obj, vmipamv1.AddressAnnotation, strings.Join(addrs, ","))
+		return nil
+	}
+	p, k := t.location()
+	var err error
+	switch k {
+	case locList:
+		err = unstructured.SetNestedStringSlice(obj.Object, addrs, p...)
+	case locString:
+		err = unstructured.SetNestedField(obj.Object, strings.Join(addrs, ","), p...)
+	default:
+		err = unstructured.SetNestedField(obj.Object, t.Render(addrs), p...)
+	}
+	if err != nil {
+		return fmt.Errorf("write %s: %w", t.AddressesPath(), err)
+	}
 	return nil
 }
 
 // Pool returns the pool obj names, if any.
 func (t Target) Pool(obj *unstructured.Unstructured) (string, error) {
+	if t.PoolAnnotation != "" {
+		return obj.GetAnnotations()[t.PoolAnnotation], nil
+	}
 	if len(t.PoolField) == 0 {
 		return "", nil
 	}
@@ -202,4 +403,39 @@ func RemoveAnnotation(obj *unstructured.Unstructured, k string) {
 	}
 	delete(a, k)
 	obj.SetAnnotations(a)
+}
+
+// StatusFill returns the status fields a kind whose address goes into
+// status must hold for addr in subnet prefix, as a merge patch of the
+// status subresource, or nil when obj holds them already.
+func (t Target) StatusFill(obj *unstructured.Unstructured, addr netip.Addr, prefix netip.Prefix) map[string]any {
+	if t.Status == nil {
+		return nil
+	}
+	want := map[string]string{strings.Join(t.Status.Address, "."): addr.String()}
+	if len(t.Status.Mask) > 0 && prefix.IsValid() {
+		want[strings.Join(t.Status.Mask, ".")] = FormatMask(prefix, t.Status.MaskFormat)
+	}
+	patch := map[string]any{}
+	for path, v := range want {
+		p := strings.Split(path, ".")
+		if cur, _, _ := unstructured.NestedString(obj.Object, p...); cur == v {
+			continue
+		}
+		_ = unstructured.SetNestedField(patch, v, p...)
+	}
+	if len(patch) == 0 {
+		return nil
+	}
+	return patch
+}
+
+// FormatMask writes the mask of prefix: 255.255.255.0 or 24. An IPv6
+// prefix has no dotted form and gets its length.
+func FormatMask(prefix netip.Prefix, f MaskFormat) string {
+	if f == MaskDotted && prefix.Addr().Is4() {
+		m := net.CIDRMask(prefix.Bits(), 32)
+		return net.IP(m).String()
+	}
+	return strconv.Itoa(prefix.Bits())
 }

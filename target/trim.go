@@ -30,7 +30,7 @@ func (t Target) Trim(obj any) (any, error) {
 	}
 	if ann, ok := src["annotations"].(map[string]any); ok {
 		keep := map[string]any{}
-		for _, k := range []string{vmipamv1.TokenAnnotation, vmipamv1.PoolAnnotation, vmipamv1.AddressAnnotation, t.AddressAnnotation} {
+		for _, k := range []string{vmipamv1.TokenAnnotation, vmipamv1.PoolAnnotation, vmipamv1.AddressAnnotation, t.PoolAnnotation, t.metadataAddressKey()} {
 			if v, ok := ann[k]; ok && k != "" {
 				keep[k] = v
 			}
@@ -45,7 +45,15 @@ func (t Target) Trim(obj any) (any, error) {
 		}
 	}
 	out.Object["metadata"] = md
-	for _, path := range [][]string{t.AddressesField, t.PoolField} {
+	loc, _ := t.location()
+	paths := [][]string{t.PoolField}
+	if !t.onMetadata() {
+		paths = append(paths, loc)
+	}
+	if t.Status != nil {
+		paths = append(paths, t.Status.Address, t.Status.Mask)
+	}
+	for _, path := range paths {
 		if len(path) == 0 {
 			continue
 		}
@@ -54,4 +62,14 @@ func (t Target) Trim(obj any) (any, error) {
 		}
 	}
 	return out, nil
+}
+
+// metadataAddressKey is the annotation of the object's own metadata the
+// address (or a static request) is read from, if any.
+func (t Target) metadataAddressKey() string {
+	if !t.onMetadata() {
+		return ""
+	}
+	loc, _ := t.location()
+	return loc[2]
 }

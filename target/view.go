@@ -37,8 +37,10 @@ type View struct {
 	hasMetadata, hasAnnotations, hasFins bool
 	hasLabels                            bool
 	addrPresent                          bool
-	// addrDepth counts the leading elements of AddressesField present as
-	// objects, for the patch that adds the field.
+	// rawAddress is the address location's value, when it holds a string.
+	rawAddress string
+	// addrDepth counts the leading elements of the address location
+	// present as objects, for the patch that adds it.
 	addrDepth int
 }
 
@@ -60,7 +62,7 @@ const (
 	pHolder
 	pAddress
 	pPool
-	pFixed // the prefixes of AddressesField follow
+	pFixed // the prefixes of the address location follow
 )
 
 // Read reads the View of the object raw, which must be valid JSON (the
@@ -71,6 +73,7 @@ func (t Target) Read(raw []byte) (*View, error) {
 	if jsonscan.KindOf(raw) != jsonscan.KindObject {
 		return nil, errors.New("the object is not a JSON object")
 	}
+	loc, kind := t.location()
 	paths := [][]string{
 		pAPIVersion: {"apiVersion"}, pKind: {"kind"}, pMetadata: {"metadata"},
 		pName: {"metadata", "name"}, pGenerateName: {"metadata", "generateName"},
@@ -82,11 +85,11 @@ func (t Target) Read(raw []byte) (*View, error) {
 		pFinalizers:     {"metadata", "finalizers"},
 		pLabels:         {"metadata", "labels"},
 		pHolder:         {"metadata", "labels", vmipamv1.HolderLabel},
-		pAddress:        t.addressLocation(),
-		pPool:           t.PoolField,
+		pAddress:        loc,
+		pPool:           t.poolLocation(),
 	}
-	for i := 1; i < len(t.AddressesField); i++ {
-		paths = append(paths, t.AddressesField[:i])
+	for i := 1; i < len(loc); i++ {
+		paths = append(paths, loc[:i])
 	}
 	vals := jsonscan.Extract(raw, paths...)
 	v := &View{}
@@ -134,34 +137,44 @@ func (t Target) Read(raw []byte) (*View, error) {
 			errs = append(errs, field.Invalid(meta.Child("finalizers"), nil, "must be a list of strings"))
 		}
 	}
-	if len(t.AddressesField) > 0 {
-		v.addrDepth = len(t.AddressesField) - 1
-		for i := 1; i < len(t.AddressesField); i++ {
+	if !t.onMetadata() {
+		v.addrDepth = len(loc) - 1
+		for i := 1; i < len(loc); i++ {
 			pv := vals[pFixed+i-1]
 			if !isObject(pv) {
 				if pv != nil && jsonscan.KindOf(pv) != jsonscan.KindNull {
-					errs = append(errs, field.Invalid(field.NewPath(t.AddressesField[0], t.AddressesField[1:i]...), nil, "must be an object"))
+					errs = append(errs, field.Invalid(field.NewPath(loc[0], loc[1:i]...), nil, "must be an object"))
 				}
 				v.addrDepth = i - 1
 				break
 			}
 		}
-		if a := vals[pAddress]; a != nil && jsonscan.KindOf(a) != jsonscan.KindNull {
-			v.addrPresent = true
-			addrs, err := jsonscan.Strings(a, maxAddressItems)
-			if err != nil {
-				errs = append(errs, field.Invalid(field.NewPath(t.AddressesPath()), nil,
-					fmt.Sprintf(`must be a list holding one IP address, for example ["10.0.0.5"], or be left out to be given one (%v)`, err)))
-			}
-			v.Addresses = addrs
-		}
-	} else {
-		var a string
-		if str(pAddress, annPath.Key(t.AddressAnnotation), &a) && a != "" {
-			v.Addresses = strings.Split(a, ",")
-		}
 	}
-	if len(t.PoolField) > 0 {
+	addrsPath := field.NewPath(t.AddressesPath())
+	switch a := vals[pAddress]; {
+	case a == nil || jsonscan.KindOf(a) == jsonscan.KindNull:
+	case kind == locList:
+		v.addrPresent = true
+		addrs, err := jsonscan.Strings(a, maxAddressItems)
+		if err != nil {
+			errs = append(errs, field.Invalid(addrsPath, nil,
+				fmt.Sprintf(`must be a list holding one IP address, for example ["10.0.0.5"], or be left out to be given one (%v)`, err)))
+		}
+		v.Addresses = addrs
+	default:
+		s, err := jsonscan.String(a)
+		if err != nil {
+			errs = append(errs, field.Invalid(addrsPath, nil, "must be a string"))
+			break
+		}
+		v.addrPresent, v.rawAddress = true, s
+		addrs, err := t.parse(s)
+		if err != nil {
+			errs = append(errs, field.Invalid(addrsPath, s, err.Error()+"; or leave it out to be given an address"))
+		}
+		v.Addresses = addrs
+	}
+	if p := t.poolLocation(); len(p) > 0 {
 		str(pPool, field.NewPath(t.PoolPath()), &v.Pool)
 	}
 	if len(errs) > 0 {
@@ -170,12 +183,12 @@ func (t Target) Read(raw []byte) (*View, error) {
 	return v, nil
 }
 
-// addressLocation is the path Read extracts the address from.
-func (t Target) addressLocation() []string {
-	if len(t.AddressesField) > 0 {
-		return t.AddressesField
+// poolLocation is the path Read extracts the pool from, if any.
+func (t Target) poolLocation() []string {
+	if t.PoolAnnotation != "" {
+		return []string{"metadata", "annotations", t.PoolAnnotation}
 	}
-	return []string{"metadata", "annotations", t.AddressAnnotation}
+	return t.PoolField
 }
 
 func isObject(raw []byte) bool { return jsonscan.KindOf(raw) == jsonscan.KindObject }
@@ -201,15 +214,24 @@ func (v *View) Describe() string {
 // or re-encoded.
 func (t Target) StampPatch(v *View, addr, pool, token, holder string) []jsonpatch.Operation {
 	set := map[string]string{vmipamv1.PoolAnnotation: pool, vmipamv1.TokenAnnotation: token, vmipamv1.AddressAnnotation: addr}
-	if len(t.AddressesField) == 0 {
-		set[t.AddressAnnotation] = addr
+	want := t.Render([]string{addr})
+	if t.onMetadata() && t.Status == nil {
+		set[t.AddressAnnotation] = want
 	}
 	ops := t.metadataOps(v, set, false)
 	if holder != "" && v.Holder != holder {
 		ops = append(ops, holderOp(v, holder))
 	}
-	if len(t.AddressesField) > 0 && (!v.addrPresent || !slices.Equal(v.Addresses, []string{addr})) {
-		ops = append(ops, t.addressOp(v, addr))
+	if t.Status != nil || t.onMetadata() {
+		return ops
+	}
+	_, kind := t.location()
+	var value any = want
+	if kind == locList {
+		value = []string{addr}
+	}
+	if !v.addrPresent || kind == locList && !slices.Equal(v.Addresses, []string{addr}) || kind != locList && v.rawAddress != want {
+		ops = append(ops, t.addressOp(v, value))
 	}
 	return ops
 }
@@ -258,7 +280,7 @@ func (t Target) metadataOps(v *View, set map[string]string, dropToken bool) []js
 			if k == vmipamv1.TokenAnnotation && v.HasToken && v.Token == set[k] ||
 				k == vmipamv1.PoolAnnotation && v.StampedPool == set[k] ||
 				k == vmipamv1.AddressAnnotation && v.StampedAddress == set[k] ||
-				k == t.AddressAnnotation && k != "" && strings.Join(v.Addresses, ",") == set[k] {
+				k == t.AddressAnnotation && k != "" && v.addrPresent && v.rawAddress == set[k] {
 				continue
 			}
 			ops = append(ops, jsonpatch.NewOperation("add", "/metadata/annotations/"+EscapePointer(k), set[k]))
@@ -280,13 +302,13 @@ func (t Target) metadataOps(v *View, set map[string]string, dropToken bool) []js
 	return ops
 }
 
-// addressOp sets the address field, creating the objects on its way.
-func (t Target) addressOp(v *View, addr string) jsonpatch.Operation {
-	f := t.AddressesField
+// addressOp sets the address location to value, creating the objects on
+// its way.
+func (t Target) addressOp(v *View, value any) jsonpatch.Operation {
+	f, _ := t.location()
 	if v.addrPresent {
-		return jsonpatch.NewOperation("replace", pointer(f), []string{addr})
+		return jsonpatch.NewOperation("replace", pointer(f), value)
 	}
-	var value any = []string{addr}
 	for i := len(f) - 1; i > v.addrDepth; i-- {
 		value = map[string]any{f[i]: value}
 	}

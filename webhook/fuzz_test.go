@@ -39,7 +39,7 @@ func newTestRegistry(tb testing.TB, cidr string, mutate ...func(*vmipamv1.IPPool
 		f(pool)
 	}
 	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(pool.DeepCopy()).Build()
-	reg := pools.NewRegistry(pools.Options{Client: c, APIReader: c, Target: target.VirtualMachine, Holder: "fuzz", RunInterval: time.Hour})
+	reg := pools.NewRegistry(pools.Options{Client: c, APIReader: c, Targets: target.Default(), Holder: "fuzz", RunInterval: time.Hour})
 	ctx, cancel := context.WithCancel(context.Background())
 	tb.Cleanup(cancel)
 	go func() { _ = reg.Start(ctx) }()

@@ -36,7 +36,16 @@ const (
 	IPPoolValidatorPath = "/validate-vmipam-io-v1alpha1-ippool"
 )
 
-// +kubebuilder:webhook:path=/mutate-vmipam-io-v1alpha1-virtualmachine,mutating=true,failurePolicy=fail,sideEffects=NoneOnDryRun,groups=vmipam.io,resources=virtualmachines,verbs=create,versions=v1alpha1,name=mvirtualmachine.vmipam.io,admissionReviewVersions=v1,timeoutSeconds=5,reinvocationPolicy=Never
+// MutatePath is the path the mutating webhook of kind t serves on:
+// DefaulterPath for vmipam's own kind, and after the same pattern for the
+// others (/mutate-vm-neon-tech-v1-virtualmachine).
+func MutatePath(t target.Target) string {
+	g := strings.ReplaceAll(t.GVK.Group, ".", "-")
+	if g == "" {
+		g = "core"
+	}
+	return "/mutate-" + g + "-" + t.GVK.Version + "-" + strings.ToLower(t.GVK.Kind)
+}
 
 // VMDefaulter gives an object its address on CREATE: it picks the pool,
 // reserves an address under a fresh token (the object has no UID yet, and
@@ -86,7 +95,7 @@ func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admissi
 		}
 		static = a
 	}
-	pool, err := d.Registry.Select(ctx, v.Namespace, v.Pool)
+	pool, err := d.Registry.Select(ctx, d.Target, v.Namespace, v.Pool)
 	if errors.Is(err, pools.ErrNotReady) {
 		return deny(apierrors.NewServiceUnavailable(err.Error() + "; retry in a few seconds"))
 	}
@@ -167,8 +176,6 @@ func (d *VMDefaulter) nameTaken(ctx context.Context, v *target.View) (admission.
 	return deny(apierrors.NewAlreadyExists(gr(d.Target), v.Name)), true
 }
 
-// +kubebuilder:webhook:path=/validate-vmipam-io-v1alpha1-virtualmachine,mutating=false,failurePolicy=fail,sideEffects=None,groups=vmipam.io,resources=virtualmachines,verbs=create;update,versions=v1alpha1,name=vvirtualmachine.vmipam.io,admissionReviewVersions=v1,timeoutSeconds=5,patch=`{"matchConditions":[{"name":"guarded-fields-change","expression":"request.operation != 'UPDATE' || (has(object.spec) && has(object.spec.addresses) ? object.spec.addresses : []) != (has(oldObject.spec) && has(oldObject.spec.addresses) ? oldObject.spec.addresses : []) || (has(object.metadata.annotations) && 'vmipam.io/token' in object.metadata.annotations ? object.metadata.annotations['vmipam.io/token'] : '') != (has(oldObject.metadata.annotations) && 'vmipam.io/token' in oldObject.metadata.annotations ? oldObject.metadata.annotations['vmipam.io/token'] : '') || (has(object.metadata.annotations) && 'vmipam.io/pool' in object.metadata.annotations ? object.metadata.annotations['vmipam.io/pool'] : '') != (has(oldObject.metadata.annotations) && 'vmipam.io/pool' in oldObject.metadata.annotations ? oldObject.metadata.annotations['vmipam.io/pool'] : '') || (has(object.metadata.annotations) && 'vmipam.io/address' in object.metadata.annotations ? object.metadata.annotations['vmipam.io/address'] : '') != (has(oldObject.metadata.annotations) && 'vmipam.io/address' in oldObject.metadata.annotations ? oldObject.metadata.annotations['vmipam.io/address'] : '')"}]}`
-
 // VMValidator keeps what vmipam stamped immutable: the address, the pool,
 // the token and the address annotation cannot change once set, and an
 // address can only appear on an existing object when vmipam stamped it. On
@@ -176,11 +183,11 @@ func (d *VMDefaulter) nameTaken(ctx context.Context, v *target.View) (admission.
 // later mutating webhook changed it. It holds no state, so any replica
 // answers for any other's admissions.
 //
-// The API server calls it for every CREATE, but for an UPDATE only when the
-// addresses, the token or the pool annotation change (the match condition
-// in its marker): the other updates of a VM's life, the removal of its
-// finalizer included, cost no webhook call and do not fail while vmipam is
-// unreachable.
+// The manifests no longer register it: the same checks run in the API
+// server, as the ValidatingAdmissionPolicy `vmipam manifests` renders for
+// each kind (target.Target.PolicyRules), so a VM's create costs one webhook
+// call and its updates none. It keeps serving ValidatorPath for an upgrade
+// from a version whose ValidatingWebhookConfiguration still calls it.
 type VMValidator struct {
 	Target target.Target
 }

@@ -5,7 +5,11 @@ import (
 )
 
 // VirtualMachineSpec is a minimal reference virtual machine: enough to
-// show where vmipam stamps the address.
+// show where vmipam stamps the address. The API server keeps the address
+// immutable once assigned (this rule, and the ValidatingAdmissionPolicy
+// that `vmipam manifests` renders, which also covers vmipam's
+// annotations), with no call to vmipam.
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.addresses) || size(oldSelf.addresses) == 0 || (has(self.addresses) && self.addresses == oldSelf.addresses)",message="spec.addresses is immutable once assigned; delete and recreate the VirtualMachine to get another address"
 type VirtualMachineSpec struct {
 	// IPPool names the pool to draw the address from; empty picks the
 	// pool by namespace selector, then the default pool.

@@ -56,6 +56,7 @@ type options struct {
 	mutatingConfig, validatingCfg string
 	resync, drain, connWait       time.Duration
 	clientCA, clientCN            string
+	kindsConfig                   string
 	limits                        webhook.Limits
 	// clientCNSet records that --webhook-client-cn was given, which
 	// means nothing without --webhook-client-ca.
@@ -63,6 +64,13 @@ type options struct {
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "manifests" {
+		if err := renderManifests(os.Args[2:], os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "vmipam manifests:", err)
+			os.Exit(2)
+		}
+		return
+	}
 	var o options
 	flag.StringVar(&o.metricsAddr, "metrics-bind-address", ":8443", "Address the metrics endpoint binds to; \"0\" disables it.")
 	flag.BoolVar(&o.metricsSecure, "metrics-secure", true, "Serve metrics over HTTPS with authentication and authorization; false serves plain HTTP.")
@@ -96,6 +104,7 @@ func main() {
 	flag.StringVar(&o.extraSANs, "webhook-extra-sans", "", "Comma-separated extra DNS names or IPs for the serving certificate (127.0.0.1 for a local run).")
 	flag.StringVar(&o.mutatingConfig, "mutating-webhook-configuration", "vmipam-mutating", "With --cert-mode=self: the MutatingWebhookConfiguration whose CA bundle vmipam keeps.")
 	flag.StringVar(&o.validatingCfg, "validating-webhook-configuration", "vmipam-validating", "With --cert-mode=self: the ValidatingWebhookConfiguration whose CA bundle vmipam keeps.")
+	flag.StringVar(&o.kindsConfig, "kinds-config", "", "The kinds configuration file: the kinds vmipam gives addresses to, and where on each the pool and the address live (see deploy/kinds). Empty serves vmipam's own VirtualMachine. `vmipam manifests --kinds-config FILE` renders the webhook, admission policies and RBAC it needs.")
 	flag.DurationVar(&o.resync, "resync-interval", 5*time.Minute, "How often each pool is reconciled against every live object.")
 	zapOpts := zap.Options{Development: false}
 	zapOpts.BindFlags(flag.CommandLine)
@@ -143,6 +152,14 @@ func run(o options) error {
 	if err := o.validate(); err != nil {
 		return err
 	}
+	kinds := target.Default()
+	if o.kindsConfig != "" {
+		ks, err := target.Load(o.kindsConfig)
+		if err != nil {
+			return fmt.Errorf("--kinds-config: %w", err)
+		}
+		kinds = ks
+	}
 	cfg, err := ctrl.GetConfig()
 	if err != nil {
 		return fmt.Errorf("load kubeconfig: %w", err)
@@ -170,7 +187,7 @@ func run(o options) error {
 		HealthProbeBindAddress: o.probeAddr,
 		PprofBindAddress:       o.pprofAddr,
 		WebhookServer:          &gatedServer{Server: webhookServer, serving: cert.serving},
-		Cache:                  app.CacheOptions(target.VirtualMachine, o.namespace, o.holder),
+		Cache:                  app.CacheOptions(kinds, o.namespace, o.holder),
 		// Not before the pools are sealed (Registry) and the webhook
 		// drained (the signal handler below).
 		GracefulShutdownTimeout: ptr.To(45 * time.Second),
@@ -189,7 +206,7 @@ func run(o options) error {
 	var draining atomic.Bool
 	o.limits.Draining = draining.Load
 	if _, err := app.Setup(mgr, app.Options{
-		Holder: o.holder, Namespace: o.namespace, ResyncInterval: o.resync, Limits: o.limits, Draining: draining.Load,
+		Holder: o.holder, Namespace: o.namespace, ResyncInterval: o.resync, Limits: o.limits, Draining: draining.Load, Targets: kinds,
 		Lease: pools.LeaseOptions{Duration: o.leaseDuration, RenewDeadline: o.renewDeadline, RetryPeriod: o.retryPeriod},
 	}); err != nil {
 		return err

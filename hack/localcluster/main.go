@@ -14,16 +14,19 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
-	"github.com/vmipam/vmipam/internal/localcluster"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/vmipam/vmipam/internal/localcluster"
+	"github.com/vmipam/vmipam/target"
 )
 
 func main() {
@@ -31,19 +34,36 @@ func main() {
 	root := flag.String("repo", ".", "The vmipam repository (for deploy/).")
 	webhookURL := flag.String("webhook-url", "https://127.0.0.1:9443", "Where the API server reaches vmipam's webhook server.")
 	namespace := flag.String("namespace", "vmipam-system", "vmipam's namespace, excluded from its webhooks.")
+	kindsConfig := flag.String("kinds-config", "", "The kinds configuration vmipam runs with: its kinds' webhook, admission policies and RBAC are installed (vmipam's own kind when empty).")
+	var crds stringList
+	flag.Var(&crds, "crd", "A file or folder of CRDs to install beside vmipam's (for the kinds of --kinds-config); repeatable.")
 	flag.Parse()
-	if err := run(*dir, *root, *webhookURL, *namespace); err != nil {
+	if err := run(*dir, *root, *webhookURL, *namespace, *kindsConfig, crds); err != nil {
 		fmt.Fprintln(os.Stderr, "localcluster:", err)
 		os.Exit(1)
 	}
 }
 
-func run(dir, root, webhookURL, namespace string) error {
+// stringList is a repeatable flag.
+type stringList []string
+
+func (l *stringList) String() string     { return strings.Join(*l, ",") }
+func (l *stringList) Set(s string) error { *l = append(*l, s); return nil }
+
+func run(dir, root, webhookURL, namespace, kindsConfig string, crds []string) error {
 	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
 		return errors.New("KUBEBUILDER_ASSETS is not set: run through 'make run' or 'make local-up', which build the control plane with hack/envtest-assets.sh")
 	}
+	kinds := target.Default()
+	if kindsConfig != "" {
+		ks, err := target.Load(kindsConfig)
+		if err != nil {
+			return err
+		}
+		kinds = ks
+	}
 	env := &envtest.Environment{
-		CRDDirectoryPaths:     []string{filepath.Join(root, "deploy", "crd")},
+		CRDDirectoryPaths:     append([]string{filepath.Join(root, "deploy", "crd")}, crds...),
 		ErrorIfCRDPathMissing: true,
 	}
 	cfg, err := env.Start()
@@ -69,7 +89,7 @@ func run(dir, root, webhookURL, namespace string) error {
 	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}); err != nil {
 		return fmt.Errorf("create namespace %s: %w", namespace, err)
 	}
-	if err := localcluster.InstallWebhooks(ctx, c, filepath.Join(root, "deploy", "webhook", "manifests.yaml"), webhookURL, namespace); err != nil {
+	if err := localcluster.InstallWebhooks(ctx, c, filepath.Join(root, "deploy", "webhook", "manifests.yaml"), webhookURL, namespace, kinds); err != nil {
 		return err
 	}
 	user, err := env.AddUser(envtest.User{Name: "local-admin", Groups: []string{"system:masters"}}, nil)

@@ -48,8 +48,9 @@ type Options struct {
 	Namespace string
 	// Lease times the holder Lease; zero fields take the defaults.
 	Lease pools.LeaseOptions
-	// Target is the kind given addresses; defaults to VirtualMachine.
-	Target *target.Target
+	// Targets are the kinds given addresses (the kinds configuration);
+	// empty means vmipam's own VirtualMachine.
+	Targets []target.Target
 	// Clock defaults to the system clock.
 	Clock ipam.Clock
 	// RunInterval, ResyncInterval, StatusInterval and ProveInterval: see
@@ -72,35 +73,49 @@ type Options struct {
 // is all RBAC grants. Objects with no holder label come through a cache of
 // their own (Setup makes it). holder must be the Options.Holder given to
 // Setup: the replica's watch shows it no other objects of the kind.
-func CacheOptions(t target.Target, namespace, holder string) cache.Options {
-	return cache.Options{ByObject: map[client.Object]cache.ByObject{
+func CacheOptions(ts []target.Target, namespace, holder string) cache.Options {
+	by := map[client.Object]cache.ByObject{
 		&corev1.Secret{}:        {Namespaces: map[string]cache.Config{namespace: {}}},
 		&coordinationv1.Lease{}: {Namespaces: map[string]cache.Config{namespace: {}}},
-		t.New(): {
+	}
+	for _, t := range targetsOr(ts) {
+		by[t.New()] = cache.ByObject{
 			Label:     labels.SelectorFromSet(labels.Set{vmipamv1.HolderLabel: pools.HolderLabelValue(holderOr(holder))}),
 			Transform: t.Trim,
-		},
-	}}
+		}
+	}
+	return cache.Options{ByObject: by}
+}
+
+// targetsOr returns ts, or vmipam's own kind when ts is empty.
+func targetsOr(ts []target.Target) []target.Target {
+	if len(ts) == 0 {
+		return target.Default()
+	}
+	return ts
 }
 
 // unlabeledCache returns a cache of the objects of the target kind with no
 // holder label: those that bypassed the webhook, or were created before
 // vmipam labelled them. Every replica sees them, and the one that holds an
 // address (or is chosen for one that needs one) labels it.
-func unlabeledCache(mgr ctrl.Manager, t target.Target) (cache.Cache, error) {
+func unlabeledCache(mgr ctrl.Manager, ts []target.Target) (cache.Cache, error) {
 	req, err := labels.NewRequirement(vmipamv1.HolderLabel, selection.DoesNotExist, nil)
 	if err != nil {
 		return nil, fmt.Errorf("select unlabelled objects: %w", err)
 	}
+	by := map[client.Object]cache.ByObject{}
+	for _, t := range ts {
+		by[t.New()] = cache.ByObject{Label: labels.NewSelector().Add(*req), Transform: t.Trim}
+	}
 	c, err := cache.New(mgr.GetConfig(), cache.Options{
-		HTTPClient: mgr.GetHTTPClient(), Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(),
-		ByObject: map[client.Object]cache.ByObject{t.New(): {Label: labels.NewSelector().Add(*req), Transform: t.Trim}},
+		HTTPClient: mgr.GetHTTPClient(), Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(), ByObject: by,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("make the cache of unlabelled %s: %w", t.GVK.Kind, err)
+		return nil, fmt.Errorf("make the cache of unlabelled objects: %w", err)
 	}
 	if err := mgr.Add(c); err != nil {
-		return nil, fmt.Errorf("add the cache of unlabelled %s: %w", t.GVK.Kind, err)
+		return nil, fmt.Errorf("add the cache of unlabelled objects: %w", err)
 	}
 	return c, nil
 }
@@ -116,12 +131,9 @@ func holderOr(holder string) string {
 // Setup adds the pool registry, the controllers, the webhooks and the
 // health checks to mgr and returns the registry.
 func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
-	t := target.VirtualMachine
-	if opts.Target != nil {
-		t = *opts.Target
-	}
+	ts := targetsOr(opts.Targets)
 	opts.Holder = holderOr(opts.Holder)
-	unlabeled, err := unlabeledCache(mgr, t)
+	unlabeled, err := unlabeledCache(mgr, ts)
 	if err != nil {
 		return nil, err
 	}
@@ -134,7 +146,7 @@ func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
 		lease.Namespace = "vmipam-system"
 	}
 	reg := pools.NewRegistry(pools.Options{
-		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Target: t, Holder: opts.Holder, Clock: opts.Clock,
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Targets: ts, Holder: opts.Holder, Clock: opts.Clock,
 		Lease: lease, Informers: mgr.GetCache(),
 		RunInterval: opts.RunInterval, ResyncInterval: opts.ResyncInterval, StatusInterval: opts.StatusInterval, ProveInterval: opts.ProveInterval,
 		Recorder:          mgr.GetEventRecorder("vmipam"),
@@ -149,24 +161,40 @@ func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
 	}).SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("set up IPPool controller: %w", err)
 	}
-	if err := (&controller.VMReconciler{
-		Client: mgr.GetClient(), Reader: objects, Unlabeled: unlabeled, APIReader: mgr.GetAPIReader(), Registry: reg, Target: t, Recorder: mgr.GetEventRecorder("vmipam"),
-		MaxConcurrentReconciles: opts.MaxConcurrentReconciles,
-	}).SetupWithManager(mgr); err != nil {
-		return nil, fmt.Errorf("set up address controller: %w", err)
+	handlers := map[string]struct {
+		name    string
+		handler admission.Handler
+	}{
+		webhook.IPPoolValidatorPath: {"ippool-validating", webhook.NewIPPoolValidator(mgr.GetAPIReader(), mgr.GetScheme())},
+	}
+	for _, t := range ts {
+		gc := &controller.VMReconciler{
+			Client: mgr.GetClient(), Reader: objects, Unlabeled: unlabeled, APIReader: mgr.GetAPIReader(), Registry: reg, Target: t, Recorder: mgr.GetEventRecorder("vmipam"),
+			MaxConcurrentReconciles: opts.MaxConcurrentReconciles,
+		}
+		if err := whenServed(mgr, t, gc.SetupWithManager); err != nil {
+			return nil, err
+		}
+		name := t.Resource + "." + t.GVK.Group + "-mutating"
+		if t.GVR() == target.VirtualMachine.GVR() {
+			name = "virtualmachine-mutating"
+			// Earlier versions' ValidatingWebhookConfiguration calls it;
+			// served for an upgrade from one (see webhook.VMValidator).
+			handlers[webhook.ValidatorPath] = struct {
+				name    string
+				handler admission.Handler
+			}{"virtualmachine-validating", &webhook.VMValidator{Target: t}}
+		}
+		handlers[webhook.MutatePath(t)] = struct {
+			name    string
+			handler admission.Handler
+		}{name, &webhook.VMDefaulter{Registry: reg, Target: t, Reader: objects}}
 	}
 	srv := mgr.GetWebhookServer()
 	// One admission server for all webhooks, so its bounds on memory and
 	// concurrency hold for them together.
 	adm := webhook.NewServer(opts.Limits)
-	for path, h := range map[string]struct {
-		name    string
-		handler admission.Handler
-	}{
-		webhook.DefaulterPath:       {"virtualmachine-mutating", &webhook.VMDefaulter{Registry: reg, Target: t, Reader: objects}},
-		webhook.ValidatorPath:       {"virtualmachine-validating", &webhook.VMValidator{Target: t}},
-		webhook.IPPoolValidatorPath: {"ippool-validating", webhook.NewIPPoolValidator(mgr.GetAPIReader(), mgr.GetScheme())},
-	} {
+	for path, h := range handlers {
 		srv.Register(path, metrics.InstrumentHTTP(path, adm.Handler(metrics.InstrumentAdmission(h.name, h.handler))))
 	}
 	if err := mgr.AddHealthzCheck("ping", func(*http.Request) error { return nil }); err != nil {

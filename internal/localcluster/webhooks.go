@@ -18,12 +18,29 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/vmipam/vmipam/internal/manifests"
+	"github.com/vmipam/vmipam/target"
 )
 
 // InstallWebhooks installs the generated webhook configurations under the
-// names vmipam's deployment uses, pointing at a vmipam on this machine and
+// names vmipam's deployment uses, and the wiring of kinds (the mutating
+// webhook, the admission policies and the RBAC `vmipam manifests` renders;
+// vmipam's own kind when empty), pointing at a vmipam on this machine and
 // excluding vmipam's namespace. vmipam injects its own CA into them.
-func InstallWebhooks(ctx context.Context, c client.Client, file, url, namespace string) error {
+func InstallWebhooks(ctx context.Context, c client.Client, file, url, namespace string, kinds []target.Target) error {
+	if len(kinds) == 0 {
+		kinds = target.Default()
+	}
+	for _, o := range manifests.All(kinds, manifests.Options{URL: url, Namespace: namespace}) {
+		obj, ok := o.(client.Object)
+		if !ok {
+			continue
+		}
+		if err := c.Create(ctx, obj); err != nil {
+			return fmt.Errorf("create %s %s: %w", o.GetObjectKind().GroupVersionKind().Kind, obj.GetName(), err)
+		}
+	}
 	raw, err := os.ReadFile(file)
 	if err != nil {
 		return fmt.Errorf("read webhook manifests: %w", err)
@@ -47,19 +64,6 @@ func InstallWebhooks(ctx context.Context, c client.Client, file, url, namespace 
 			return err
 		}
 		switch probe.Kind {
-		case "MutatingWebhookConfiguration":
-			var m admissionregv1.MutatingWebhookConfiguration
-			if err := utilyaml.Unmarshal(doc.Raw, &m); err != nil {
-				return err
-			}
-			m.Name = "vmipam-mutating"
-			for i := range m.Webhooks {
-				m.Webhooks[i].ClientConfig = urlConfig(url, m.Webhooks[i].ClientConfig)
-				m.Webhooks[i].NamespaceSelector = exclude
-			}
-			if err := c.Create(ctx, &m); err != nil {
-				return fmt.Errorf("create %s: %w", m.Name, err)
-			}
 		case "ValidatingWebhookConfiguration":
 			var v admissionregv1.ValidatingWebhookConfiguration
 			if err := utilyaml.Unmarshal(doc.Raw, &v); err != nil {

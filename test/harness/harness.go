@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/vmipam/vmipam/internal/localcluster"
+	"github.com/vmipam/vmipam/target"
 )
 
 // Namespace is vmipam's own namespace in the harness.
@@ -52,6 +53,8 @@ type Cluster struct {
 	WebhookPort, MetricsPort, ProbePort int
 
 	dir string
+	// kindsConfig is the kinds configuration vmipam is started with.
+	kindsConfig string
 }
 
 // Start builds vmipam from the repository at root into dir, starts a
@@ -70,6 +73,11 @@ type ClusterOptions struct {
 	// generated webhook configurations calling
 	// https://127.0.0.1:<WebhookPort>.
 	Install func(ctx context.Context, c *Cluster) error
+	// KindsConfig, if set, is the kinds configuration file: vmipam runs
+	// with it (--kinds-config) and the default install wires its kinds.
+	KindsConfig string
+	// CRDs are more folders or files of CRDs to install beside vmipam's.
+	CRDs []string
 }
 
 // StartWith is Start, changed by o.
@@ -77,7 +85,7 @@ func StartWith(ctx context.Context, root, dir string, o ClusterOptions) (*Cluste
 	if _, err := Assets(); err != nil {
 		return nil, err
 	}
-	c := &Cluster{dir: dir, Binary: filepath.Join(dir, "vmipam")}
+	c := &Cluster{dir: dir, Binary: filepath.Join(dir, "vmipam"), kindsConfig: o.KindsConfig}
 	build := exec.CommandContext(ctx, "go", "build", "-o", c.Binary, "./cmd/vmipam")
 	build.Dir = root
 	if out, err := build.CombinedOutput(); err != nil {
@@ -92,7 +100,7 @@ func StartWith(ctx context.Context, root, dir string, o ClusterOptions) (*Cluste
 	}
 	c.WebhookPort, c.MetricsPort, c.ProbePort = ports[0], ports[1], ports[2]
 	env, err := StartEnv(EnvOptions{
-		CRDs: []string{filepath.Join(root, "deploy", "crd")},
+		CRDs: append([]string{filepath.Join(root, "deploy", "crd")}, o.CRDs...),
 		// The end-to-end benchmark creates as fast as it can.
 		QPS: 5000, Burst: 10000,
 		Configure: func(e *envtest.Environment) error {
@@ -126,8 +134,16 @@ func (c *Cluster) installWebhooks(ctx context.Context, root string) error {
 	if err := c.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}}); err != nil {
 		return fmt.Errorf("create namespace: %w", err)
 	}
+	kinds := target.Default()
+	if c.kindsConfig != "" {
+		ks, err := target.Load(c.kindsConfig)
+		if err != nil {
+			return err
+		}
+		kinds = ks
+	}
 	return localcluster.InstallWebhooks(ctx, c.Client, filepath.Join(root, "deploy", "webhook", "manifests.yaml"),
-		"https://127.0.0.1:"+strconv.Itoa(c.WebhookPort), Namespace)
+		"https://127.0.0.1:"+strconv.Itoa(c.WebhookPort), Namespace, kinds)
 }
 
 func (c *Cluster) stopWith(err error) error {
@@ -175,6 +191,9 @@ func (c *Cluster) vmipamArgs(pt ports, holder string) []string {
 		// (docs/design.md, "What is left for later"). extra may override it.
 		"--shutdown-connection-wait=0s",
 	)
+	if c.kindsConfig != "" {
+		args = append(args, "--kinds-config", c.kindsConfig)
+	}
 	return args
 }
 

@@ -32,6 +32,7 @@ import (
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/internal/app"
+	"github.com/vmipam/vmipam/internal/manifests"
 	"github.com/vmipam/vmipam/pools"
 	"github.com/vmipam/vmipam/target"
 	"github.com/vmipam/vmipam/test/harness"
@@ -53,7 +54,7 @@ func TestMain(m *testing.M) {
 		root := filepath.Join("..", "..")
 		env, err := harness.StartEnv(harness.EnvOptions{
 			CRDs:     []string{filepath.Join(root, "deploy", "crd")},
-			Webhooks: []string{filepath.Join(root, "deploy", "webhook")},
+			Webhooks: []string{filepath.Join(root, "deploy", "webhook"), filepath.Join(root, "deploy", "kinds")},
 		})
 		if err != nil {
 			return nil, err
@@ -63,6 +64,12 @@ func TestMain(m *testing.M) {
 		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: harness.Namespace}}
 		if err := k8sClient.Create(context.Background(), ns); err != nil {
 			return nil, errors.Join(fmt.Errorf("create namespace %s: %w", harness.Namespace, err), env.Stop())
+		}
+		// The checks the API server runs with no call to vmipam.
+		for _, o := range manifests.Policies(target.Default()) {
+			if err := k8sClient.Create(context.Background(), o.(client.Object)); err != nil {
+				return nil, errors.Join(fmt.Errorf("create admission policy: %w", err), env.Stop())
+			}
 		}
 		return func(bool) error { return env.Stop() }, nil
 	}))
@@ -90,7 +97,7 @@ func startVMIPAM(t *testing.T, clk *clocktesting.FakeClock) *vmipam {
 		// Each test starts a new manager in this process, with the same
 		// controller names.
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
-		Cache:      app.CacheOptions(target.VirtualMachine, harness.Namespace, "test"),
+		Cache:      app.CacheOptions(target.Default(), harness.Namespace, "test"),
 	})
 	if err != nil {
 		t.Fatalf("new manager: %v", err)

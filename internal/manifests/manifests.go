@@ -1,0 +1,259 @@
+// Package manifests renders the wiring of the kinds vmipam serves from the
+// kinds configuration: the mutating webhook of each kind, the
+// ValidatingAdmissionPolicy that keeps its addresses immutable in the API
+// server, and the RBAC vmipam needs on it. `vmipam manifests` writes them
+// (deploy/kinds/wiring.yaml comes from it), and the local runs and tests
+// install what it returns, so nobody writes webhook YAML per kind.
+package manifests
+
+import (
+	"bytes"
+	"fmt"
+	"sort"
+	"strings"
+
+	admissionregv1 "k8s.io/api/admissionregistration/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
+
+	"github.com/vmipam/vmipam/target"
+	"github.com/vmipam/vmipam/webhook"
+)
+
+// Names of the rendered objects.
+const (
+	// MutatingName is the MutatingWebhookConfiguration of the kinds; vmipam
+	// keeps its CA bundle (--mutating-webhook-configuration).
+	MutatingName = "vmipam-mutating"
+	// RoleName is the ClusterRole (and its binding) granting vmipam the
+	// configured kinds.
+	RoleName = "vmipam-kinds"
+)
+
+// Options say where vmipam runs.
+type Options struct {
+	// Namespace and Service are vmipam's namespace and webhook Service.
+	Namespace, Service string
+	// ServiceAccount is vmipam's.
+	ServiceAccount string
+	// URL, if set, points the webhooks at a vmipam outside the cluster
+	// (https://127.0.0.1:9443) instead of the Service.
+	URL string
+}
+
+func (o Options) withDefaults() Options {
+	if o.Namespace == "" {
+		o.Namespace = "vmipam-system"
+	}
+	if o.Service == "" {
+		o.Service = "vmipam-webhook"
+	}
+	if o.ServiceAccount == "" {
+		o.ServiceAccount = "vmipam"
+	}
+	return o
+}
+
+// WebhookName is the name of kind t's mutating webhook: vmipam's own kind
+// keeps the name earlier versions gave it, so that an apply updates it in
+// place.
+func WebhookName(t target.Target) string {
+	if t.GVR() == target.VirtualMachine.GVR() {
+		return "mvirtualmachine.vmipam.io"
+	}
+	g := t.GVK.Group
+	if g == "" {
+		g = "core"
+	}
+	return t.Resource + "." + g + ".vmipam.io"
+}
+
+// PolicyName is the name of kind t's ValidatingAdmissionPolicy and its
+// binding.
+func PolicyName(t target.Target) string {
+	g := t.GVK.Group
+	if g == "" {
+		g = "core"
+	}
+	return "vmipam-" + t.Resource + "." + g
+}
+
+// Mutating returns the MutatingWebhookConfiguration that calls vmipam on
+// the CREATE of every object of the kinds in scope: vmipam's only call per
+// VM. Updates and deletes of VMs never call vmipam.
+func Mutating(ts []target.Target, o Options) *admissionregv1.MutatingWebhookConfiguration {
+	o = o.withDefaults()
+	m := &admissionregv1.MutatingWebhookConfiguration{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "MutatingWebhookConfiguration"},
+		ObjectMeta: metav1.ObjectMeta{Name: MutatingName},
+	}
+	for _, t := range ts {
+		scope := admissionregv1.NamespacedScope
+		if t.ClusterScoped {
+			scope = admissionregv1.ClusterScope
+		}
+		w := admissionregv1.MutatingWebhook{
+			Name:                    WebhookName(t),
+			AdmissionReviewVersions: []string{"v1"},
+			ClientConfig:            clientConfig(o, webhook.MutatePath(t)),
+			Rules: []admissionregv1.RuleWithOperations{{
+				Operations: []admissionregv1.OperationType{admissionregv1.Create},
+				Rule: admissionregv1.Rule{
+					APIGroups: []string{t.GVK.Group}, APIVersions: []string{t.GVK.Version},
+					Resources: []string{t.Resource}, Scope: &scope,
+				},
+			}},
+			// Fail closed: a VM created without vmipam would go without an
+			// address until the controller gives it one.
+			FailurePolicy:      ptr.To(admissionregv1.Fail),
+			MatchPolicy:        ptr.To(admissionregv1.Exact),
+			SideEffects:        ptr.To(admissionregv1.SideEffectClassNoneOnDryRun),
+			TimeoutSeconds:     ptr.To[int32](5),
+			ReinvocationPolicy: ptr.To(admissionregv1.NeverReinvocationPolicy),
+		}
+		if !t.ClusterScoped {
+			// Never intercept vmipam's own namespace: with failurePolicy
+			// Fail, a webhook that covered it could block what vmipam needs
+			// to start.
+			w.NamespaceSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+				Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpNotIn, Values: []string{o.Namespace},
+			}}}
+		}
+		if t.Condition != "" {
+			w.MatchConditions = []admissionregv1.MatchCondition{{Name: "in-scope", Expression: t.Condition}}
+		}
+		m.Webhooks = append(m.Webhooks, w)
+	}
+	return m
+}
+
+func clientConfig(o Options, path string) admissionregv1.WebhookClientConfig {
+	if o.URL != "" {
+		u := strings.TrimSuffix(o.URL, "/") + path
+		return admissionregv1.WebhookClientConfig{URL: &u}
+	}
+	return admissionregv1.WebhookClientConfig{Service: &admissionregv1.ServiceReference{
+		Namespace: o.Namespace, Name: o.Service, Path: ptr.To(path), Port: ptr.To[int32](443),
+	}}
+}
+
+// Policies returns, for each kind, the ValidatingAdmissionPolicy that runs
+// target.Target.PolicyRules in the API server, and its binding.
+func Policies(ts []target.Target) []runtime.Object {
+	var out []runtime.Object
+	for _, t := range ts {
+		resources := []string{t.Resource}
+		if t.Status != nil {
+			resources = append(resources, t.Resource+"/status")
+		}
+		p := &admissionregv1.ValidatingAdmissionPolicy{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingAdmissionPolicy"},
+			ObjectMeta: metav1.ObjectMeta{Name: PolicyName(t)},
+			Spec: admissionregv1.ValidatingAdmissionPolicySpec{
+				FailurePolicy: ptr.To(admissionregv1.Fail),
+				MatchConstraints: &admissionregv1.MatchResources{
+					MatchPolicy: ptr.To(admissionregv1.Exact),
+					ResourceRules: []admissionregv1.NamedRuleWithOperations{{RuleWithOperations: admissionregv1.RuleWithOperations{
+						Operations: []admissionregv1.OperationType{admissionregv1.Create, admissionregv1.Update},
+						Rule: admissionregv1.Rule{
+							APIGroups: []string{t.GVK.Group}, APIVersions: []string{t.GVK.Version}, Resources: resources,
+						},
+					}}},
+				},
+			},
+		}
+		vars, rules := t.PolicyRules()
+		for _, v := range vars {
+			p.Spec.Variables = append(p.Spec.Variables, admissionregv1.Variable{Name: v.Name, Expression: v.Expression})
+		}
+		for _, r := range rules {
+			reason := metav1.StatusReason(r.Reason)
+			p.Spec.Validations = append(p.Spec.Validations, admissionregv1.Validation{
+				Expression: r.Expression, Message: r.Message, Reason: &reason,
+			})
+		}
+		b := &admissionregv1.ValidatingAdmissionPolicyBinding{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingAdmissionPolicyBinding"},
+			ObjectMeta: metav1.ObjectMeta{Name: PolicyName(t)},
+			Spec: admissionregv1.ValidatingAdmissionPolicyBindingSpec{
+				PolicyName:        PolicyName(t),
+				ValidationActions: []admissionregv1.ValidationAction{admissionregv1.Deny},
+			},
+		}
+		out = append(out, p, b)
+	}
+	return out
+}
+
+// RBAC returns the ClusterRole that grants vmipam what it does with the
+// kinds (read and watch them, stamp and label them, remove its finalizer,
+// fill status fields), and its binding to vmipam's ServiceAccount.
+func RBAC(ts []target.Target, o Options) []runtime.Object {
+	o = o.withDefaults()
+	byGroup := map[string][]string{}
+	status := map[string][]string{}
+	for _, t := range ts {
+		byGroup[t.GVK.Group] = append(byGroup[t.GVK.Group], t.Resource)
+		if t.Status != nil {
+			status[t.GVK.Group] = append(status[t.GVK.Group], t.Resource+"/status")
+		}
+	}
+	groups := make([]string, 0, len(byGroup))
+	for g := range byGroup {
+		groups = append(groups, g)
+	}
+	sort.Strings(groups)
+	role := &rbacv1.ClusterRole{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole"},
+		ObjectMeta: metav1.ObjectMeta{Name: RoleName},
+	}
+	for _, g := range groups {
+		rs := byGroup[g]
+		sort.Strings(rs)
+		role.Rules = append(role.Rules, rbacv1.PolicyRule{
+			APIGroups: []string{g}, Resources: rs, Verbs: []string{"get", "list", "watch", "update", "patch"},
+		})
+		if s := status[g]; len(s) > 0 {
+			sort.Strings(s)
+			role.Rules = append(role.Rules, rbacv1.PolicyRule{APIGroups: []string{g}, Resources: s, Verbs: []string{"get", "update", "patch"}})
+		}
+	}
+	binding := &rbacv1.ClusterRoleBinding{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRoleBinding"},
+		ObjectMeta: metav1.ObjectMeta{Name: RoleName},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: RoleName},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: o.ServiceAccount, Namespace: o.Namespace}},
+	}
+	return []runtime.Object{role, binding}
+}
+
+// All returns everything the kinds need, in the order to apply it.
+func All(ts []target.Target, o Options) []runtime.Object {
+	out := RBAC(ts, o)
+	out = append(out, Policies(ts)...)
+	return append(out, Mutating(ts, o))
+}
+
+// YAML writes objs as one YAML stream, with a header saying where it
+// comes from.
+func YAML(objs []runtime.Object, header string) ([]byte, error) {
+	var b bytes.Buffer
+	for _, line := range strings.Split(strings.TrimSpace(header), "\n") {
+		b.WriteString("# " + line + "\n")
+	}
+	for _, o := range objs {
+		raw, err := yaml.Marshal(o)
+		if err != nil {
+			return nil, fmt.Errorf("render %T: %w", o, err)
+		}
+		// Drop the empty creationTimestamp and status every object has.
+		raw = bytes.ReplaceAll(raw, []byte("  creationTimestamp: null\n"), nil)
+		raw = bytes.ReplaceAll(raw, []byte("status: {}\n"), nil)
+		b.WriteString("---\n")
+		b.Write(raw)
+	}
+	return b.Bytes(), nil
+}

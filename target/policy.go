@@ -1,0 +1,157 @@
+package target
+
+import (
+	"strings"
+
+	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+)
+
+// Rule is one check of a kind's ValidatingAdmissionPolicy: a CEL
+// expression over object, oldObject and request that must hold, and the
+// message when it does not.
+type Rule struct {
+	Expression string
+	Message    string
+	// Reason is the status reason of a denial: Invalid or Forbidden.
+	Reason string
+}
+
+// celHas returns the CEL test that path exists under root, element by
+// element: has(object.spec) && has(object.spec.addresses).
+func celHas(root string, path []string) string {
+	var parts []string
+	for i := range path {
+		parts = append(parts, "has("+root+"."+strings.Join(path[:i+1], ".")+")")
+	}
+	return strings.Join(parts, " && ")
+}
+
+// celAnnotation returns the value of annotation key in the annotations of
+// the object at meta under root, or ”.
+func celAnnotation(root string, meta []string, key string) string {
+	m := root + "." + strings.Join(meta, ".") + ".annotations"
+	q := celQuote(key)
+	return "(" + celHas(root, append(meta[:len(meta):len(meta)], "annotations")) + " && " + q + " in " + m + " ? " + m + "[" + q + "] : '')"
+}
+
+// celQuote quotes s as a CEL string. Annotation keys and addresses hold
+// no quote or backslash (they are qualified names and IP addresses).
+func celQuote(s string) string { return "'" + s + "'" }
+
+// celValue returns the address location's value under root: a list of
+// strings for a list field ([] when absent), a string otherwise (”).
+func (t Target) celValue(root string) (expr, empty string) {
+	loc, kind := t.location()
+	switch kind {
+	case locList:
+		return "(" + celHas(root, loc) + " ? " + root + "." + strings.Join(loc, ".") + " : [])", "[]"
+	case locString:
+		return "(" + celHas(root, loc) + " ? " + root + "." + strings.Join(loc, ".") + " : '')", "''"
+	}
+	return celAnnotation(root, loc[:len(loc)-2], loc[len(loc)-1]), "''"
+}
+
+// celRender returns how the address location holds the single address
+// the CEL string s, as vmipam stamps it.
+func (t Target) celRender(s string) string {
+	_, kind := t.location()
+	switch {
+	case kind == locList:
+		return "[" + s + "]"
+	case kind == locAnnotation && t.format() == FormatJSON:
+		return `'["' + ` + s + ` + '"]'`
+	}
+	return s
+}
+
+func stampOf(root, key string) string { return celAnnotation(root, []string{"metadata"}, key) }
+
+// Variable is a named CEL expression of a policy, which its rules read as
+// variables.<name>.
+type Variable struct{ Name, Expression string }
+
+// PolicyRules returns the checks that keep what vmipam stamped on the
+// kind's objects as vmipam stamped it, for the API server to run as a
+// ValidatingAdmissionPolicy on CREATE and UPDATE (of the object and, for a
+// kind whose address goes into status, of its status), so that no VM
+// update calls vmipam, and the variables they read:
+//   - on CREATE, an object that carries vmipam's token still carries the
+//     address vmipam stamped with it (no later mutating webhook changed
+//     it);
+//   - the address is immutable once assigned, and appears on an existing
+//     object only with a new stamp of vmipam's (its controller assigning
+//     one to an object that bypassed the webhook);
+//   - vmipam's token, pool and address annotations are immutable once set;
+//   - a status address is the one vmipam recorded, and immutable once set.
+func (t Target) PolicyRules() ([]Variable, []Rule) {
+	where := t.AddressesPath()
+	vars := []Variable{
+		{"token", stampOf("object", vmipamv1.TokenAnnotation)},
+		{"oldToken", stampOf("oldObject", vmipamv1.TokenAnnotation)},
+		{"pool", stampOf("object", vmipamv1.PoolAnnotation)},
+		{"oldPool", stampOf("oldObject", vmipamv1.PoolAnnotation)},
+		{"stamp", stampOf("object", vmipamv1.AddressAnnotation)},
+		{"oldStamp", stampOf("oldObject", vmipamv1.AddressAnnotation)},
+	}
+	create := func(e string) string { return "request.operation != 'CREATE' || " + e }
+	update := func(e string) string { return "request.operation != 'UPDATE' || " + e }
+	var rules []Rule
+	if t.Status == nil {
+		cur, empty := t.celValue("object")
+		old, _ := t.celValue("oldObject")
+		vars = append(vars, Variable{"address", cur}, Variable{"oldAddress", old})
+		stamped := t.celRender("variables.stamp")
+		rules = append(rules,
+			Rule{
+				Expression: create("variables.token == '' || variables.stamp != '' && variables.address == " + stamped),
+				Message: where + " differs from the address vmipam reserved for this object (metadata.annotations[" + vmipamv1.AddressAnnotation +
+					"]): another mutating webhook changed or removed it; vmipam's address cannot be overridden",
+				Reason: "Invalid",
+			},
+			Rule{
+				Expression: update("variables.oldAddress == " + empty + " || variables.address == variables.oldAddress"),
+				Message:    where + " is immutable once assigned; delete and recreate the object to get another address",
+				Reason:     "Forbidden",
+			},
+			Rule{
+				Expression: update("variables.oldAddress != " + empty + " || variables.address == " + empty +
+					" || variables.stamp != '' && variables.stamp != variables.oldStamp && variables.address == " + stamped),
+				Message: where + ": addresses are assigned by vmipam when the object is created; to ask for a specific one, delete and recreate the object with it",
+				Reason:  "Forbidden",
+			})
+	} else {
+		sp := strings.Join(t.Status.Address, ".")
+		vars = append(vars,
+			Variable{"statusAddress", "(" + celHas("object", t.Status.Address) + " ? object." + sp + " : '')"},
+			Variable{"oldStatusAddress", "(" + celHas("oldObject", t.Status.Address) + " ? oldObject." + sp + " : '')"})
+		rules = append(rules,
+			Rule{
+				Expression: create("variables.token == '' || variables.stamp != ''"),
+				Message:    "metadata.annotations[" + vmipamv1.AddressAnnotation + "]: another mutating webhook removed the address vmipam reserved for this object",
+				Reason:     "Invalid",
+			},
+			Rule{
+				Expression: update("variables.oldStatusAddress == '' || variables.statusAddress == variables.oldStatusAddress"),
+				Message:    sp + " is immutable once set; delete and recreate the object to get another address",
+				Reason:     "Forbidden",
+			},
+			Rule{
+				Expression: update("variables.stamp == '' || variables.statusAddress == '' || variables.statusAddress == variables.stamp"),
+				Message: sp + " must be the address vmipam assigned (metadata.annotations[" + vmipamv1.AddressAnnotation +
+					"]): vmipam fills it; leave it alone",
+				Reason: "Forbidden",
+			})
+	}
+	for _, f := range []struct{ key, now, was string }{
+		{vmipamv1.TokenAnnotation, "token", "oldToken"},
+		{vmipamv1.PoolAnnotation, "pool", "oldPool"},
+		{vmipamv1.AddressAnnotation, "stamp", "oldStamp"},
+	} {
+		rules = append(rules, Rule{
+			Expression: update("variables." + f.was + " == '' || variables." + f.now + " == variables." + f.was),
+			Message:    "metadata.annotations[" + f.key + "] is immutable once set by vmipam",
+			Reason:     "Forbidden",
+		})
+	}
+	return vars, rules
+}
