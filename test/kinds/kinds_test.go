@@ -1,0 +1,381 @@
+// Package kinds proves the kinds configuration on a real kube-apiserver and
+// etcd, with the vmipam binary: three kinds side by side (vmipam's own
+// VirtualMachine, a NeonVM-shaped kind whose address goes into status, a
+// KubeVirt-shaped kind whose address goes into a JSON-list annotation of
+// its template), configured from deploy/kinds and wired by what
+// `vmipam manifests` renders. For each: concurrent creates with distinct
+// addresses, a static request, release on delete into cooldown, an update
+// of the address refused by the API server while vmipam is stopped, and a
+// restart.
+package kinds
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/target"
+	"github.com/vmipam/vmipam/test/harness"
+)
+
+var root = filepath.Join("..", "..")
+
+// kind is one configured kind under test: how to make an object of it, ask
+// for an address, and read the address its consumer reads.
+type kind struct {
+	name string
+	gvk  schema.GroupVersionKind
+	// make returns an object in scope, asking for static when set.
+	make func(ns, name string, static string) *unstructured.Unstructured
+	// address is what the VM's consumer reads: spec.addresses[0], NeonVM's
+	// status.extraNetIP, the template annotation's one address.
+	address func(obj *unstructured.Unstructured) string
+	// change moves obj's address to addr, as a user's update would; it
+	// returns the error of the update.
+	change func(ctx context.Context, c client.Client, obj *unstructured.Unstructured, addr string) error
+	// refusal is in the message refusing the change.
+	refusal string
+}
+
+func object(gvk schema.GroupVersionKind, ns, name string, content map[string]any) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{Object: content}
+	u.SetGroupVersionKind(gvk)
+	u.SetNamespace(ns)
+	u.SetName(name)
+	return u
+}
+
+func str(obj *unstructured.Unstructured, path ...string) string {
+	s, _, _ := unstructured.NestedString(obj.Object, path...)
+	return s
+}
+
+var kinds = []kind{
+	{
+		name: "vmipam",
+		gvk:  vmipamv1.GroupVersion.WithKind("VirtualMachine"),
+		make: func(ns, name, static string) *unstructured.Unstructured {
+			spec := map[string]any{"image": "debian"}
+			if static != "" {
+				spec["addresses"] = []any{static}
+			}
+			return object(vmipamv1.GroupVersion.WithKind("VirtualMachine"), ns, name, map[string]any{"spec": spec})
+		},
+		address: func(obj *unstructured.Unstructured) string {
+			a, _, _ := unstructured.NestedStringSlice(obj.Object, "spec", "addresses")
+			if len(a) != 1 {
+				return ""
+			}
+			return a[0]
+		},
+		change: func(ctx context.Context, c client.Client, obj *unstructured.Unstructured, addr string) error {
+			_ = unstructured.SetNestedStringSlice(obj.Object, []string{addr}, "spec", "addresses")
+			return c.Update(ctx, obj)
+		},
+		refusal: "spec.addresses is immutable once assigned",
+	},
+	{
+		name: "neonvm",
+		gvk:  schema.GroupVersionKind{Group: "vm.neon.tech", Version: "v1", Kind: "VirtualMachine"},
+		make: func(ns, name, static string) *unstructured.Unstructured {
+			u := object(schema.GroupVersionKind{Group: "vm.neon.tech", Version: "v1", Kind: "VirtualMachine"}, ns, name, map[string]any{
+				"spec": map[string]any{"guest": map[string]any{"cpus": map[string]any{"min": int64(1)}}, "extraNetwork": map[string]any{"enable": true}},
+			})
+			if static != "" {
+				u.SetAnnotations(map[string]string{target.DefaultRequestAnnotation: static})
+			}
+			return u
+		},
+		address: func(obj *unstructured.Unstructured) string { return str(obj, "status", "extraNetIP") },
+		change: func(ctx context.Context, c client.Client, obj *unstructured.Unstructured, addr string) error {
+			_ = unstructured.SetNestedField(obj.Object, addr, "status", "extraNetIP")
+			return c.Status().Update(ctx, obj)
+		},
+		refusal: "status.extraNetIP is immutable once set",
+	},
+	{
+		name: "kubevirt",
+		gvk:  schema.GroupVersionKind{Group: "kubevirt.io", Version: "v1", Kind: "VirtualMachine"},
+		make: func(ns, name, static string) *unstructured.Unstructured {
+			meta := map[string]any{"labels": map[string]any{"kubevirt.io/vm": name}}
+			if static != "" {
+				meta["annotations"] = map[string]any{"cni.projectcalico.org/ipAddrs": `[ "` + static + `" ]`}
+			}
+			return object(schema.GroupVersionKind{Group: "kubevirt.io", Version: "v1", Kind: "VirtualMachine"}, ns, name, map[string]any{
+				"spec": map[string]any{"runStrategy": "Always", "template": map[string]any{"metadata": meta, "spec": map[string]any{"domain": map[string]any{}}}},
+			})
+		},
+		address: func(obj *unstructured.Unstructured) string {
+			s := str(obj, "spec", "template", "metadata", "annotations", "cni.projectcalico.org/ipAddrs")
+			if !strings.HasPrefix(s, `["`) || !strings.HasSuffix(s, `"]`) || strings.Contains(s, ",") {
+				return ""
+			}
+			return strings.TrimSuffix(strings.TrimPrefix(s, `["`), `"]`)
+		},
+		change: func(ctx context.Context, c client.Client, obj *unstructured.Unstructured, addr string) error {
+			_ = unstructured.SetNestedField(obj.Object, `["`+addr+`"]`, "spec", "template", "metadata", "annotations", "cni.projectcalico.org/ipAddrs")
+			return c.Update(ctx, obj)
+		},
+		refusal: "spec.template.metadata.annotations[cni.projectcalico.org/ipAddrs] is immutable once assigned",
+	},
+}
+
+// config writes one kinds configuration holding the kinds of
+// deploy/kinds/kinds.yaml and of the NeonVM and KubeVirt examples, as a
+// user who serves all three would.
+func config(t *testing.T) string {
+	t.Helper()
+	all := target.Config{APIVersion: target.ConfigAPIVersion, Kind: target.ConfigKind}
+	for _, f := range []string{"kinds.yaml", "examples/neonvm.yaml", "examples/kubevirt.yaml"} {
+		raw, err := os.ReadFile(filepath.Join(root, "deploy", "kinds", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := target.Parse(raw); err != nil {
+			t.Fatalf("deploy/kinds/%s: %v", f, err)
+		}
+		var c target.Config
+		if err := yaml.Unmarshal(raw, &c); err != nil {
+			t.Fatal(err)
+		}
+		all.Kinds = append(all.Kinds, c.Kinds...)
+	}
+	raw, err := yaml.Marshal(all)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "kinds.yaml")
+	if err := os.WriteFile(path, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// vms is every address handed out, by object, across the kinds: no two
+// live objects may share one.
+type vms struct {
+	mu   sync.Mutex
+	byIP map[string]string
+}
+
+func (v *vms) add(t *testing.T, who, addr string) {
+	t.Helper()
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if other, dup := v.byIP[addr]; dup {
+		t.Errorf("%s and %s both hold %s", other, who, addr)
+	}
+	v.byIP[addr] = who
+}
+
+func (v *vms) drop(addr string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	delete(v.byIP, addr)
+}
+
+// settled reads obj until its consumer's address is there, and checks it
+// is the one vmipam recorded.
+func settled(t *testing.T, c client.Client, k kind, obj *unstructured.Unstructured) string {
+	t.Helper()
+	var addr string
+	harness.Eventually(t, 30*time.Second, k.name+" "+obj.GetName()+" to show its address", func() error {
+		if err := c.Get(context.Background(), client.ObjectKeyFromObject(obj), obj); err != nil {
+			return err
+		}
+		addr = k.address(obj)
+		if addr == "" {
+			return fmt.Errorf("no address yet: %v", obj.Object)
+		}
+		return nil
+	})
+	if stamped := obj.GetAnnotations()[vmipamv1.AddressAnnotation]; stamped != addr {
+		t.Errorf("%s %s: address %s, but vmipam recorded %s", k.name, obj.GetName(), addr, stamped)
+	}
+	if _, err := netip.ParseAddr(addr); err != nil {
+		t.Errorf("%s %s: %v", k.name, obj.GetName(), err)
+	}
+	return addr
+}
+
+// create creates obj, retrying while the pool recovers (503).
+func create(ctx context.Context, t *testing.T, c client.Client, obj *unstructured.Unstructured) {
+	t.Helper()
+	harness.Eventually(t, 30*time.Second, "create "+obj.GetName(), func() error {
+		err := c.Create(ctx, obj.DeepCopy())
+		if apierrors.IsServiceUnavailable(err) || apierrors.IsInternalError(err) {
+			return err
+		}
+		if err != nil {
+			t.Fatalf("create %s: %v", obj.GetName(), err)
+		}
+		return nil
+	})
+}
+
+func TestKinds(t *testing.T) {
+	harness.NeedControlPlane(t)
+	ctx := t.Context()
+	cl, err := harness.StartWith(ctx, root, t.TempDir(), harness.ClusterOptions{
+		KindsConfig: config(t),
+		CRDs:        []string{filepath.Join("testdata")},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cl.Stop() })
+	var logs bytes.Buffer
+	start := func() *harness.Process {
+		p, err := cl.StartVMIPAM(ctx, &logs)
+		if err != nil {
+			t.Fatalf("%v\nlogs:\n%s", err, logs.String())
+		}
+		return p
+	}
+	p := start()
+	t.Cleanup(func() {
+		p.Kill()
+		if t.Failed() {
+			t.Logf("vmipam's logs:\n%s", logs.String())
+		}
+	})
+	c := cl.Client
+	pool := &vmipamv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "kinds"}, Spec: vmipamv1.IPPoolSpec{
+		Default: true, Ranges: []vmipamv1.IPRange{{CIDR: "10.71.0.0/24"}}, Cooldown: &metav1.Duration{Duration: time.Hour},
+	}}
+	if err := c.Create(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	ns := "kinds"
+	if err := c.Create(ctx, object(schema.GroupVersionKind{Version: "v1", Kind: "Namespace"}, "", ns, map[string]any{})); err != nil {
+		t.Fatal(err)
+	}
+	live := &vms{byIP: map[string]string{}}
+	// One live object of each kind, kept to the end.
+	kept := map[string]*unstructured.Unstructured{}
+
+	for i, k := range kinds {
+		t.Run(k.name+"/concurrent creates", func(t *testing.T) {
+			const n = 12
+			var wg sync.WaitGroup
+			objs := make([]*unstructured.Unstructured, n)
+			for j := range n {
+				objs[j] = k.make(ns, fmt.Sprintf("%s-%d", k.name, j), "")
+				wg.Go(func() { create(ctx, t, c, objs[j]) })
+			}
+			wg.Wait()
+			for _, o := range objs {
+				live.add(t, k.name+"/"+o.GetName(), settled(t, c, k, o))
+			}
+			kept[k.name] = objs[0]
+			if k.name == "neonvm" {
+				if m := str(objs[0], "status", "extraNetMask"); m != "255.255.255.0" {
+					t.Errorf("status.extraNetMask is %q, want 255.255.255.0", m)
+				}
+			}
+		})
+		static := fmt.Sprintf("10.71.0.%d", 200+i)
+		t.Run(k.name+"/static request and release into cooldown", func(t *testing.T) {
+			obj := k.make(ns, k.name+"-static", static)
+			create(ctx, t, c, obj)
+			if got := settled(t, c, k, obj); got != static {
+				t.Fatalf("asked for %s, got %s", static, got)
+			}
+			if err := c.Delete(ctx, obj); err != nil {
+				t.Fatal(err)
+			}
+			harness.Eventually(t, 30*time.Second, "the static one to go", func() error {
+				if err := c.Get(ctx, client.ObjectKeyFromObject(obj), obj); !apierrors.IsNotFound(err) {
+					return fmt.Errorf("still there (%v)", err)
+				}
+				return nil
+			})
+			again := k.make(ns, k.name+"-static-again", static)
+			err := c.Create(ctx, again)
+			if err == nil || !strings.Contains(err.Error(), "cools down until") {
+				t.Fatalf("asking for %s after its release: %v; want a refusal saying it cools down", static, err)
+			}
+		})
+	}
+	t.Run("neonvm/out of scope", func(t *testing.T) {
+		obj := kinds[1].make(ns, "neonvm-no-extra-net", "")
+		_ = unstructured.SetNestedField(obj.Object, false, "spec", "extraNetwork", "enable")
+		if err := c.Create(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second)
+		if err := c.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
+			t.Fatal(err)
+		}
+		if len(obj.GetAnnotations()) > 0 || len(obj.GetFinalizers()) > 0 || str(obj, "status", "extraNetIP") != "" {
+			t.Errorf("a VM with no extra network was given an address: %v", obj.Object)
+		}
+	})
+
+	// vmipam stopped: the API server alone refuses a change of address,
+	// lets other updates through, and creates needing no address go on.
+	if err := p.Stop(30 * time.Second); err != nil {
+		t.Fatalf("stop vmipam: %v", err)
+	}
+	for _, k := range kinds {
+		t.Run(k.name+"/immutable while vmipam is stopped", func(t *testing.T) {
+			obj := kept[k.name].DeepCopy()
+			if err := c.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
+				t.Fatal(err)
+			}
+			err := k.change(ctx, c, obj.DeepCopy(), "10.71.0.250")
+			if !apierrors.IsForbidden(err) && !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), k.refusal) {
+				t.Fatalf("changing the address: %v; want a refusal saying %q", err, k.refusal)
+			}
+			labels := obj.GetLabels()
+			labels["team"] = "db"
+			obj.SetLabels(labels)
+			if err := c.Update(ctx, obj); err != nil {
+				t.Fatalf("an update leaving the address alone, with vmipam stopped: %v", err)
+			}
+		})
+	}
+	t.Run("neonvm/out of scope while vmipam is stopped", func(t *testing.T) {
+		obj := kinds[1].make(ns, "neonvm-no-extra-net-2", "")
+		_ = unstructured.SetNestedField(obj.Object, false, "spec", "extraNetwork", "enable")
+		if err := c.Create(ctx, obj); err != nil {
+			t.Fatalf("a create that needs no address failed while vmipam is stopped: %v", err)
+		}
+	})
+
+	// Restarted, vmipam knows every address still held.
+	p = start()
+	for _, k := range kinds {
+		t.Run(k.name+"/after a restart", func(t *testing.T) {
+			var objs []*unstructured.Unstructured
+			for j := range 4 {
+				o := k.make(ns, fmt.Sprintf("%s-after-%d", k.name, j), "")
+				create(ctx, t, c, o)
+				objs = append(objs, o)
+			}
+			for _, o := range objs {
+				live.add(t, k.name+"/"+o.GetName(), settled(t, c, k, o))
+			}
+			held := k.address(kept[k.name])
+			err := c.Create(ctx, k.make(ns, k.name+"-taken", held))
+			if err == nil || !strings.Contains(err.Error(), "is allocated to") {
+				t.Fatalf("asking for %s, held by %s: %v; want a refusal saying it is allocated", held, kept[k.name].GetName(), err)
+			}
+		})
+	}
+}
