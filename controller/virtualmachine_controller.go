@@ -48,10 +48,11 @@ type VMReconciler struct {
 	// never reconciled concurrently, every write is an optimistically
 	// locked patch, and a deletion timestamp never goes away.
 	Reader client.Reader
-	// Unlabeled, if set, is the cache of the objects with no holder label
-	// (see vmipamv1.HolderLabel): the controller watches them beside the
-	// manager's cache, which holds the objects labelled for this replica.
-	Unlabeled cache.Cache
+	// Own and Unlabeled, if set, are the caches of the objects labelled for
+	// this replica and of those with no holder label (see
+	// vmipamv1.HolderLabel), which the controller watches; without Own it
+	// watches the manager's cache.
+	Own, Unlabeled cache.Cache
 	// APIReader reads from the API server, for the rare read that must
 	// not lag: whether an object whose address was released already still
 	// waits for its finalizer's removal. Nil reads through Client.
@@ -93,11 +94,15 @@ func (r *VMReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		n = 16
 	}
 	b := ctrl.NewControllerManagedBy(mgr).
-		For(r.Target.New()).
 		Named(Name(r.Target)).
 		// Every replica runs it: each looks after the objects whose
 		// addresses it holds.
 		WithOptions(crcontroller.Options{MaxConcurrentReconciles: n, NeedLeaderElection: ptr.To(false)})
+	if r.Own != nil {
+		b = b.WatchesRawSource(source.Kind(r.Own, r.Target.New(), &handler.TypedEnqueueRequestForObject[*unstructured.Unstructured]{}))
+	} else {
+		b = b.For(r.Target.New())
+	}
 	if r.Unlabeled != nil {
 		b = b.WatchesRawSource(source.Kind(r.Unlabeled, r.Target.New(), &handler.TypedEnqueueRequestForObject[*unstructured.Unstructured]{}))
 	}

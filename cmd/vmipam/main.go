@@ -187,7 +187,7 @@ func run(o options) error {
 		HealthProbeBindAddress: o.probeAddr,
 		PprofBindAddress:       o.pprofAddr,
 		WebhookServer:          &gatedServer{Server: webhookServer, serving: cert.serving},
-		Cache:                  app.CacheOptions(kinds, o.namespace, o.holder),
+		Cache:                  app.CacheOptions(o.namespace),
 		// Not before the pools are sealed (Registry) and the webhook
 		// drained (the signal handler below).
 		GracefulShutdownTimeout: ptr.To(45 * time.Second),

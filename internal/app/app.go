@@ -66,25 +66,15 @@ type Options struct {
 	Draining func() bool
 }
 
-// CacheOptions returns the informer cache options vmipam needs: objects of
-// the target kind that replica holder looks after (labelled with it; see
-// vmipamv1.HolderLabel), trimmed to what vmipam reads
-// (target.Target.Trim), and Secrets only in vmipam's own namespace, which
-// is all RBAC grants. Objects with no holder label come through a cache of
-// their own (Setup makes it). holder must be the Options.Holder given to
-// Setup: the replica's watch shows it no other objects of the kind.
-func CacheOptions(ts []target.Target, namespace, holder string) cache.Options {
-	by := map[client.Object]cache.ByObject{
+// CacheOptions returns the manager's informer cache options: Secrets and
+// Leases only in vmipam's own namespace, which is all RBAC grants. The
+// objects of the configured kinds come through caches of their own, made
+// once the API server serves the kind (see kindCaches).
+func CacheOptions(namespace string) cache.Options {
+	return cache.Options{ByObject: map[client.Object]cache.ByObject{
 		&corev1.Secret{}:        {Namespaces: map[string]cache.Config{namespace: {}}},
 		&coordinationv1.Lease{}: {Namespaces: map[string]cache.Config{namespace: {}}},
-	}
-	for _, t := range targetsOr(ts) {
-		by[t.New()] = cache.ByObject{
-			Label:     labels.SelectorFromSet(labels.Set{vmipamv1.HolderLabel: pools.HolderLabelValue(holderOr(holder))}),
-			Transform: t.Trim,
-		}
-	}
-	return cache.Options{ByObject: by}
+	}}
 }
 
 // targetsOr returns ts, or vmipam's own kind when ts is empty.
@@ -95,29 +85,38 @@ func targetsOr(ts []target.Target) []target.Target {
 	return ts
 }
 
-// unlabeledCache returns a cache of the objects of the target kind with no
-// holder label: those that bypassed the webhook, or were created before
-// vmipam labelled them. Every replica sees them, and the one that holds an
-// address (or is chosen for one that needs one) labels it.
-func unlabeledCache(mgr ctrl.Manager, ts []target.Target) (cache.Cache, error) {
-	req, err := labels.NewRequirement(vmipamv1.HolderLabel, selection.DoesNotExist, nil)
+// kindCaches makes and adds to mgr the two caches of kind t a replica
+// watches, both trimmed to what vmipam reads (target.Target.Trim): the
+// objects labelled for replica holder (see vmipamv1.HolderLabel), and those
+// with no holder label (that bypassed the webhook, or were created before
+// vmipam labelled them; every replica sees them, and the one that holds an
+// address, or is chosen for one that needs one, labels it). An object
+// labelled for another replica is in neither.
+func kindCaches(mgr ctrl.Manager, t target.Target, holder string) (own, unlabeled cache.Cache, err error) {
+	none, err := labels.NewRequirement(vmipamv1.HolderLabel, selection.DoesNotExist, nil)
 	if err != nil {
-		return nil, fmt.Errorf("select unlabelled objects: %w", err)
+		return nil, nil, fmt.Errorf("select unlabelled objects: %w", err)
 	}
-	by := map[client.Object]cache.ByObject{}
-	for _, t := range ts {
-		by[t.New()] = cache.ByObject{Label: labels.NewSelector().Add(*req), Transform: t.Trim}
+	for _, sel := range []struct {
+		dst *cache.Cache
+		sel labels.Selector
+	}{
+		{&own, labels.SelectorFromSet(labels.Set{vmipamv1.HolderLabel: pools.HolderLabelValue(holder)})},
+		{&unlabeled, labels.NewSelector().Add(*none)},
+	} {
+		c, err := cache.New(mgr.GetConfig(), cache.Options{
+			HTTPClient: mgr.GetHTTPClient(), Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(),
+			ByObject: map[client.Object]cache.ByObject{t.New(): {Label: sel.sel, Transform: t.Trim}},
+		})
+		if err != nil {
+			return nil, nil, fmt.Errorf("make a cache of %s: %w", t.GVR().GroupResource(), err)
+		}
+		if err := mgr.Add(c); err != nil {
+			return nil, nil, fmt.Errorf("add a cache of %s: %w", t.GVR().GroupResource(), err)
+		}
+		*sel.dst = c
 	}
-	c, err := cache.New(mgr.GetConfig(), cache.Options{
-		HTTPClient: mgr.GetHTTPClient(), Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(), ByObject: by,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("make the cache of unlabelled objects: %w", err)
-	}
-	if err := mgr.Add(c); err != nil {
-		return nil, fmt.Errorf("add the cache of unlabelled objects: %w", err)
-	}
-	return c, nil
+	return own, unlabeled, nil
 }
 
 // holderOr returns holder, or the default holder when it is empty.
@@ -133,13 +132,6 @@ func holderOr(holder string) string {
 func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
 	ts := targetsOr(opts.Targets)
 	opts.Holder = holderOr(opts.Holder)
-	unlabeled, err := unlabeledCache(mgr, ts)
-	if err != nil {
-		return nil, err
-	}
-	// What the controller and the webhook read of the objects: this
-	// replica's, and the unlabelled ones.
-	objects := shardReader{own: mgr.GetCache(), unlabeled: unlabeled}
 	lease := opts.Lease
 	lease.Namespace = opts.Namespace
 	if lease.Namespace == "" {
@@ -168,11 +160,20 @@ func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
 		webhook.IPPoolValidatorPath: {"ippool-validating", webhook.NewIPPoolValidator(mgr.GetAPIReader(), mgr.GetScheme())},
 	}
 	for _, t := range ts {
-		gc := &controller.VMReconciler{
-			Client: mgr.GetClient(), Reader: objects, Unlabeled: unlabeled, APIReader: mgr.GetAPIReader(), Registry: reg, Target: t, Recorder: mgr.GetEventRecorder("vmipam"),
-			MaxConcurrentReconciles: opts.MaxConcurrentReconciles,
-		}
-		if err := whenServed(mgr, t, gc.SetupWithManager); err != nil {
+		// What the controller and the webhook read of the objects: this
+		// replica's, and the unlabelled ones, once the kind is served.
+		objects := &shardReader{}
+		if err := whenServed(mgr, t, func(mgr ctrl.Manager) error {
+			own, unlabeled, err := kindCaches(mgr, t, opts.Holder)
+			if err != nil {
+				return err
+			}
+			objects.set(own, unlabeled)
+			return (&controller.VMReconciler{
+				Client: mgr.GetClient(), Reader: objects, Own: own, Unlabeled: unlabeled, APIReader: mgr.GetAPIReader(), Registry: reg, Target: t,
+				Recorder: mgr.GetEventRecorder("vmipam"), MaxConcurrentReconciles: opts.MaxConcurrentReconciles,
+			}).SetupWithManager(mgr)
+		}); err != nil {
 			return nil, err
 		}
 		name := t.Resource + "." + t.GVK.Group + "-mutating"

@@ -13,14 +13,22 @@ import (
 )
 
 // TestShardReader: an object is read from the replica's own cache or from
-// the unlabelled one, and a list holds both; one in neither is not found.
+// the unlabelled one, and a list holds both; one in neither is not found,
+// as is every one before the caches are set.
 func TestShardReader(t *testing.T) {
 	vm := func(name string) *vmipamv1.VirtualMachine {
 		return &vmipamv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name}}
 	}
 	own := fake.NewClientBuilder().WithScheme(Scheme).WithObjects(vm("mine")).Build()
 	unlabeled := fake.NewClientBuilder().WithScheme(Scheme).WithObjects(vm("unlabelled")).Build()
-	r := shardReader{own: own, unlabeled: unlabeled}
+	r := &shardReader{}
+	if err := r.Get(t.Context(), client.ObjectKey{Namespace: "ns", Name: "mine"}, target.VirtualMachine.New()); !apierrors.IsNotFound(err) {
+		t.Errorf("Get before the kind is served: %v; want not found", err)
+	}
+	if l := target.VirtualMachine.NewList(); r.List(t.Context(), l) != nil || len(l.Items) != 0 {
+		t.Errorf("List before the kind is served: %d objects", len(l.Items))
+	}
+	r.set(own, unlabeled)
 	for _, tt := range []struct {
 		name  string
 		found bool

@@ -97,7 +97,7 @@ func startVMIPAM(t *testing.T, clk *clocktesting.FakeClock) *vmipam {
 		// Each test starts a new manager in this process, with the same
 		// controller names.
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
-		Cache:      app.CacheOptions(target.Default(), harness.Namespace, "test"),
+		Cache:      app.CacheOptions(harness.Namespace),
 	})
 	if err != nil {
 		t.Fatalf("new manager: %v", err)

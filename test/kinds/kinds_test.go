@@ -10,9 +10,13 @@
 package kinds
 
 import (
-	"bytes"
 	"context"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -21,10 +25,14 @@ import (
 	"testing"
 	"time"
 
+	"gomodules.xyz/jsonpatch/v2"
+	admissionv1 "k8s.io/api/admission/v1"
+	admissionregv1 "k8s.io/api/admissionregistration/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
@@ -45,9 +53,10 @@ type kind struct {
 	// address is what the VM's consumer reads: spec.addresses[0], NeonVM's
 	// status.extraNetIP, the template annotation's one address.
 	address func(obj *unstructured.Unstructured) string
-	// change moves obj's address to addr, as a user's update would; it
-	// returns the error of the update.
-	change func(ctx context.Context, c client.Client, obj *unstructured.Unstructured, addr string) error
+	// set moves obj's address to addr in place; update writes it, as a
+	// user's update would (of the status, for NeonVM).
+	set    func(obj *unstructured.Unstructured, addr string)
+	update func(ctx context.Context, c client.Client, obj *unstructured.Unstructured) error
 	// refusal is in the message refusing the change.
 	refusal string
 }
@@ -83,8 +92,10 @@ var kinds = []kind{
 			}
 			return a[0]
 		},
-		change: func(ctx context.Context, c client.Client, obj *unstructured.Unstructured, addr string) error {
+		set: func(obj *unstructured.Unstructured, addr string) {
 			_ = unstructured.SetNestedStringSlice(obj.Object, []string{addr}, "spec", "addresses")
+		},
+		update: func(ctx context.Context, c client.Client, obj *unstructured.Unstructured) error {
 			return c.Update(ctx, obj)
 		},
 		refusal: "spec.addresses is immutable once assigned",
@@ -102,8 +113,10 @@ var kinds = []kind{
 			return u
 		},
 		address: func(obj *unstructured.Unstructured) string { return str(obj, "status", "extraNetIP") },
-		change: func(ctx context.Context, c client.Client, obj *unstructured.Unstructured, addr string) error {
+		set: func(obj *unstructured.Unstructured, addr string) {
 			_ = unstructured.SetNestedField(obj.Object, addr, "status", "extraNetIP")
+		},
+		update: func(ctx context.Context, c client.Client, obj *unstructured.Unstructured) error {
 			return c.Status().Update(ctx, obj)
 		},
 		refusal: "status.extraNetIP is immutable once set",
@@ -127,8 +140,10 @@ var kinds = []kind{
 			}
 			return strings.TrimSuffix(strings.TrimPrefix(s, `["`), `"]`)
 		},
-		change: func(ctx context.Context, c client.Client, obj *unstructured.Unstructured, addr string) error {
+		set: func(obj *unstructured.Unstructured, addr string) {
 			_ = unstructured.SetNestedField(obj.Object, `["`+addr+`"]`, "spec", "template", "metadata", "annotations", "cni.projectcalico.org/ipAddrs")
+		},
+		update: func(ctx context.Context, c client.Client, obj *unstructured.Unstructured) error {
 			return c.Update(ctx, obj)
 		},
 		refusal: "spec.template.metadata.annotations[cni.projectcalico.org/ipAddrs] is immutable once assigned",
@@ -239,7 +254,7 @@ func TestKinds(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cl.Stop() })
-	var logs bytes.Buffer
+	var logs harness.LogBuffer
 	start := func() *harness.Process {
 		p, err := cl.StartVMIPAM(ctx, &logs)
 		if err != nil {
@@ -327,6 +342,52 @@ func TestKinds(t *testing.T) {
 		}
 	})
 
+	// A mutating webhook called after vmipam's that changes the address
+	// it stamped: the API server refuses the create (vmipam's policy).
+	for _, k := range kinds {
+		t.Run(k.name+"/a later webhook changes the address", func(t *testing.T) {
+			srv := laterWebhook(t, k)
+			ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
+			cfg := &admissionregv1.MutatingWebhookConfiguration{
+				ObjectMeta: metav1.ObjectMeta{Name: "zz-later-" + k.name},
+				Webhooks: []admissionregv1.MutatingWebhook{{
+					Name: "later.example.com", AdmissionReviewVersions: []string{"v1"},
+					ClientConfig: admissionregv1.WebhookClientConfig{URL: ptr.To(srv.URL), CABundle: ca},
+					Rules: []admissionregv1.RuleWithOperations{{
+						Operations: []admissionregv1.OperationType{admissionregv1.Create},
+						Rule:       admissionregv1.Rule{APIGroups: []string{k.gvk.Group}, APIVersions: []string{k.gvk.Version}, Resources: []string{"virtualmachines"}},
+					}},
+					ObjectSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"later-webhook": "yes"}},
+					SideEffects:    ptr.To(admissionregv1.SideEffectClassNone),
+					FailurePolicy:  ptr.To(admissionregv1.Fail),
+				}},
+			}
+			if err := c.Create(ctx, cfg); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = c.Delete(context.Background(), cfg) })
+			obj := k.make(ns, k.name+"-overridden", "")
+			obj.SetLabels(map[string]string{"later-webhook": "yes"})
+			want := "differs from the address vmipam reserved"
+			if k.name == "neonvm" {
+				want = "another mutating webhook removed the address vmipam reserved"
+			}
+			// The new configuration takes a moment to reach the API server's
+			// admission chain.
+			harness.Eventually(t, 30*time.Second, "the create to be refused", func() error {
+				err := c.Create(ctx, obj.DeepCopy())
+				if err == nil {
+					_ = c.Delete(ctx, obj)
+					return errors.New("created")
+				}
+				if !strings.Contains(err.Error(), want) {
+					return fmt.Errorf("refused, but not saying %q: %w", want, err)
+				}
+				return nil
+			})
+		})
+	}
+
 	// vmipam stopped: the API server alone refuses a change of address,
 	// lets other updates through, and creates needing no address go on.
 	if err := p.Stop(30 * time.Second); err != nil {
@@ -338,7 +399,9 @@ func TestKinds(t *testing.T) {
 			if err := c.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
 				t.Fatal(err)
 			}
-			err := k.change(ctx, c, obj.DeepCopy(), "10.71.0.250")
+			moved := obj.DeepCopy()
+			k.set(moved, "10.71.0.250")
+			err := k.update(ctx, c, moved)
 			if !apierrors.IsForbidden(err) && !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), k.refusal) {
 				t.Fatalf("changing the address: %v; want a refusal saying %q", err, k.refusal)
 			}
@@ -378,4 +441,137 @@ func TestKinds(t *testing.T) {
 			}
 		})
 	}
+}
+
+// laterWebhook serves a mutating webhook that moves every object's address
+// to 10.71.0.99, as a careless webhook called after vmipam's could.
+func laterWebhook(t *testing.T, k kind) *httptest.Server {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var review admissionv1.AdmissionReview
+		if err := json.NewDecoder(r.Body).Decode(&review); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		obj := &unstructured.Unstructured{}
+		_ = obj.UnmarshalJSON(review.Request.Object.Raw)
+		before, _ := obj.MarshalJSON()
+		if k.name == "neonvm" {
+			// Status is dropped on create: what a later webhook can do is
+			// remove vmipam's record of the address.
+			target.RemoveAnnotation(obj, vmipamv1.AddressAnnotation)
+		} else {
+			k.set(obj, "10.71.0.99")
+		}
+		after, _ := obj.MarshalJSON()
+		ops, err := jsonpatch.CreatePatch(before, after)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		patch, _ := json.Marshal(ops)
+		pt := admissionv1.PatchTypeJSONPatch
+		review.Response = &admissionv1.AdmissionResponse{UID: review.Request.UID, Allowed: true, Patch: patch, PatchType: &pt}
+		review.Request = nil
+		_ = json.NewEncoder(w).Encode(review)
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// TestMissingCRD: a configured kind whose CRD is not installed is waited
+// for, with the CRD named in the log and vmipam_kind_served at 0, while the
+// other kinds are served; once the CRD is installed, its objects get
+// addresses.
+func TestMissingCRD(t *testing.T) {
+	harness.NeedControlPlane(t)
+	ctx := t.Context()
+	cfg := filepath.Join(t.TempDir(), "kinds.yaml")
+	if err := os.WriteFile(cfg, []byte(`apiVersion: vmipam.io/v1alpha1
+kind: KindsConfiguration
+kinds:
+- {group: vmipam.io, version: v1alpha1, kind: VirtualMachine, resource: virtualmachines, pool: {field: spec.ipPool}, address: {field: spec.addresses}}
+- {group: late.example.com, version: v1, kind: Box, resource: boxes, address: {annotation: {key: late.example.com/ip}}}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := harness.StartWith(ctx, root, t.TempDir(), harness.ClusterOptions{KindsConfig: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cl.Stop() })
+	var logs harness.LogBuffer
+	p, err := cl.StartVMIPAM(ctx, &logs)
+	if err != nil {
+		t.Fatalf("vmipam does not start with a kind whose CRD is missing: %v\nlogs:\n%s", err, logs.String())
+	}
+	t.Cleanup(func() {
+		p.Kill()
+		if t.Failed() {
+			t.Logf("vmipam's logs:\n%s", logs.String())
+		}
+	})
+	c := cl.Client
+	if err := c.Create(ctx, &vmipamv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "late"}, Spec: vmipamv1.IPPoolSpec{
+		Default: true, Ranges: []vmipamv1.IPRange{{CIDR: "10.72.0.0/24"}},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	own := kinds[0]
+	vm := own.make("default", "served", "")
+	create(ctx, t, c, vm)
+	settled(t, c, own, vm)
+	if !strings.Contains(logs.String(), "waiting for its CRD") || !strings.Contains(logs.String(), "boxes.late.example.com") {
+		t.Errorf("the log does not say which CRD vmipam waits for")
+	}
+	served := func(v string) func() error {
+		return func() error {
+			m, err := cl.Metrics()
+			if err != nil {
+				return err
+			}
+			if want := `vmipam_kind_served{group="late.example.com",kind="Box",version="v1"} ` + v; !strings.Contains(m, want) {
+				return fmt.Errorf("metrics lack %s", want)
+			}
+			return nil
+		}
+	}
+	harness.Eventually(t, 10*time.Second, "vmipam_kind_served 0", served("0"))
+
+	crd := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+		"metadata": map[string]any{"name": "boxes.late.example.com"},
+		"spec": map[string]any{
+			"group": "late.example.com", "scope": "Namespaced",
+			"names": map[string]any{"kind": "Box", "listKind": "BoxList", "plural": "boxes", "singular": "box"},
+			"versions": []any{map[string]any{"name": "v1", "served": true, "storage": true,
+				"schema": map[string]any{"openAPIV3Schema": map[string]any{"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}},
+		},
+	}}
+	if err := c.Create(ctx, crd); err != nil {
+		t.Fatal(err)
+	}
+	harness.Eventually(t, 60*time.Second, "vmipam_kind_served 1", served("1"))
+	box := object(schema.GroupVersionKind{Group: "late.example.com", Version: "v1", Kind: "Box"}, "default", "box", map[string]any{})
+	create(ctx, t, c, box)
+	harness.Eventually(t, 30*time.Second, "the box to be given an address and bound", func() error {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(box), box); err != nil {
+			return err
+		}
+		a := box.GetAnnotations()["late.example.com/ip"]
+		if _, err := netip.ParseAddr(a); err != nil || !strings.HasPrefix(a, "10.72.0.") {
+			return fmt.Errorf("address %q", a)
+		}
+		return nil
+	})
+	// Its controller runs: the delete releases the address and removes
+	// the finalizer.
+	if err := c.Delete(ctx, box); err != nil {
+		t.Fatal(err)
+	}
+	harness.Eventually(t, 30*time.Second, "the box to go", func() error {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(box), box); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there (finalizers %v): %v", box.GetFinalizers(), err)
+		}
+		return nil
+	})
 }
