@@ -365,7 +365,9 @@ func (m *Manager) claimAddr(ctx context.Context, a netip.Addr) error {
 				return err
 			}
 			m.mu.Lock()
-			if m.entries[a] == nil {
+			// A read between the write and now may have made an orphan of
+			// it (claimed and armed, no entry): it is this write's.
+			if m.takeWrittenLocked(a) {
 				e := m.addEntry(a, StateFree)
 				e.armed = true
 				m.readyList.pushBack(e)
