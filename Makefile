@@ -114,7 +114,7 @@ run: ## Run vmipam (REPLICAS=N for N replicas) on a local control plane with sam
 	@REPLICAS=$(REPLICAS) hack/local.sh run
 
 .PHONY: local-up
-local-up: ## Start a local control plane and vmipam (REPLICAS=N: N replicas) in the background (kubeconfig: .local/kubeconfig).
+local-up: ## Start a local control plane and vmipam (REPLICAS=N: N replicas; VMIPAM_CONFIG=kinds.yaml, VMIPAM_CRDS=path: your own kinds) in the background (kubeconfig: .local/kubeconfig).
 	@REPLICAS=$(REPLICAS) hack/local.sh up
 
 .PHONY: local-down

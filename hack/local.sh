@@ -10,6 +10,12 @@
 #
 # REPLICAS=N (default 1) runs N vmipam replicas (make local-up REPLICAS=3).
 #
+# VMIPAM_CONFIG=FILE runs vmipam with that kinds configuration
+# (--kinds-config; see deploy/kinds): the control plane gets its kinds'
+# webhook, admission policies and RBAC. VMIPAM_CRDS=PATH (a file or folder,
+# optional) installs those kinds' CRDs at start; a CRD applied later is
+# picked up too, vmipam waits for it.
+#
 # With REPLICAS=1 nothing changed: one vmipam on 127.0.0.1:9443 (webhook),
 # :8443 (metrics, HTTPS with authorization) and :8081 (probes), holder
 # "vmipam", pid and log in .local/vmipam.pid and .local/vmipam.log; no proxy.
@@ -38,6 +44,11 @@ shopt -s nullglob
 cd "$(dirname "$0")/.."
 repo=$(pwd -P)
 dir="${VMIPAM_LOCAL_DIR:-$repo/.local}"
+config="${VMIPAM_CONFIG:-}"
+if [ -n "$config" ]; then
+	[ -f "$config" ] || { echo "VMIPAM_CONFIG=$config: no such file" >&2; exit 2; }
+	config=$(realpath "$config")
+fi
 mode="${1:-run}"
 kubeconfig="$dir/kubeconfig"
 proxy_port=9443
@@ -88,7 +99,7 @@ down() {
 	# The replicas flush to the API server when they stop: before it goes.
 	stop "${vmipams[@]}" && stopped=1
 	stop localcluster && stopped=1
-	rm -f "$kubeconfig" "$dir/control-plane.ready" "$dir/replicas"
+	rm -f "$kubeconfig" "$dir/control-plane.ready" "$dir/replicas" "$dir/kinds-config"
 	[ "$stopped" = 1 ] && log "stopped" || log "nothing was running"
 }
 
@@ -114,6 +125,9 @@ vmipam_args() {
 		--resync-interval 1m --holder "$(name_of "$i")"
 		# stop() waits 30s: no wait for the API server's idle connections.
 		--shutdown-connection-wait 0s)
+	if [ -n "$config" ]; then
+		args+=(--kinds-config "$config")
+	fi
 	if [ "$replicas" -gt 1 ]; then
 		args+=(--metrics-secure=false)
 	fi
@@ -174,6 +188,7 @@ fi
 if [ "$mode" = restart ]; then
 	i="${2:-}"
 	replicas=$(cat "$dir/replicas" 2>/dev/null || echo 1)
+	config=$(cat "$dir/kinds-config" 2>/dev/null || true)
 	if [ "$replicas" = 1 ] || ! [[ $i =~ ^[0-9]+$ ]] || [ "$i" -ge "$replicas" ]; then
 		log "usage: $0 restart I, with I a replica of a 'make local-up REPLICAS=N' (N > 1) that runs"
 		exit 2
@@ -228,7 +243,10 @@ if [ "$mode" = run ]; then
 fi
 
 log "starting the control plane"
-setsid bin/localcluster --dir "$dir" --repo "$repo" >"$dir/localcluster.log" 2>&1 &
+cluster_args=(--dir "$dir" --repo "$repo")
+[ -n "$config" ] && cluster_args+=(--kinds-config "$config")
+[ -n "${VMIPAM_CRDS:-}" ] && cluster_args+=(--crd "$(realpath "$VMIPAM_CRDS")")
+setsid bin/localcluster "${cluster_args[@]}" >"$dir/localcluster.log" 2>&1 &
 echo $! >"$dir/localcluster.pid"
 for _ in $(seq 1 600); do
 	[ -f "$dir/control-plane.ready" ] && break
@@ -238,6 +256,7 @@ done
 [ -f "$dir/control-plane.ready" ] || { log "the control plane did not start in 60s"; exit 1; }
 
 echo "$replicas" >"$dir/replicas"
+echo "$config" >"$dir/kinds-config"
 if [ "$replicas" = 1 ]; then
 	log "starting vmipam"
 else

@@ -26,6 +26,26 @@ var deep = Target{
 	AddressesField: []string{"spec", "network", "addresses"}, PoolField: []string{"spec", "network", "pool"},
 }
 
+// oneString is a kind whose address is a string field.
+var oneString = Target{
+	GVK: schema.GroupVersionKind{Group: "example.com", Version: "v1", Kind: "One"}, Resource: "ones",
+	AddressField: []string{"spec", "net", "ip"}, PoolAnnotation: "example.com/pool",
+}
+
+// jsonOnMetadata keeps its address as a JSON list in its own annotation.
+var jsonOnMetadata = Target{
+	GVK: schema.GroupVersionKind{Group: "example.com", Version: "v1", Kind: "Calico"}, Resource: "calicos",
+	AddressAnnotation: "cni.projectcalico.org/ipAddrs", AnnotationFormat: FormatJSON,
+}
+
+// readBack is the address a stamped object carries where its kind keeps it.
+func readBack(tg Target, v *View) []string {
+	if tg.Status != nil {
+		return []string{v.StampedAddress}
+	}
+	return v.Addresses
+}
+
 func apply(t *testing.T, obj []byte, ops []jsonpatch.Operation) map[string]any {
 	t.Helper()
 	raw, err := json.Marshal(ops)
@@ -55,28 +75,41 @@ func TestReadAndStamp(t *testing.T) {
 		// back by Read.
 		wantErr string
 	}{
-		"empty spec":            {target: VirtualMachine, obj: `{"apiVersion":"vmipam.io/v1alpha1","kind":"VirtualMachine","metadata":{"name":"a"},"spec":{}}`},
-		"no spec":               {target: VirtualMachine, obj: `{"apiVersion":"vmipam.io/v1alpha1","kind":"VirtualMachine","metadata":{"name":"a"}}`},
-		"null spec, null lists": {target: VirtualMachine, obj: `{"metadata":{"annotations":null,"finalizers":null},"spec":null}`},
-		"no metadata":           {target: VirtualMachine, obj: `{"spec":{"ipPool":"p"}}`},
-		"other annotations":     {target: VirtualMachine, obj: `{"metadata":{"annotations":{"a/b":"c","vmipam.io/pool":"old"},"finalizers":["x"]}}`},
-		"our finalizer already": {target: VirtualMachine, obj: `{"metadata":{"finalizers":["vmipam.io/release-address"]}}`},
-		"escaped key":           {target: VirtualMachine, obj: `{"metadata":{"annotations":{"vmipam.io\/token":"copied"}}}`},
-		"other labels":          {target: VirtualMachine, obj: `{"metadata":{"labels":{"app":"db"}}}`},
-		"null labels":           {target: VirtualMachine, obj: `{"metadata":{"labels":null}}`},
-		"another holder":        {target: VirtualMachine, obj: `{"metadata":{"labels":{"app":"db","vmipam.io/holder":"h2"}}}`},
-		"holder not a string":   {target: VirtualMachine, obj: `{"metadata":{"labels":{"vmipam.io/holder":1}}}`, wantErr: "metadata.labels[vmipam.io/holder]"},
-		"deep, nothing":         {target: deep, obj: `{"metadata":{}}`},
-		"deep, half":            {target: deep, obj: `{"spec":{"other":1}}`},
-		"deep, full":            {target: deep, obj: `{"spec":{"network":{"pool":"p","addresses":[]}}}`},
-		"annotation":            {target: byAnnotation, obj: `{"metadata":{"annotations":{"x":"y"}}}`},
-		"spec not an object":    {target: VirtualMachine, obj: `{"spec":5}`, wantErr: "spec: Invalid value"},
-		"addresses not strings": {target: VirtualMachine, obj: `{"spec":{"addresses":[1]}}`, wantErr: "spec.addresses: Invalid value"},
-		"too many addresses":    {target: VirtualMachine, obj: `{"spec":{"addresses":["1","2","3","4","5","6","7","8","9","10","11","12","13","14","15","16","17"]}}`, wantErr: "more than 16"},
-		"name not a string":     {target: VirtualMachine, obj: `{"metadata":{"name":7}}`, wantErr: "metadata.name: Invalid value"},
-		"metadata not object":   {target: VirtualMachine, obj: `{"metadata":"x"}`, wantErr: "metadata: Invalid value"},
-		"finalizers not a list": {target: VirtualMachine, obj: `{"metadata":{"finalizers":{}}}`, wantErr: "metadata.finalizers"},
-		"token not a string":    {target: VirtualMachine, obj: `{"metadata":{"annotations":{"vmipam.io/token":1}}}`, wantErr: "vmipam.io/token"},
+		"empty spec":                  {target: VirtualMachine, obj: `{"apiVersion":"vmipam.io/v1alpha1","kind":"VirtualMachine","metadata":{"name":"a"},"spec":{}}`},
+		"no spec":                     {target: VirtualMachine, obj: `{"apiVersion":"vmipam.io/v1alpha1","kind":"VirtualMachine","metadata":{"name":"a"}}`},
+		"null spec, null lists":       {target: VirtualMachine, obj: `{"metadata":{"annotations":null,"finalizers":null},"spec":null}`},
+		"no metadata":                 {target: VirtualMachine, obj: `{"spec":{"ipPool":"p"}}`},
+		"other annotations":           {target: VirtualMachine, obj: `{"metadata":{"annotations":{"a/b":"c","vmipam.io/pool":"old"},"finalizers":["x"]}}`},
+		"our finalizer already":       {target: VirtualMachine, obj: `{"metadata":{"finalizers":["vmipam.io/release-address"]}}`},
+		"escaped key":                 {target: VirtualMachine, obj: `{"metadata":{"annotations":{"vmipam.io\/token":"copied"}}}`},
+		"other labels":                {target: VirtualMachine, obj: `{"metadata":{"labels":{"app":"db"}}}`},
+		"null labels":                 {target: VirtualMachine, obj: `{"metadata":{"labels":null}}`},
+		"another holder":              {target: VirtualMachine, obj: `{"metadata":{"labels":{"app":"db","vmipam.io/holder":"h2"}}}`},
+		"holder not a string":         {target: VirtualMachine, obj: `{"metadata":{"labels":{"vmipam.io/holder":1}}}`, wantErr: "metadata.labels[vmipam.io/holder]"},
+		"deep, nothing":               {target: deep, obj: `{"metadata":{}}`},
+		"deep, half":                  {target: deep, obj: `{"spec":{"other":1}}`},
+		"deep, full":                  {target: deep, obj: `{"spec":{"network":{"pool":"p","addresses":[]}}}`},
+		"annotation":                  {target: byAnnotation, obj: `{"metadata":{"annotations":{"x":"y"}}}`},
+		"string field":                {target: oneString, obj: `{"metadata":{"annotations":{"example.com/pool":"p"}},"spec":{"net":{"ip":""}}}`},
+		"string field, absent":        {target: oneString, obj: `{"spec":{}}`},
+		"string field, number":        {target: oneString, obj: `{"spec":{"net":{"ip":5}}}`, wantErr: "spec.net.ip: Invalid value"},
+		"json on metadata":            {target: jsonOnMetadata, obj: `{"metadata":{"annotations":{"cni.projectcalico.org/ipAddrs":"[\"10.0.0.5\"]"}}}`},
+		"json on metadata, respelled": {target: jsonOnMetadata, obj: `{"metadata":{"annotations":{"cni.projectcalico.org/ipAddrs":"[ \"10.0.0.5\" ]"}}}`},
+		"json, not json":              {target: jsonOnMetadata, obj: `{"metadata":{"annotations":{"cni.projectcalico.org/ipAddrs":"10.0.0.5"}}}`, wantErr: "must be a JSON list of strings"},
+		"template, nothing":           {target: kubevirtLike, obj: `{"spec":{"running":true}}`},
+		"template, no metadata":       {target: kubevirtLike, obj: `{"spec":{"template":{"spec":{}}}}`},
+		"template, other annotation":  {target: kubevirtLike, obj: `{"spec":{"template":{"metadata":{"annotations":{"a/b":"c"}}}}}`},
+		"template, static":            {target: kubevirtLike, obj: `{"spec":{"template":{"metadata":{"annotations":{"cni.projectcalico.org/ipAddrs":"[\"10.0.0.5\"]"}}}}}`},
+		"template not an object":      {target: kubevirtLike, obj: `{"spec":{"template":[]}}`, wantErr: "spec.template: Invalid value"},
+		"status kind":                 {target: neonLike, obj: `{"spec":{"extraNetwork":{"enable":true}}}`},
+		"status kind, filled":         {target: neonLike, obj: `{"status":{"extraNetIP":"10.0.0.5"}}`},
+		"spec not an object":          {target: VirtualMachine, obj: `{"spec":5}`, wantErr: "spec: Invalid value"},
+		"addresses not strings":       {target: VirtualMachine, obj: `{"spec":{"addresses":[1]}}`, wantErr: "spec.addresses: Invalid value"},
+		"too many addresses":          {target: VirtualMachine, obj: `{"spec":{"addresses":["1","2","3","4","5","6","7","8","9","10","11","12","13","14","15","16","17"]}}`, wantErr: "more than 16"},
+		"name not a string":           {target: VirtualMachine, obj: `{"metadata":{"name":7}}`, wantErr: "metadata.name: Invalid value"},
+		"metadata not object":         {target: VirtualMachine, obj: `{"metadata":"x"}`, wantErr: "metadata: Invalid value"},
+		"finalizers not a list":       {target: VirtualMachine, obj: `{"metadata":{"finalizers":{}}}`, wantErr: "metadata.finalizers"},
+		"token not a string":          {target: VirtualMachine, obj: `{"metadata":{"annotations":{"vmipam.io/token":1}}}`, wantErr: "vmipam.io/token"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -96,7 +129,7 @@ func TestReadAndStamp(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !reflect.DeepEqual(back.Addresses, []string{"10.0.0.5"}) || back.StampedPool != "pool-a" || back.Token != "tok" || !back.HasFinalizer || back.Holder != "h1" {
+			if !reflect.DeepEqual(readBack(tc.target, back), []string{"10.0.0.5"}) || back.StampedPool != "pool-a" || back.Token != "tok" || !back.HasFinalizer || back.Holder != "h1" {
 				t.Fatalf("stamped object reads back as %+v", back)
 			}
 			// Stamping again changes nothing.
@@ -178,7 +211,7 @@ func FuzzStampPatch(f *testing.F) {
 		if json.Unmarshal(obj, &m) != nil {
 			return
 		}
-		for _, tg := range []Target{VirtualMachine, deep, byAnnotation} {
+		for _, tg := range []Target{VirtualMachine, deep, byAnnotation, oneString, jsonOnMetadata, kubevirtLike, neonLike} {
 			v, err := tg.Read(obj)
 			if err != nil {
 				continue
@@ -193,7 +226,7 @@ func FuzzStampPatch(f *testing.F) {
 				t.Fatalf("%s: patch %s does not apply to %s: %v", tg.GVK.Kind, raw, obj, err)
 			}
 			back, err := tg.Read(out)
-			if err != nil || len(back.Addresses) != 1 || back.Addresses[0] != "10.0.0.5" || back.Token != "t" || !back.HasFinalizer || back.Holder != "h" {
+			if err != nil || !reflect.DeepEqual(readBack(tg, back), []string{"10.0.0.5"}) || back.Token != "t" || !back.HasFinalizer || back.Holder != "h" {
 				t.Fatalf("%s: %s stamped to %s reads back as %+v, %v", tg.GVK.Kind, obj, out, back, err)
 			}
 		}

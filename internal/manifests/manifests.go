@@ -109,7 +109,7 @@ func Mutating(ts []target.Target, o Options) *admissionregv1.MutatingWebhookConf
 			// Fail closed: a VM created without vmipam would go without an
 			// address until the controller gives it one.
 			FailurePolicy:      ptr.To(admissionregv1.Fail),
-			MatchPolicy:        ptr.To(admissionregv1.Exact),
+			MatchPolicy:        ptr.To(admissionregv1.Equivalent),
 			SideEffects:        ptr.To(admissionregv1.SideEffectClassNoneOnDryRun),
 			TimeoutSeconds:     ptr.To[int32](5),
 			ReinvocationPolicy: ptr.To(admissionregv1.NeverReinvocationPolicy),
@@ -155,7 +155,7 @@ func Policies(ts []target.Target) []runtime.Object {
 			Spec: admissionregv1.ValidatingAdmissionPolicySpec{
 				FailurePolicy: ptr.To(admissionregv1.Fail),
 				MatchConstraints: &admissionregv1.MatchResources{
-					MatchPolicy: ptr.To(admissionregv1.Exact),
+					MatchPolicy: ptr.To(admissionregv1.Equivalent),
 					ResourceRules: []admissionregv1.NamedRuleWithOperations{{RuleWithOperations: admissionregv1.RuleWithOperations{
 						Operations: []admissionregv1.OperationType{admissionregv1.Create, admissionregv1.Update},
 						Rule: admissionregv1.Rule{

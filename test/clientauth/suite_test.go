@@ -41,6 +41,8 @@ import (
 
 	"github.com/vmipam/vmipam/certs"
 	"github.com/vmipam/vmipam/certs/pki"
+	"github.com/vmipam/vmipam/internal/manifests"
+	"github.com/vmipam/vmipam/target"
 	"github.com/vmipam/vmipam/test/harness"
 )
 
@@ -228,6 +230,16 @@ func install(ctx context.Context, c client.Client, port int) error {
 	toService := func(cc *admissionregv1.WebhookClientConfig) {
 		cc.Service.Name, cc.Service.Namespace, cc.Service.Port = service, namespace, &p
 	}
+	// The kinds' wiring, as vmipam manifests renders it.
+	m := manifests.Mutating(target.Default(), manifests.Options{Namespace: namespace, Service: service})
+	for i := range m.Webhooks {
+		toService(&m.Webhooks[i].ClientConfig)
+	}
+	for _, o := range append(manifests.Policies(target.Default()), m) {
+		if err := c.Create(ctx, o.(client.Object)); err != nil {
+			return fmt.Errorf("create %s: %w", o.(client.Object).GetName(), err)
+		}
+	}
 	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(raw), 4096)
 	for {
 		var doc map[string]any
@@ -238,17 +250,6 @@ func install(ctx context.Context, c client.Client, port int) error {
 		}
 		var obj client.Object
 		switch doc["kind"] {
-		case "MutatingWebhookConfiguration":
-			m := &admissionregv1.MutatingWebhookConfiguration{}
-			if err := convert(doc, m); err != nil {
-				return err
-			}
-			m.Name = "vmipam-mutating"
-			for i := range m.Webhooks {
-				toService(&m.Webhooks[i].ClientConfig)
-				m.Webhooks[i].NamespaceSelector = exclude
-			}
-			obj = m
 		case "ValidatingWebhookConfiguration":
 			v := &admissionregv1.ValidatingWebhookConfiguration{}
 			if err := convert(doc, v); err != nil {

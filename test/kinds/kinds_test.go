@@ -198,12 +198,6 @@ func (v *vms) add(t *testing.T, who, addr string) {
 	v.byIP[addr] = who
 }
 
-func (v *vms) drop(addr string) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	delete(v.byIP, addr)
-}
-
 // settled reads obj until its consumer's address is there, and checks it
 // is the one vmipam recorded.
 func settled(t *testing.T, c client.Client, k kind, obj *unstructured.Unstructured) string {
@@ -316,7 +310,7 @@ func TestKinds(t *testing.T) {
 			}
 			harness.Eventually(t, 30*time.Second, "the static one to go", func() error {
 				if err := c.Get(ctx, client.ObjectKeyFromObject(obj), obj); !apierrors.IsNotFound(err) {
-					return fmt.Errorf("still there (%v)", err)
+					return fmt.Errorf("still there (%w)", err)
 				}
 				return nil
 			})
@@ -570,7 +564,7 @@ kinds:
 	}
 	harness.Eventually(t, 30*time.Second, "the box to go", func() error {
 		if err := c.Get(ctx, client.ObjectKeyFromObject(box), box); !apierrors.IsNotFound(err) {
-			return fmt.Errorf("still there (finalizers %v): %v", box.GetFinalizers(), err)
+			return fmt.Errorf("still there (finalizers %v): %w", box.GetFinalizers(), err)
 		}
 		return nil
 	})

@@ -1,0 +1,95 @@
+package manifests
+
+import (
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	admissionregv1 "k8s.io/api/admissionregistration/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+
+	"github.com/vmipam/vmipam/target"
+)
+
+// TestAll: every configured kind gets its webhook (CREATE only, its own
+// path, its condition as a match condition), its policy (with the status
+// subresource for a status kind) and its RBAC.
+func TestAll(t *testing.T) {
+	var kinds []target.Target
+	for _, f := range []string{"kinds.yaml", "examples/neonvm.yaml", "examples/kubevirt.yaml"} {
+		ts, err := target.Load(filepath.Join("..", "..", "deploy", "kinds", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		kinds = append(kinds, ts...)
+	}
+	objs := All(kinds, Options{})
+	var m *admissionregv1.MutatingWebhookConfiguration
+	policies := map[string]*admissionregv1.ValidatingAdmissionPolicy{}
+	var role *rbacv1.ClusterRole
+	for _, o := range objs {
+		switch o := o.(type) {
+		case *admissionregv1.MutatingWebhookConfiguration:
+			m = o
+		case *admissionregv1.ValidatingAdmissionPolicy:
+			policies[o.Name] = o
+		case *rbacv1.ClusterRole:
+			role = o
+		}
+	}
+	if m == nil || m.Name != MutatingName || len(m.Webhooks) != 3 || role == nil || len(policies) != 3 {
+		t.Fatalf("rendered %d objects: %+v", len(objs), objs)
+	}
+	paths := map[string]bool{}
+	for i, w := range m.Webhooks {
+		k := kinds[i]
+		if p := *w.ClientConfig.Service.Path; paths[p] {
+			t.Errorf("two webhooks on path %s", p)
+		} else {
+			paths[p] = true
+		}
+		if ops := w.Rules[0].Operations; len(ops) != 1 || ops[0] != admissionregv1.Create {
+			t.Errorf("%s: operations %v, want CREATE only", w.Name, ops)
+		}
+		if (k.Condition != "") != (len(w.MatchConditions) == 1) {
+			t.Errorf("%s: match conditions %v for condition %q", w.Name, w.MatchConditions, k.Condition)
+		}
+		if *w.FailurePolicy != admissionregv1.Fail || *w.SideEffects != admissionregv1.SideEffectClassNoneOnDryRun || w.NamespaceSelector == nil {
+			t.Errorf("%s: %+v", w.Name, w)
+		}
+		p := policies[PolicyName(k)]
+		if p == nil {
+			t.Fatalf("no policy for %s", k.GVR())
+		}
+		res := p.Spec.MatchConstraints.ResourceRules[0].Resources
+		if want := k.Status != nil; slices.Contains(res, k.Resource+"/status") != want {
+			t.Errorf("%s: policy resources %v", k.GVR(), res)
+		}
+	}
+	if m.Webhooks[0].Name != "mvirtualmachine.vmipam.io" || *m.Webhooks[0].ClientConfig.Service.Path != "/mutate-vmipam-io-v1alpha1-virtualmachine" {
+		t.Errorf("vmipam's own webhook lost its name or path: %s %s", m.Webhooks[0].Name, *m.Webhooks[0].ClientConfig.Service.Path)
+	}
+	var rules []string
+	for _, r := range role.Rules {
+		rules = append(rules, strings.Join(r.APIGroups, ",")+":"+strings.Join(r.Resources, ",")+":"+strings.Join(r.Verbs, ","))
+	}
+	for _, want := range []string{
+		"kubevirt.io:virtualmachines:get,list,watch,update,patch",
+		"vm.neon.tech:virtualmachines:get,list,watch,update,patch",
+		"vm.neon.tech:virtualmachines/status:get,update,patch",
+		"vmipam.io:virtualmachines:get,list,watch,update,patch",
+	} {
+		if !slices.Contains(rules, want) {
+			t.Errorf("RBAC lacks %s: %v", want, rules)
+		}
+	}
+	out, err := YAML(objs, "header")
+	if err != nil || !strings.HasPrefix(string(out), "# header\n---\n") || strings.Contains(string(out), "creationTimestamp") {
+		t.Errorf("YAML: %v\n%s", err, out)
+	}
+	u := Mutating(kinds[:1], Options{URL: "https://127.0.0.1:9443/"})
+	if got := *u.Webhooks[0].ClientConfig.URL; got != "https://127.0.0.1:9443/mutate-vmipam-io-v1alpha1-virtualmachine" {
+		t.Errorf("URL %s", got)
+	}
+}
