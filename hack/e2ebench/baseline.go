@@ -14,7 +14,7 @@ import (
 )
 
 // Static ranges outside every vmipam pool, in the benchmarking block
-// 198.18.0.0/15 and, for the no-op webhooks, in the shared address space
+// 198.18.0.0/15 and, for the no-op mutating webhook, in the shared address space
 // 100.64.0.0/10: vmipam's controller leaves objects with these addresses
 // alone ("outside every pool: not ours to manage").
 var (

@@ -31,7 +31,7 @@ const (
 )
 
 func (m mode) String() string {
-	return [...]string{"with vmipam", "without vmipam", "no-op webhooks", "baseline (read-modify-write)"}[m]
+	return [...]string{"with vmipam", "without vmipam", "no-op mutating webhook", "baseline (read-modify-write)"}[m]
 }
 
 func (m mode) namespace() string { return [...]string{nsWith, nsWithout, nsNoop, nsBaseline}[m] }
@@ -246,7 +246,7 @@ func split(n, k int) []int {
 
 // measureCreates runs the alternating rounds and reads vmipam's and the
 // API server's histograms around them: only the rounds with vmipam call
-// its webhooks, only those of the no-op mode the no-op ones.
+// its webhook, only those of the no-op mode the no-op one.
 func (b *bench) measureCreates(ctx context.Context, rep *report) error {
 	o := b.opts
 	noopN := 0
@@ -254,7 +254,7 @@ func (b *bench) measureCreates(ctx context.Context, rep *report) error {
 		noopN = o.n
 	}
 	perRound := [numModes][]int{split(o.n, o.rounds), split(o.n, o.rounds), split(noopN, o.rounds), split(o.baselineN, o.rounds)}
-	var noopBefore [2]int64
+	var noopBefore int64
 	if b.noop != nil {
 		noopBefore = b.noop.reviews()
 	}
@@ -324,6 +324,11 @@ func (b *bench) measureCreates(ctx context.Context, rep *report) error {
 			if err := b.settle(ctx, m, st); err != nil {
 				return err
 			}
+			// From the round's start until the controller had caught up
+			// and the pause after it showed nothing more to do: what the
+			// creates cost vmipam in all, the webhook calls, the binds
+			// and the watch events included, whenever they ran.
+			st.cpuSettled.add(sampleCPU().sub(c0))
 		}
 	}
 	vAfter, err := b.vmipamMetrics()
@@ -341,8 +346,7 @@ func (b *bench) measureCreates(ctx context.Context, rep *report) error {
 	b.keep("e2e-bench-apiserver.metrics", aText)
 	rep.webhook = webhookStats(vBefore, vAfter, aBefore, aAfter)
 	if b.noop != nil {
-		after := b.noop.reviews()
-		rep.noopReviews = [2]int64{after[0] - noopBefore[0], after[1] - noopBefore[1]}
+		rep.noopReviews = b.noop.reviews() - noopBefore
 	}
 	for m := range numModes {
 		sort.Slice(rep.modes[m].lat, func(i, j int) bool { return rep.modes[m].lat[i] < rep.modes[m].lat[j] })
@@ -460,10 +464,10 @@ func (b *bench) deleteNames(ctx context.Context, m mode, names []string, opts ..
 }
 
 // measureDeletes deletes the VirtualMachines without vmipam and those of
-// the no-op webhooks (whose finalizer the no-op remover takes away), then
-// those with vmipam
-// (each through the finalizer and the controller's release), and times
-// until every address of the pool is free again after its cooldown.
+// the no-op mutating webhook (whose finalizer the no-op remover takes
+// away), then those with vmipam (each through the finalizer and the
+// controller's release), and times until every address of the pool is
+// free again after its cooldown.
 func (b *bench) measureDeletes(ctx context.Context, rep *report) error {
 	for _, m := range []mode{modeWithout, modeNoop, modeWith} {
 		if !b.opts.enabled(m) {

@@ -4,16 +4,18 @@
 // concurrent clients four ways, in alternating rounds so that machine noise
 // hits them alike:
 //
-//   - with vmipam: the mutating and validating webhooks in the path, the
-//     address allocated from an IPPool;
+//   - with vmipam: vmipam's mutating webhook in the path (its one call per
+//     create; it validates VirtualMachines inside the API server, with CRD
+//     validation rules and a ValidatingAdmissionPolicy), the address
+//     allocated from an IPPool;
 //   - without: in a namespace the webhooks exclude, with a static address
 //     outside every pool, so vmipam neither admits nor manages them;
-//   - no-op webhooks: like without, but through a mutating and a validating
-//     webhook that e2ebench serves itself and that do nothing but allow
-//     (the mutating one adding an annotation and a finalizer, which a
-//     controller in e2ebench removes on delete): the floor of what any pair
-//     of webhooks, and a delete through a finalizer, cost, against which
-//     vmipam's own cost shows;
+//   - no-op mutating webhook: like without, but through one mutating
+//     webhook that e2ebench serves itself and that does nothing but allow
+//     with a patch adding an annotation and a finalizer (which a controller
+//     in e2ebench removes on delete): the floor of what one mutating
+//     webhook call per create, and a delete through a finalizer, cost,
+//     against which vmipam's own cost shows;
 //   - baseline: whereabouts-style IPAM, a read-modify-write of one ConfigMap
 //     holding every allocation (retrying on conflict), then the create.
 //
@@ -63,7 +65,7 @@ type options struct {
 	vmipamArgs   string
 	freeTimeout  time.Duration
 	profile      time.Duration
-	// noop: whether to measure the no-op webhooks.
+	// noop: whether to measure the no-op mutating webhook.
 	noop bool
 	// pacedRate: the steady-rate phase's creates per second; 0: half the
 	// throughput with vmipam of the saturated rounds; negative: no phase.
@@ -84,19 +86,19 @@ func (o *options) enabled(m mode) bool {
 
 func main() {
 	var o options
-	flag.IntVar(&o.n, "n", 3000, "VirtualMachines to create with vmipam, and again without it and through the no-op webhooks (split across the rounds).")
+	flag.IntVar(&o.n, "n", 3000, "VirtualMachines to create with vmipam, and again without it and through the no-op mutating webhook (split across the rounds).")
 	flag.IntVar(&o.c, "c", 32, "Concurrent clients.")
 	flag.IntVar(&o.rounds, "rounds", 3, "Alternating rounds per mode (with, without, no-op, baseline).")
 	flag.IntVar(&o.baselineN, "baseline-n", 300, "VirtualMachines to create through the read-modify-write baseline (it is slow; throughput is per second, so a smaller N compares fairly).")
 	flag.IntVar(&o.warmup, "warmup", 64, "VirtualMachines per mode created and deleted before measuring (connections, caches, the allocator's free list).")
-	flag.StringVar(&o.poolCIDR, "pool-cidr", "10.64.0.0/18", "The IPPool's range; its size bounds N. The static addresses of the runs without vmipam, of the baseline and of the no-op webhooks come from /16s in 198.18.0.0/15 and 100.64.0.0/10, which it must not overlap.")
+	flag.StringVar(&o.poolCIDR, "pool-cidr", "10.64.0.0/18", "The IPPool's range; its size bounds N. The static addresses of the runs without vmipam, of the baseline and of the no-op mutating webhook come from /16s in 198.18.0.0/15 and 100.64.0.0/10, which it must not overlap.")
 	flag.DurationVar(&o.cooldown, "cooldown", 10*time.Second, "The IPPool's cooldown: how long a released address rests before it is free again.")
 	flag.StringVar(&o.results, "results", "results", "Folder for e2e-bench.md, e2e-bench.png and vmipam's log, relative to -repo unless absolute.")
 	flag.StringVar(&o.repo, "repo", ".", "The vmipam repository (built and run as the binary under test).")
 	flag.StringVar(&o.clients, "clients", "per-worker", "per-worker: each client has its own HTTP/2 connection to the API server; shared: all clients multiplex one connection.")
 	flag.DurationVar(&o.freeTimeout, "free-timeout", 2*time.Minute, "How long, beyond the cooldown, to wait for every address to be free after the deletes.")
 	flag.DurationVar(&o.profile, "profile", 0, "When set, a CPU profile of kube-apiserver this long (whole seconds) is taken from the start of each mode's first round, into e2e-bench-apiserver-<mode>.pprof; the rounds should last longer (see -n).")
-	flag.BoolVar(&o.noop, "noop", true, "Also measure no-op webhooks: creates without vmipam, through a mutating and a validating webhook that e2ebench serves and that only allow (the floor of any webhook pair).")
+	flag.BoolVar(&o.noop, "noop", true, "Also measure a no-op mutating webhook: creates without vmipam, through one mutating webhook that e2ebench serves and that only allows, adding an annotation and a finalizer (the floor of one webhook call per create, and of a delete through a finalizer).")
 	flag.Float64Var(&o.pacedRate, "paced-rate", 0, "Creates per second with vmipam in the steady-rate phase after the saturated rounds, where the webhooks' latency is measured again at a fixed load below saturation; 0: half the throughput with vmipam just measured; negative: no such phase.")
 	flag.IntVar(&o.pacedN, "paced-n", 1500, "VirtualMachines to create with vmipam in the steady-rate phase (see -paced-rate).")
 	flag.IntVar(&o.replicas, "replicas", 3, "After the deletes, compare one vmipam process with this many replicas behind a stand-in for the Service, in alternating rounds; below 2: no such phase.")

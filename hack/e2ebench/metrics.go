@@ -210,9 +210,9 @@ type webhookResult struct {
 	// apiMutating and apiValidating: the calls as the API server sees
 	// them, TLS and loopback included (coarse buckets).
 	apiMutating, apiValidating histogram
-	// noopMutating and noopValidating: the calls of the no-op webhooks
-	// as the API server sees them (during the no-op rounds).
-	noopMutating, noopValidating histogram
+	// noopMutating: the calls of the no-op mutating webhook as the API
+	// server sees them (during the no-op rounds).
+	noopMutating histogram
 	// alloc: vmipam's allocator, per allocation.
 	alloc histogram
 	// storeWrites during the rounds.
@@ -237,8 +237,6 @@ func webhookStats(vBefore, vAfter, aBefore, aAfter metricSet) webhookResult {
 			map[string]string{"name": "vvirtualmachine.vmipam.io", "operation": "CREATE", "rejected": "false"}),
 		noopMutating: delta(aBefore, aAfter, api,
 			map[string]string{"name": noopMutatingName, "operation": "CREATE", "rejected": "false"}),
-		noopValidating: delta(aBefore, aAfter, api,
-			map[string]string{"name": noopValidatingName, "operation": "CREATE", "rejected": "false"}),
 		alloc:       delta(vBefore, vAfter, "vmipam_allocation_duration_seconds", pool),
 		storeWrites: vAfter.sum("vmipam_store_writes_total", pool) - vBefore.sum("vmipam_store_writes_total", pool),
 	}

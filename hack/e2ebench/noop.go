@@ -22,52 +22,51 @@ import (
 	"github.com/vmipam/vmipam/certs/pki"
 )
 
-// The no-op webhooks: their configurations, their names (the API server's
-// admission metrics label calls by them) and the annotation the mutating
-// one adds.
+// The no-op mutating webhook: its configuration, its name (the API
+// server's admission metrics label calls by it) and the annotation it
+// adds.
 const (
 	noopConfig          = "e2ebench-noop"
 	noopMutatingName    = "mnoop.e2ebench.vmipam.io"
-	noopValidatingName  = "vnoop.e2ebench.vmipam.io"
 	noopAnnotation      = "e2ebench.vmipam.io/noop"
 	noopAnnotationValue = "true"
 	noopMutatePath      = "/mutate"
-	noopValidatePath    = "/validate"
 	// noopMaxBody bounds an AdmissionReview, as the API server bounds a
 	// request.
 	noopMaxBody = 3 << 20
 )
 
-// noopServer is the HTTPS server behind the no-op webhooks: it decodes
-// every AdmissionReview and allows it, the mutating webhook with a JSON
-// patch that adds one annotation and a finalizer (noopFinalizer, which
-// the bench's finalizerRemover takes away on deletion). It is the floor of what any pair of
-// webhooks costs the API server (encoding the review, TLS on loopback,
-// applying a patch), with almost no work of its own. It runs inside this
+// noopServer is the HTTPS server behind the no-op mutating webhook: it
+// decodes every AdmissionReview and allows it with a JSON patch that adds
+// one annotation and a finalizer (noopFinalizer, which the bench's
+// finalizerRemover takes away on deletion). It is the floor of what one
+// mutating webhook call per create costs the API server (encoding the
+// review, TLS on loopback, applying a patch), as vmipam's one call per
+// create does, with almost no work of its own. It runs inside this
 // program, so its CPU counts as e2ebench's.
 type noopServer struct {
 	srv      *http.Server
 	url      string
 	caBundle []byte
-	// Reviews answered, by the mutating and the validating handler.
-	mutated, validated atomic.Int64
+	// mutated counts the reviews answered.
+	mutated atomic.Int64
 	// The mutating handler's two patches, fixed: adding the annotation
 	// to an existing map, or adding the map.
 	patchKey, patchMap []byte
 }
 
 // startNoopServer issues a CA and a serving certificate for 127.0.0.1 and
-// serves the no-op webhooks on a free loopback port, HTTP/1.1 only as
-// vmipam serves its own.
+// serves the no-op mutating webhook on a free loopback port, HTTP/1.1 only
+// as vmipam serves its own.
 func startNoopServer() (*noopServer, error) {
 	now := time.Now()
 	ca, err := pki.NewCA("e2ebench-noop-ca", now, 24*time.Hour)
 	if err != nil {
-		return nil, fmt.Errorf("no-op webhooks: %w", err)
+		return nil, fmt.Errorf("no-op webhook: %w", err)
 	}
 	serving, err := pki.NewServingCert(ca, pki.Names{IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}}, now, 24*time.Hour)
 	if err != nil {
-		return nil, fmt.Errorf("no-op webhooks: %w", err)
+		return nil, fmt.Errorf("no-op webhook: %w", err)
 	}
 	s := &noopServer{caBundle: ca.CertPEM}
 	// A JSON pointer escapes "~" and "/" in a map key.
@@ -84,7 +83,7 @@ func startNoopServer() (*noopServer, error) {
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return nil, fmt.Errorf("no-op webhooks: listen: %w", err)
+		return nil, fmt.Errorf("no-op webhook: listen: %w", err)
 	}
 	tlsLn := tls.NewListener(ln, &tls.Config{
 		Certificates: []tls.Certificate{*serving.TLSCertificate()},
@@ -93,12 +92,11 @@ func startNoopServer() (*noopServer, error) {
 	})
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+noopMutatePath, s.mutate)
-	mux.HandleFunc("POST "+noopValidatePath, s.validate)
 	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	s.url = "https://" + ln.Addr().String()
 	go func() {
 		if err := s.srv.Serve(tlsLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			logf("no-op webhooks: %v", err)
+			logf("no-op webhook: %v", err)
 		}
 	}()
 	return s, nil
@@ -109,14 +107,13 @@ func (s *noopServer) stop() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := s.srv.Shutdown(ctx); err != nil {
-		logf("stop the no-op webhooks: %v", err)
+		logf("stop the no-op webhook: %v", err)
 	}
 }
 
-// reviews returns how many reviews the mutating and the validating
-// handler answered so far.
-func (s *noopServer) reviews() [2]int64 {
-	return [2]int64{s.mutated.Load(), s.validated.Load()}
+// reviews returns how many reviews the mutating handler answered so far.
+func (s *noopServer) reviews() int64 {
+	return s.mutated.Load()
 }
 
 // readReview decodes the AdmissionReview of a call, answering the call
@@ -142,7 +139,7 @@ func writeReview(w http.ResponseWriter, resp *admissionv1.AdmissionResponse) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	if err := json.NewEncoder(w).Encode(&out); err != nil {
-		logf("no-op webhooks: write the response: %v", err)
+		logf("no-op webhook: write the response: %v", err)
 	}
 }
 
@@ -174,20 +171,14 @@ func (s *noopServer) mutate(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-// validate allows the object.
-func (s *noopServer) validate(w http.ResponseWriter, r *http.Request) {
-	review, ok := readReview(w, r)
-	if !ok {
-		return
-	}
-	s.validated.Add(1)
-	writeReview(w, &admissionv1.AdmissionResponse{UID: review.Request.UID, Allowed: true})
-}
-
-// install creates the no-op webhooks' configurations: for CREATE of
-// VirtualMachines in nsNoop only, configured like vmipam's own
-// (failurePolicy Fail, 5 s timeout, the mutating one reinvoked if
-// needed), but with no side effects at all.
+// install creates the no-op webhook's MutatingWebhookConfiguration, and
+// no ValidatingWebhookConfiguration: vmipam's validation of
+// VirtualMachines runs inside the API server (CRD validation rules and a
+// ValidatingAdmissionPolicy), so one mutating call per create is its
+// whole webhook cost and one no-op mutating call the fair floor. The
+// webhook matches CREATE of VirtualMachines in nsNoop only and is
+// configured like vmipam's own (failurePolicy Fail, 5 s timeout, never
+// reinvoked), but with no side effects at all.
 func (s *noopServer) install(ctx context.Context, c client.Client) error {
 	only := &metav1.LabelSelector{MatchLabels: map[string]string{namespaceNameLabel: nsNoop}}
 	rules := []admissionregv1.RuleWithOperations{{
@@ -198,41 +189,22 @@ func (s *noopServer) install(ctx context.Context, c client.Client) error {
 			Resources:   []string{"virtualmachines"},
 		},
 	}}
-	clientConfig := func(path string) admissionregv1.WebhookClientConfig {
-		return admissionregv1.WebhookClientConfig{URL: ptr.To(s.url + path), CABundle: s.caBundle}
-	}
 	m := &admissionregv1.MutatingWebhookConfiguration{
 		ObjectMeta: metav1.ObjectMeta{Name: noopConfig},
 		Webhooks: []admissionregv1.MutatingWebhook{{
 			Name:                    noopMutatingName,
-			ClientConfig:            clientConfig(noopMutatePath),
+			ClientConfig:            admissionregv1.WebhookClientConfig{URL: ptr.To(s.url + noopMutatePath), CABundle: s.caBundle},
 			Rules:                   rules,
 			FailurePolicy:           ptr.To(admissionregv1.Fail),
 			SideEffects:             ptr.To(admissionregv1.SideEffectClassNone),
 			AdmissionReviewVersions: []string{"v1"},
 			TimeoutSeconds:          ptr.To[int32](5),
 			NamespaceSelector:       only,
-			ReinvocationPolicy:      ptr.To(admissionregv1.IfNeededReinvocationPolicy),
+			ReinvocationPolicy:      ptr.To(admissionregv1.NeverReinvocationPolicy),
 		}},
 	}
 	if err := c.Create(ctx, m); err != nil {
 		return fmt.Errorf("create MutatingWebhookConfiguration %s: %w", noopConfig, err)
-	}
-	v := &admissionregv1.ValidatingWebhookConfiguration{
-		ObjectMeta: metav1.ObjectMeta{Name: noopConfig},
-		Webhooks: []admissionregv1.ValidatingWebhook{{
-			Name:                    noopValidatingName,
-			ClientConfig:            clientConfig(noopValidatePath),
-			Rules:                   rules,
-			FailurePolicy:           ptr.To(admissionregv1.Fail),
-			SideEffects:             ptr.To(admissionregv1.SideEffectClassNone),
-			AdmissionReviewVersions: []string{"v1"},
-			TimeoutSeconds:          ptr.To[int32](5),
-			NamespaceSelector:       only,
-		}},
-	}
-	if err := c.Create(ctx, v); err != nil {
-		return fmt.Errorf("create ValidatingWebhookConfiguration %s: %w", noopConfig, err)
 	}
 	return nil
 }
