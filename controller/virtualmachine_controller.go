@@ -132,6 +132,11 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 		return ctrl.Result{}, nil
 	}
 	ann := obj.GetAnnotations()
+	if ann[vmipamv1.TokenAnnotation] == "" && obj.GetDeletionTimestamp() == nil && !target.HasFinalizer(obj) && !r.Target.InScope(obj) {
+		// Its kind's condition leaves it out, and vmipam never gave it an
+		// address: not vmipam's, whatever pool or address it names.
+		return ctrl.Result{}, nil
+	}
 	var pool *pools.Pool
 	switch {
 	case ann[vmipamv1.PoolAnnotation] != "":
@@ -352,8 +357,20 @@ func (r *VMReconciler) settle(ctx context.Context, obj *unstructured.Unstructure
 	if err != nil {
 		return fmt.Errorf("encode the status fill: %w", err)
 	}
-	if err := r.Client.Status().Patch(ctx, obj, client.RawPatch(types.MergePatchType, raw)); err != nil {
-		return client.IgnoreNotFound(fmt.Errorf("fill %s: %w", strings.Join(r.Target.Status.Address, "."), err))
+	err = r.Client.Status().Patch(ctx, obj, client.RawPatch(types.MergePatchType, raw))
+	if apierrors.IsNotFound(err) {
+		// Gone, or its kind has no status subresource: then the kind's
+		// consumer reads an address vmipam cannot fill, and must be told.
+		if gone, ferr := r.finalized(ctx, obj); ferr != nil || gone {
+			return ferr
+		}
+		r.event(obj, corev1.EventTypeWarning, "NoStatusSubresource", "FillStatus",
+			"%s has no status subresource: vmipam cannot fill %s; configure the address elsewhere, or give the CRD a status subresource",
+			r.Target.GVR().GroupResource(), strings.Join(r.Target.Status.Address, "."))
+		return fmt.Errorf("fill %s: %s has no status subresource: %w", strings.Join(r.Target.Status.Address, "."), r.Target.GVR().GroupResource(), err)
+	}
+	if err != nil {
+		return fmt.Errorf("fill %s: %w", strings.Join(r.Target.Status.Address, "."), err)
 	}
 	return nil
 }

@@ -106,7 +106,11 @@ func (r *Registry) eachOf(ctx context.Context, t target.Target, ns string, fn fu
 	for cont := ""; ; {
 		list := t.NewList()
 		if err := r.opts.APIReader.List(ctx, list, append(opts, client.Continue(cont))...); err != nil {
-			if meta.IsNoMatchError(err) {
+			if meta.IsNoMatchError(err) && !r.served(t.GVK) {
+				// Its CRD is not installed, and never was while this
+				// process ran: no object of it exists. A kind served
+				// before and gone now is an error: its objects may still
+				// hold addresses, which a listing without them would free.
 				return nil
 			}
 			return fmt.Errorf("list %s: %w", t.GVR().GroupResource(), err)
@@ -141,6 +145,23 @@ func (r *Registry) holding(obj *unstructured.Unstructured) (ipam.Holding, string
 			Token: ann[vmipamv1.TokenAnnotation], UID: string(obj.GetUID()), Ref: Ref(obj.GetNamespace(), obj.GetName()),
 		}},
 		ann[vmipamv1.PoolAnnotation], true
+}
+
+// MarkServed records that the API server serves kind gvk: from then on a
+// listing that finds it not served fails rather than finds no object.
+func (r *Registry) MarkServed(gvk schema.GroupVersionKind) {
+	r.servedMu.Lock()
+	defer r.servedMu.Unlock()
+	if r.servedKinds == nil {
+		r.servedKinds = map[schema.GroupVersionKind]bool{}
+	}
+	r.servedKinds[gvk] = true
+}
+
+func (r *Registry) served(gvk schema.GroupVersionKind) bool {
+	r.servedMu.Lock()
+	defer r.servedMu.Unlock()
+	return r.servedKinds[gvk]
 }
 
 // TargetOf returns the configured kind gvk, if it is one.

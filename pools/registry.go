@@ -22,6 +22,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -99,6 +100,11 @@ type Registry struct {
 	lease   *lease
 	// leased is closed once the holder Lease was first acquired.
 	leased chan struct{}
+
+	// servedKinds are the kinds the API server served since the start
+	// (MarkServed).
+	servedMu    sync.Mutex
+	servedKinds map[schema.GroupVersionKind]bool
 
 	mu    sync.RWMutex
 	pools map[string]*Pool

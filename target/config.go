@@ -135,20 +135,42 @@ func Parse(raw []byte) ([]Target, error) {
 	}
 	var out []Target
 	seen := map[schema.GroupResource]int{}
+	paths := map[string]int{}
 	for i, k := range c.Kinds {
 		p := root.Index(i)
 		t, kerrs := k.target(p)
 		errs = append(errs, kerrs...)
 		if j, dup := seen[t.GVR().GroupResource()]; dup && len(kerrs) == 0 {
 			errs = append(errs, field.Duplicate(p.Child("resource"), fmt.Sprintf("%s.%s, already kinds[%d]", k.Resource, k.Group, j)))
+		} else if j, dup := paths[t.PathName()]; dup && len(kerrs) == 0 {
+			errs = append(errs, field.Duplicate(p.Child("group"), fmt.Sprintf("%s: its webhook path would be kinds[%d]'s (/mutate-%s)", k.Group, j, t.PathName())))
 		}
 		seen[t.GVR().GroupResource()] = i
+		paths[t.PathName()] = i
 		out = append(out, t)
 	}
 	if len(errs) > 0 {
 		return nil, errs.ToAggregate()
 	}
 	return out, nil
+}
+
+// PathName names the kind in a URL path: its group with dashes for dots,
+// its version and its kind in lower case (vmipam-io-v1alpha1-virtualmachine).
+func (t Target) PathName() string {
+	g := strings.ReplaceAll(t.GVK.Group, ".", "-")
+	if g == "" {
+		g = "core"
+	}
+	return g + "-" + t.GVK.Version + "-" + strings.ToLower(t.GVK.Kind)
+}
+
+// celReserved are CEL's reserved words, which cannot name a field in an
+// expression.
+var celReserved = map[string]bool{
+	"as": true, "break": true, "const": true, "continue": true, "else": true, "false": true, "for": true, "function": true,
+	"if": true, "import": true, "in": true, "let": true, "loop": true, "package": true, "namespace": true, "null": true,
+	"return": true, "true": true, "var": true, "void": true, "while": true,
 }
 
 // segment is one element of a dotted path: a CEL identifier, so that the
@@ -162,6 +184,9 @@ func splitPath(p *field.Path, s string, under ...string) ([]string, *field.Error
 	for _, e := range parts {
 		if !segment.MatchString(e) {
 			return nil, field.Invalid(p, s, "must be a dotted path of field names such as spec.network.address (letters, digits and _)")
+		}
+		if celReserved[e] {
+			return nil, field.Invalid(p, s, fmt.Sprintf("%q is a reserved word of CEL, in which vmipam's admission policy names the field; vmipam cannot serve a field by that name", e))
 		}
 	}
 	if len(parts) < 2 {

@@ -42,6 +42,9 @@ func TestParse(t *testing.T) {
 		"condition not bool":  {config: kind("condition: '\"yes\"', address: {field: spec.addresses}"), wantErr: []string{"must be true or false"}},
 		"bad scope":           {config: kind("scope: Global, address: {field: spec.addresses}"), wantErr: []string{"kinds[0].scope"}},
 		"bad resource":        {config: head + "- {group: a.io, version: v1, kind: A, resource: As, address: {field: spec.addresses}}\n", wantErr: []string{"kinds[0].resource"}},
+		"reserved word":       {config: kind("address: {field: spec.in.ip, type: string}"), wantErr: []string{"reserved word of CEL"}},
+		"same webhook path": {config: head + "- {group: vm.neon.tech, version: v1, kind: A, resource: as, address: {field: spec.addresses}}\n" +
+			"- {group: vm-neon.tech, version: v1, kind: A, resource: as, address: {field: spec.addresses}}\n", wantErr: []string{"kinds[1].group: Duplicate value", "webhook path"}},
 		"duplicate": {config: head + "- {group: a.io, version: v1, kind: A, resource: as, address: {field: spec.addresses}}\n" +
 			"- {group: a.io, version: v1, kind: A, resource: as, address: {field: spec.addresses}}\n", wantErr: []string{"kinds[1].resource: Duplicate value", "already kinds[0]"}},
 	}

@@ -70,20 +70,40 @@ func stampOf(root, key string) string { return celAnnotation(root, []string{"met
 // variables.<name>.
 type Variable struct{ Name, Expression string }
 
+// Writers are who may write vmipam's stamp on an existing object: vmipam's
+// service account, and the cluster's administrators (who could remove the
+// policy anyway; the tests and local runs run vmipam as one).
+type Writers struct {
+	Users, Groups []string
+}
+
+// celList writes ss as a CEL list of strings.
+func celList(ss []string) string {
+	q := make([]string, len(ss))
+	for i, s := range ss {
+		q[i] = celQuote(s)
+	}
+	return "[" + strings.Join(q, ", ") + "]"
+}
+
 // PolicyRules returns the checks that keep what vmipam stamped on the
 // kind's objects as vmipam stamped it, for the API server to run as a
 // ValidatingAdmissionPolicy on CREATE and UPDATE (of the object and, for a
 // kind whose address goes into status, of its status), so that no VM
 // update calls vmipam, and the variables they read:
-//   - on CREATE, an object that carries vmipam's token still carries the
-//     address vmipam stamped with it (no later mutating webhook changed
-//     it);
+//   - on CREATE of an object in scope (its kind's condition holds; not a
+//     dry run), an address is there only with vmipam's token and stamp
+//     beside it, and is the stamped one: no later mutating webhook changed
+//     it, removed the stamp, or put an address of its own;
 //   - the address is immutable once assigned, and appears on an existing
-//     object only with a new stamp of vmipam's (its controller assigning
-//     one to an object that bypassed the webhook);
-//   - vmipam's token, pool and address annotations are immutable once set;
-//   - a status address is the one vmipam recorded, and immutable once set.
-func (t Target) PolicyRules() ([]Variable, []Rule) {
+//     object only with a new stamp written by one of w (vmipam's
+//     controller, assigning one to an object that bypassed the webhook);
+//   - vmipam's token, pool and address annotations are immutable once
+//     set, and only w may set them on an existing object;
+//   - a status address of an object in scope is the one vmipam recorded,
+//     and immutable once set;
+//   - only w move vmipam's holder label.
+func (t Target) PolicyRules(w Writers) ([]Variable, []Rule) {
 	where := t.AddressesPath()
 	vars := []Variable{
 		{"token", stampOf("object", vmipamv1.TokenAnnotation)},
@@ -92,8 +112,26 @@ func (t Target) PolicyRules() ([]Variable, []Rule) {
 		{"oldPool", stampOf("oldObject", vmipamv1.PoolAnnotation)},
 		{"stamp", stampOf("object", vmipamv1.AddressAnnotation)},
 		{"oldStamp", stampOf("oldObject", vmipamv1.AddressAnnotation)},
+		{"writer", "request.userInfo.username in " + celList(w.Users) +
+			" || has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in " + celList(w.Groups) + ")"},
+		{"inScope", "true"},
+		{"holder", holderOf("object")},
+		{"oldHolder", holderOf("oldObject")},
+		{"dryRun", "has(request.dryRun) && request.dryRun"},
 	}
-	create := func(e string) string { return "request.operation != 'CREATE' || " + e }
+	if t.Condition != "" {
+		vars[7].Expression = "(" + t.Condition + ")"
+	}
+	// Who looks after an object: a label only vmipam moves, so that no
+	// user can take an object out of its replica's watch.
+	holderRule := Rule{
+		Expression: "request.operation != 'UPDATE' || variables.holder == variables.oldHolder || variables.writer",
+		Message:    "metadata.labels[" + vmipamv1.HolderLabel + "] is written by vmipam only: it names the replica that looks after the object's address",
+		Reason:     "Forbidden",
+	}
+	create := func(e string) string {
+		return "request.operation != 'CREATE' || variables.dryRun || !variables.inScope || " + e
+	}
 	update := func(e string) string { return "request.operation != 'UPDATE' || " + e }
 	var rules []Rule
 	if t.Status == nil {
@@ -103,9 +141,9 @@ func (t Target) PolicyRules() ([]Variable, []Rule) {
 		stamped := t.celRender("variables.stamp")
 		rules = append(rules,
 			Rule{
-				Expression: create("variables.token == '' || variables.stamp != '' && variables.address == " + stamped),
-				Message: where + " differs from the address vmipam reserved for this object (metadata.annotations[" + vmipamv1.AddressAnnotation +
-					"]): another mutating webhook changed or removed it; vmipam's address cannot be overridden",
+				Expression: create("variables.address == " + empty + " && variables.stamp == '' || variables.token != '' && variables.stamp != '' && variables.address == " + stamped),
+				Message: where + " must be the address vmipam reserved for this object (metadata.annotations[" + vmipamv1.AddressAnnotation +
+					"], beside its token): another mutating webhook changed it or removed vmipam's stamp; vmipam's address cannot be overridden",
 				Reason: "Invalid",
 			},
 			Rule{
@@ -115,7 +153,7 @@ func (t Target) PolicyRules() ([]Variable, []Rule) {
 			},
 			Rule{
 				Expression: update("variables.oldAddress != " + empty + " || variables.address == " + empty +
-					" || variables.stamp != '' && variables.stamp != variables.oldStamp && variables.address == " + stamped),
+					" || variables.writer && variables.stamp != '' && variables.stamp != variables.oldStamp && variables.address == " + stamped),
 				Message: where + ": addresses are assigned by vmipam when the object is created; to ask for a specific one, delete and recreate the object with it",
 				Reason:  "Forbidden",
 			})
@@ -126,8 +164,8 @@ func (t Target) PolicyRules() ([]Variable, []Rule) {
 			Variable{"oldStatusAddress", "(" + celHas("oldObject", t.Status.Address) + " ? oldObject." + sp + " : '')"})
 		rules = append(rules,
 			Rule{
-				Expression: create("variables.token == '' || variables.stamp != ''"),
-				Message:    "metadata.annotations[" + vmipamv1.AddressAnnotation + "]: another mutating webhook removed the address vmipam reserved for this object",
+				Expression: create("variables.token != '' && variables.stamp != '' && (variables.statusAddress == '' || variables.statusAddress == variables.stamp)"),
+				Message:    "metadata.annotations[" + vmipamv1.AddressAnnotation + "]: another mutating webhook removed the address vmipam reserved for this object, or " + sp + " differs from it",
 				Reason:     "Invalid",
 			},
 			Rule{
@@ -136,7 +174,7 @@ func (t Target) PolicyRules() ([]Variable, []Rule) {
 				Reason:     "Forbidden",
 			},
 			Rule{
-				Expression: update("variables.stamp == '' || variables.statusAddress == '' || variables.statusAddress == variables.stamp"),
+				Expression: "!variables.inScope || variables.statusAddress == '' || variables.stamp != '' && variables.statusAddress == variables.stamp",
 				Message: sp + " must be the address vmipam assigned (metadata.annotations[" + vmipamv1.AddressAnnotation +
 					"]): vmipam fills it; leave it alone",
 				Reason: "Forbidden",
@@ -148,10 +186,17 @@ func (t Target) PolicyRules() ([]Variable, []Rule) {
 		{vmipamv1.AddressAnnotation, "stamp", "oldStamp"},
 	} {
 		rules = append(rules, Rule{
-			Expression: update("variables." + f.was + " == '' || variables." + f.now + " == variables." + f.was),
-			Message:    "metadata.annotations[" + f.key + "] is immutable once set by vmipam",
+			Expression: update("variables." + f.now + " == variables." + f.was + " || variables." + f.was + " == '' && variables.writer"),
+			Message:    "metadata.annotations[" + f.key + "] is written by vmipam only, and immutable once set",
 			Reason:     "Forbidden",
 		})
 	}
-	return vars, rules
+	return vars, append(rules, holderRule)
+}
+
+// holderOf returns the holder label of the object under root, or ”.
+func holderOf(root string) string {
+	m := root + ".metadata.labels"
+	q := celQuote(vmipamv1.HolderLabel)
+	return "(has(" + root + ".metadata.labels) && " + q + " in " + m + " ? " + m + "[" + q + "] : '')"
 }

@@ -9,7 +9,9 @@ import (
 // Trim is a cache transform (controller-runtime's cache.ByObject
 // Transform): it keeps of an object only what vmipam reads, its identity,
 // resourceVersion, deletion timestamp, finalizers, vmipam's annotations and
-// holder label, and the address and pool fields, so that the informer cache of a fleet of
+// holder label, and the address and pool fields (and, for a kind with a
+// condition, what the condition may read: the spec, the labels and the
+// annotations), so that the informer cache of a fleet of
 // large objects costs what vmipam needs and no more. Patches computed from
 // a trimmed object name only the fields they change, so nothing else is
 // lost when the controller writes.
@@ -42,6 +44,22 @@ func (t Target) Trim(obj any) (any, error) {
 	if l, ok := src["labels"].(map[string]any); ok {
 		if v, ok := l[vmipamv1.HolderLabel]; ok {
 			md["labels"] = map[string]any{vmipamv1.HolderLabel: v}
+		}
+	}
+	if t.Condition != "" {
+		// The condition may read any of the spec, the labels and the
+		// annotations: keep them (not status, which the API server drops
+		// on create and no condition of a create can see, nor
+		// managedFields).
+		for k, v := range u.Object {
+			if k != "metadata" && k != "status" {
+				out.Object[k] = v
+			}
+		}
+		for _, k := range []string{"labels", "annotations"} {
+			if v, ok := src[k]; ok {
+				md[k] = v
+			}
 		}
 	}
 	out.Object["metadata"] = md

@@ -39,13 +39,7 @@ const (
 // MutatePath is the path the mutating webhook of kind t serves on:
 // DefaulterPath for vmipam's own kind, and after the same pattern for the
 // others (/mutate-vm-neon-tech-v1-virtualmachine).
-func MutatePath(t target.Target) string {
-	g := strings.ReplaceAll(t.GVK.Group, ".", "-")
-	if g == "" {
-		g = "core"
-	}
-	return "/mutate-" + g + "-" + t.GVK.Version + "-" + strings.ToLower(t.GVK.Kind)
-}
+func MutatePath(t target.Target) string { return "/mutate-" + t.PathName() }
 
 // VMDefaulter gives an object its address on CREATE: it picks the pool,
 // reserves an address under a fresh token (the object has no UID yet, and

@@ -42,6 +42,7 @@ const (
 // objects in them. vmipam-validating may be missing (vmipam validates
 // VirtualMachines inside the API server; what deploy/ puts in that
 // configuration may change): then there is nothing to exclude from it.
+// The same namespaces leave the bindings of vmipam's admission policies.
 // vmipam itself only keeps the caBundle of these configurations, so the
 // change stays.
 func excludeFromWebhooks(ctx context.Context, c client.Client, namespaces ...string) error {
@@ -92,6 +93,32 @@ func excludeFromWebhooks(ctx context.Context, c client.Client, namespaces ...str
 	})
 	if err != nil {
 		return fmt.Errorf("exclude %v from vmipam-validating: %w", namespaces, err)
+	}
+	// vmipam's admission policies refuse an address vmipam did not stamp
+	// on an object in scope: the modes without vmipam give static
+	// addresses of their own.
+	var bindings admissionregv1.ValidatingAdmissionPolicyBindingList
+	if err := c.List(ctx, &bindings); err != nil {
+		return fmt.Errorf("list admission policy bindings: %w", err)
+	}
+	for _, b := range bindings.Items {
+		if !strings.HasPrefix(b.Name, "vmipam-") {
+			continue
+		}
+		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			var cur admissionregv1.ValidatingAdmissionPolicyBinding
+			if err := c.Get(ctx, client.ObjectKey{Name: b.Name}, &cur); err != nil {
+				return err
+			}
+			if cur.Spec.MatchResources == nil {
+				cur.Spec.MatchResources = &admissionregv1.MatchResources{}
+			}
+			cur.Spec.MatchResources.NamespaceSelector = exclude(cur.Spec.MatchResources.NamespaceSelector)
+			return c.Update(ctx, &cur)
+		})
+		if err != nil {
+			return fmt.Errorf("exclude %v from %s: %w", namespaces, b.Name, err)
+		}
 	}
 	return nil
 }

@@ -164,6 +164,7 @@ func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
 		// replica's, and the unlabelled ones, once the kind is served.
 		objects := &shardReader{}
 		if err := whenServed(mgr, t, func(mgr ctrl.Manager) error {
+			reg.MarkServed(t.GVK)
 			own, unlabeled, err := kindCaches(mgr, t, opts.Holder)
 			if err != nil {
 				return err

@@ -42,6 +42,20 @@ type Options struct {
 	// URL, if set, points the webhooks at a vmipam outside the cluster
 	// (https://127.0.0.1:9443) instead of the Service.
 	URL string
+	// AdminGroups may write vmipam's stamp on an existing object beside
+	// vmipam's ServiceAccount; system:masters when empty (an administrator
+	// could remove the policy anyway, and the tests and local runs run
+	// vmipam as one).
+	AdminGroups []string
+}
+
+// writers is who the policies let write vmipam's stamp.
+func (o Options) writers() target.Writers {
+	o = o.withDefaults()
+	return target.Writers{
+		Users:  []string{"system:serviceaccount:" + o.Namespace + ":" + o.ServiceAccount},
+		Groups: o.AdminGroups,
+	}
 }
 
 func (o Options) withDefaults() Options {
@@ -53,6 +67,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.ServiceAccount == "" {
 		o.ServiceAccount = "vmipam"
+	}
+	if len(o.AdminGroups) == 0 {
+		o.AdminGroups = []string{"system:masters"}
 	}
 	return o
 }
@@ -141,8 +158,10 @@ func clientConfig(o Options, path string) admissionregv1.WebhookClientConfig {
 }
 
 // Policies returns, for each kind, the ValidatingAdmissionPolicy that runs
-// target.Target.PolicyRules in the API server, and its binding.
-func Policies(ts []target.Target) []runtime.Object {
+// target.Target.PolicyRules in the API server, and its binding, which
+// leaves vmipam's own namespace out as the webhook does.
+func Policies(ts []target.Target, o Options) []runtime.Object {
+	o = o.withDefaults()
 	var out []runtime.Object
 	for _, t := range ts {
 		resources := []string{t.Resource}
@@ -165,7 +184,7 @@ func Policies(ts []target.Target) []runtime.Object {
 				},
 			},
 		}
-		vars, rules := t.PolicyRules()
+		vars, rules := t.PolicyRules(o.writers())
 		for _, v := range vars {
 			p.Spec.Variables = append(p.Spec.Variables, admissionregv1.Variable{Name: v.Name, Expression: v.Expression})
 		}
@@ -182,6 +201,11 @@ func Policies(ts []target.Target) []runtime.Object {
 				PolicyName:        PolicyName(t),
 				ValidationActions: []admissionregv1.ValidationAction{admissionregv1.Deny},
 			},
+		}
+		if !t.ClusterScoped {
+			b.Spec.MatchResources = &admissionregv1.MatchResources{NamespaceSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+				Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpNotIn, Values: []string{o.Namespace},
+			}}}}
 		}
 		out = append(out, p, b)
 	}
@@ -233,7 +257,7 @@ func RBAC(ts []target.Target, o Options) []runtime.Object {
 // All returns everything the kinds need, in the order to apply it.
 func All(ts []target.Target, o Options) []runtime.Object {
 	out := RBAC(ts, o)
-	out = append(out, Policies(ts)...)
+	out = append(out, Policies(ts, o)...)
 	return append(out, Mutating(ts, o))
 }
 

@@ -235,7 +235,7 @@ func install(ctx context.Context, c client.Client, port int) error {
 	for i := range m.Webhooks {
 		toService(&m.Webhooks[i].ClientConfig)
 	}
-	for _, o := range append(manifests.Policies(target.Default()), m) {
+	for _, o := range append(manifests.Policies(target.Default(), manifests.Options{Namespace: namespace, Service: service}), m) {
 		if err := c.Create(ctx, o.(client.Object)); err != nil {
 			return fmt.Errorf("create %s: %w", o.(client.Object).GetName(), err)
 		}

@@ -39,7 +39,33 @@ func bypassMutation(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// An object that bypasses the webhook (the wiring not applied yet, or
+	// removed by an administrator) bypasses vmipam's admission policy too:
+	// with it, an object in scope cannot carry an address vmipam did not
+	// stamp.
+	var bindings admissionregv1.ValidatingAdmissionPolicyBindingList
+	if err := k8sClient.List(ctx, &bindings); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range bindings.Items {
+		if err := k8sClient.Delete(ctx, &b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	harness.Eventually(t, 30*time.Second, "the admission policy to be gone", func() error {
+		probe := vm("default", "bypass-probe", "nope", "192.0.2.1")
+		if err := k8sClient.Create(ctx, probe); err != nil {
+			return err
+		}
+		return k8sClient.Delete(ctx, probe)
+	})
 	t.Cleanup(func() {
+		for _, b := range bindings.Items {
+			b.ResourceVersion = ""
+			if err := k8sClient.Create(ctx, &b); err != nil {
+				t.Errorf("restore admission policy binding %s: %v", b.Name, err)
+			}
+		}
 		for _, c := range saved {
 			c.ResourceVersion = ""
 			if err := k8sClient.Create(ctx, &c); err != nil {

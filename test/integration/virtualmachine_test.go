@@ -292,7 +292,7 @@ func TestStaticRequests(t *testing.T) {
 		}
 		_ = k8sClient.Get(ctx, client.ObjectKeyFromObject(a), cur)
 		cur.Annotations = nil
-		if err := k8sClient.Update(ctx, cur); !refused(err) || !strings.Contains(err.Error(), "immutable once set by vmipam") {
+		if err := k8sClient.Update(ctx, cur); !refused(err) || !strings.Contains(err.Error(), "immutable once set") {
 			t.Fatalf("removing the annotations: %v", err)
 		}
 	})

@@ -28,12 +28,14 @@ import (
 	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
 	admissionregv1 "k8s.io/api/admissionregistration/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
@@ -336,6 +338,69 @@ func TestKinds(t *testing.T) {
 		}
 	})
 
+	t.Run("neonvm/extra network enabled after the create", func(t *testing.T) {
+		obj := kinds[1].make(ns, "neonvm-enabled-later", "")
+		_ = unstructured.SetNestedField(obj.Object, false, "spec", "extraNetwork", "enable")
+		if err := c.Create(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
+		_ = unstructured.SetNestedField(obj.Object, true, "spec", "extraNetwork", "enable")
+		if err := c.Update(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
+		// The webhook runs on create only: vmipam's controller gives it
+		// one, as to any object in scope that has none.
+		live.add(t, "neonvm/"+obj.GetName(), settled(t, c, kinds[1], obj))
+	})
+	t.Run("a user cannot forge vmipam's stamp", func(t *testing.T) {
+		user, err := cl.Env.AddUser(envtest.User{Name: "alice", Groups: []string{"team-a"}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rbac := []client.Object{
+			&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "vm-editor"}, Rules: []rbacv1.PolicyRule{{
+				APIGroups: []string{"vmipam.io", "vm.neon.tech"}, Resources: []string{"virtualmachines", "virtualmachines/status"}, Verbs: []string{"*"},
+			}}},
+			&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "alice-vm-editor"},
+				RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "vm-editor"},
+				Subjects: []rbacv1.Subject{{Kind: "User", Name: "alice"}}},
+		}
+		for _, o := range rbac {
+			if err := c.Create(ctx, o); err != nil {
+				t.Fatal(err)
+			}
+		}
+		alice, err := client.New(user.Config(), client.Options{Scheme: c.Scheme(), Mapper: c.RESTMapper()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Out of scope, so no address: then a stamp and a status address
+		// written by hand, as if vmipam had given them.
+		obj := kinds[1].make(ns, "neonvm-forged", "")
+		_ = unstructured.SetNestedField(obj.Object, false, "spec", "extraNetwork", "enable")
+		if err := alice.Create(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
+		obj.SetAnnotations(map[string]string{vmipamv1.TokenAnnotation: "forged", vmipamv1.PoolAnnotation: "kinds", vmipamv1.AddressAnnotation: "10.71.0.240"})
+		if err := alice.Update(ctx, obj); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "is written by vmipam only") {
+			t.Errorf("a user writing vmipam's stamp: %v; want it refused", err)
+		}
+		vm := kinds[0].make(ns, "vm-forged", "")
+		vm.SetLabels(map[string]string{"later-webhook": "no"})
+		create(ctx, t, c, vm)
+		settled(t, c, kinds[0], vm)
+		if err := c.Get(ctx, client.ObjectKeyFromObject(vm), vm); err != nil {
+			t.Fatal(err)
+		}
+		ann := vm.GetAnnotations()
+		ann[vmipamv1.AddressAnnotation] = "10.71.0.241"
+		vm.SetAnnotations(ann)
+		kinds[0].set(vm, "10.71.0.241")
+		if err := alice.Update(ctx, vm); !apierrors.IsForbidden(err) && !apierrors.IsInvalid(err) {
+			t.Errorf("a user moving a VM to an address with a stamp of their own: %v; want it refused", err)
+		}
+	})
+
 	// A mutating webhook called after vmipam's that changes the address
 	// it stamped: the API server refuses the create (vmipam's policy).
 	for _, k := range kinds {
@@ -360,9 +425,15 @@ func TestKinds(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = c.Delete(context.Background(), cfg) })
-			obj := k.make(ns, k.name+"-overridden", "")
+			// A namespace of its own: each refused create leaves a
+			// reservation pending until its TTL, and a namespace may have
+			// only so many.
+			obj := k.make("kinds-later-"+k.name, k.name+"-overridden", "")
+			if err := c.Create(ctx, object(schema.GroupVersionKind{Version: "v1", Kind: "Namespace"}, "", obj.GetNamespace(), map[string]any{})); err != nil {
+				t.Fatal(err)
+			}
 			obj.SetLabels(map[string]string{"later-webhook": "yes"})
-			want := "differs from the address vmipam reserved"
+			want := "must be the address vmipam reserved"
 			if k.name == "neonvm" {
 				want = "another mutating webhook removed the address vmipam reserved"
 			}
