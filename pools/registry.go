@@ -454,8 +454,10 @@ func (r *Registry) Ready(ctx context.Context) error {
 	if err := r.leaseReady(); err != nil {
 		return err
 	}
+	// Every admission that names no pool asks: read the cache's objects
+	// in place (only names and generations), not a copy of each.
 	var list vmipamv1.IPPoolList
-	if err := r.opts.Client.List(ctx, &list); err != nil {
+	if err := r.opts.Client.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
 		return fmt.Errorf("list IPPools: %w", err)
 	}
 	for _, pool := range list.Items {

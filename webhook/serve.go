@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -217,42 +218,42 @@ func (s *Server) timeout(r *http.Request) time.Duration {
 	return min(d, s.limits.MaxTimeout)
 }
 
-// maxEnvelopeField bounds each small field of the review (userInfo, kinds)
-// that is decoded whole.
-const maxEnvelopeField = 64 << 10
-
-// The review's fields, by their index in reviewPaths.
+// The review's fields, by their index in reviewPaths: only those a
+// handler reads. (The requesting user, requestKind and requestResource are
+// left out: no handler reads them.)
 const (
 	rvAPIVersion = iota
 	rvKind
 	rvUID
-	rvReqKind
-	rvResource
+	rvKindGroup
+	rvKindVersion
+	rvKindKind
+	rvResourceGroup
+	rvResourceVersion
+	rvResourceResource
 	rvSubResource
-	rvRequestKind
-	rvRequestResource
-	rvRequestSubResource
 	rvName
 	rvNamespace
 	rvOperation
-	rvUserInfo
 	rvObject
 	rvOldObject
 	rvDryRun
 )
 
 var reviewPaths = [][]string{
-	rvAPIVersion: {"apiVersion"}, rvKind: {"kind"},
-	rvUID: {"request", "uid"}, rvReqKind: {"request", "kind"}, rvResource: {"request", "resource"},
-	rvSubResource: {"request", "subResource"}, rvRequestKind: {"request", "requestKind"},
-	rvRequestResource: {"request", "requestResource"}, rvRequestSubResource: {"request", "requestSubResource"},
-	rvName: {"request", "name"}, rvNamespace: {"request", "namespace"}, rvOperation: {"request", "operation"},
-	rvUserInfo: {"request", "userInfo"}, rvObject: {"request", "object"}, rvOldObject: {"request", "oldObject"},
+	rvAPIVersion: {"apiVersion"}, rvKind: {"kind"}, rvUID: {"request", "uid"},
+	rvKindGroup: {"request", "kind", "group"}, rvKindVersion: {"request", "kind", "version"}, rvKindKind: {"request", "kind", "kind"},
+	rvResourceGroup: {"request", "resource", "group"}, rvResourceVersion: {"request", "resource", "version"},
+	rvResourceResource: {"request", "resource", "resource"},
+	rvSubResource:      {"request", "subResource"},
+	rvName:             {"request", "name"}, rvNamespace: {"request", "namespace"}, rvOperation: {"request", "operation"},
+	rvObject: {"request", "object"}, rvOldObject: {"request", "oldObject"},
 	rvDryRun: {"request", "dryRun"},
 }
 
 // decodeReview reads an AdmissionReview v1 request in one pass over the
-// body, decoding only its small fields: the objects it carries stay
+// body, decoding only the strings and the flag the handlers read, with no
+// reflection: the objects it carries stay
 // slices of the body (the handlers read them with target.Target.Read), so
 // a request costs its body's bytes and a scan, however large its object.
 // The body is not validated as a whole: the API server sends valid JSON,
@@ -274,20 +275,6 @@ func decodeReview(body []byte) (admission.Request, error) {
 		}
 		return s
 	}
-	small := func(i int, name string, into any) bool {
-		if v[i] == nil || jsonscan.KindOf(v[i]) == jsonscan.KindNull {
-			return false
-		}
-		if len(v[i]) > maxEnvelopeField {
-			errs = append(errs, fmt.Errorf("%s is larger than %d bytes", name, maxEnvelopeField))
-			return false
-		}
-		if err := json.Unmarshal(v[i], into); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", name, err))
-			return false
-		}
-		return true
-	}
 	apiVersion, kind := str(rvAPIVersion, "apiVersion"), str(rvKind, "kind")
 	if apiVersion != admissionv1.SchemeGroupVersion.String() || kind != "AdmissionReview" {
 		return admission.Request{}, fmt.Errorf("the request body is a %q %q; vmipam serves admission.k8s.io/v1 AdmissionReview only (admissionReviewVersions: [v1])",
@@ -295,23 +282,22 @@ func decodeReview(body []byte) (admission.Request, error) {
 	}
 	var q admissionv1.AdmissionRequest
 	q.UID = types.UID(str(rvUID, "request.uid"))
-	small(rvReqKind, "request.kind", &q.Kind)
-	small(rvResource, "request.resource", &q.Resource)
+	q.Kind = metav1.GroupVersionKind{
+		Group: str(rvKindGroup, "request.kind.group"), Version: str(rvKindVersion, "request.kind.version"), Kind: str(rvKindKind, "request.kind.kind"),
+	}
+	q.Resource = metav1.GroupVersionResource{
+		Group: str(rvResourceGroup, "request.resource.group"), Version: str(rvResourceVersion, "request.resource.version"),
+		Resource: str(rvResourceResource, "request.resource.resource"),
+	}
 	q.SubResource = str(rvSubResource, "request.subResource")
-	var rk metav1.GroupVersionKind
-	if small(rvRequestKind, "request.requestKind", &rk) {
-		q.RequestKind = &rk
-	}
-	var rr metav1.GroupVersionResource
-	if small(rvRequestResource, "request.requestResource", &rr) {
-		q.RequestResource = &rr
-	}
-	q.RequestSubResource = str(rvRequestSubResource, "request.requestSubResource")
 	q.Name, q.Namespace = str(rvName, "request.name"), str(rvNamespace, "request.namespace")
 	q.Operation = admissionv1.Operation(str(rvOperation, "request.operation"))
-	small(rvUserInfo, "request.userInfo", &q.UserInfo)
-	var dry bool
-	if small(rvDryRun, "request.dryRun", &dry) {
+	switch d := v[rvDryRun]; {
+	case d == nil || jsonscan.KindOf(d) == jsonscan.KindNull:
+	case jsonscan.KindOf(d) != jsonscan.KindBool:
+		errs = append(errs, fmt.Errorf("request.dryRun: must be true or false, not %s", jsonscan.KindOf(d)))
+	default:
+		dry := bytes.TrimSpace(d)[0] == 't'
 		q.DryRun = &dry
 	}
 	for i, into := range map[int]*runtime.RawExtension{rvObject: &q.Object, rvOldObject: &q.OldObject} {
