@@ -101,6 +101,23 @@ const DefaultRequestAnnotation = "vmipam.io/requested-address"
 // Default is the configuration without a file: vmipam's own kind.
 func Default() []Target { return []Target{VirtualMachine} }
 
+// OrDefault returns ts, or Default when ts is empty.
+func OrDefault(ts []Target) []Target {
+	if len(ts) == 0 {
+		return Default()
+	}
+	return ts
+}
+
+// LoadOrDefault is Load, or Default when path is empty (no
+// --kinds-config).
+func LoadOrDefault(path string) ([]Target, error) {
+	if path == "" {
+		return Default(), nil
+	}
+	return Load(path)
+}
+
 // Load reads and checks the kinds configuration file at path.
 func Load(path string) ([]Target, error) {
 	raw, err := os.ReadFile(path)

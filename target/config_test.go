@@ -86,6 +86,9 @@ func TestShippedConfigs(t *testing.T) {
 			}
 		}
 	}
+	if ts, err := LoadOrDefault(""); err != nil || len(ts) != 1 || ts[0].GVR() != VirtualMachine.GVR() {
+		t.Errorf("LoadOrDefault without a file: %v, %v; want vmipam's own kind", ts, err)
+	}
 	if _, err := Load(filepath.Join(t.TempDir(), "missing.yaml")); err == nil || !os.IsNotExist(unwrapAll(err)) {
 		t.Errorf("Load of a missing file: %v", err)
 	}

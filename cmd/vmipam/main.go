@@ -152,13 +152,9 @@ func run(o options) error {
 	if err := o.validate(); err != nil {
 		return err
 	}
-	kinds := target.Default()
-	if o.kindsConfig != "" {
-		ks, err := target.Load(o.kindsConfig)
-		if err != nil {
-			return fmt.Errorf("--kinds-config: %w", err)
-		}
-		kinds = ks
+	kinds, err := target.LoadOrDefault(o.kindsConfig)
+	if err != nil {
+		return fmt.Errorf("--kinds-config: %w", err)
 	}
 	cfg, err := ctrl.GetConfig()
 	if err != nil {

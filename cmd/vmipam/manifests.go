@@ -27,13 +27,9 @@ func renderManifests(args []string, w io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	kinds := target.Default()
-	if path != "" {
-		ks, err := target.Load(path)
-		if err != nil {
-			return err
-		}
-		kinds = ks
+	kinds, err := target.LoadOrDefault(path)
+	if err != nil {
+		return err
 	}
 	src := "vmipam's own VirtualMachine (no --kinds-config)"
 	if path != "" {

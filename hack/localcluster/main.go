@@ -54,13 +54,9 @@ func run(dir, root, webhookURL, namespace, kindsConfig string, crds []string) er
 	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
 		return errors.New("KUBEBUILDER_ASSETS is not set: run through 'make run' or 'make local-up', which build the control plane with hack/envtest-assets.sh")
 	}
-	kinds := target.Default()
-	if kindsConfig != "" {
-		ks, err := target.Load(kindsConfig)
-		if err != nil {
-			return err
-		}
-		kinds = ks
+	kinds, err := target.LoadOrDefault(kindsConfig)
+	if err != nil {
+		return err
 	}
 	env := &envtest.Environment{
 		CRDDirectoryPaths:     append([]string{filepath.Join(root, "deploy", "crd")}, crds...),

@@ -77,14 +77,6 @@ func CacheOptions(namespace string) cache.Options {
 	}}
 }
 
-// targetsOr returns ts, or vmipam's own kind when ts is empty.
-func targetsOr(ts []target.Target) []target.Target {
-	if len(ts) == 0 {
-		return target.Default()
-	}
-	return ts
-}
-
 // kindCaches makes and adds to mgr the two caches of kind t a replica
 // watches, both trimmed to what vmipam reads (target.Target.Trim): the
 // objects labelled for replica holder (see vmipamv1.HolderLabel), and those
@@ -130,7 +122,7 @@ func holderOr(holder string) string {
 // Setup adds the pool registry, the controllers, the webhooks and the
 // health checks to mgr and returns the registry.
 func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
-	ts := targetsOr(opts.Targets)
+	ts := target.OrDefault(opts.Targets)
 	opts.Holder = holderOr(opts.Holder)
 	lease := opts.Lease
 	lease.Namespace = opts.Namespace

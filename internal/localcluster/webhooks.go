@@ -29,10 +29,7 @@ import (
 // vmipam's own kind when empty), pointing at a vmipam on this machine and
 // excluding vmipam's namespace. vmipam injects its own CA into them.
 func InstallWebhooks(ctx context.Context, c client.Client, file, url, namespace string, kinds []target.Target) error {
-	if len(kinds) == 0 {
-		kinds = target.Default()
-	}
-	for _, o := range manifests.All(kinds, manifests.Options{URL: url, Namespace: namespace}) {
+	for _, o := range manifests.All(target.OrDefault(kinds), manifests.Options{URL: url, Namespace: namespace}) {
 		obj, ok := o.(client.Object)
 		if !ok {
 			continue

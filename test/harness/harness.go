@@ -134,13 +134,9 @@ func (c *Cluster) installWebhooks(ctx context.Context, root string) error {
 	if err := c.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}}); err != nil {
 		return fmt.Errorf("create namespace: %w", err)
 	}
-	kinds := target.Default()
-	if c.kindsConfig != "" {
-		ks, err := target.Load(c.kindsConfig)
-		if err != nil {
-			return err
-		}
-		kinds = ks
+	kinds, err := target.LoadOrDefault(c.kindsConfig)
+	if err != nil {
+		return err
 	}
 	return localcluster.InstallWebhooks(ctx, c.Client, filepath.Join(root, "deploy", "webhook", "manifests.yaml"),
 		"https://127.0.0.1:"+strconv.Itoa(c.WebhookPort), Namespace, kinds)
