@@ -1,20 +1,35 @@
 package target
 
 import (
+	"regexp"
+	"slices"
 	"strings"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 )
 
-// Rule is one check of a kind's ValidatingAdmissionPolicy: a CEL
-// expression over object, oldObject and request that must hold, and the
-// message when it does not.
+// Rule is one check of a kind's admission policies: a CEL expression over
+// object, oldObject and request that must hold on the operations it names,
+// and the message when it does not.
 type Rule struct {
 	Expression string
 	Message    string
 	// Reason is the status reason of a denial: Invalid or Forbidden.
 	Reason string
+	// Operations are the operations the rule checks: OpCreate, OpUpdate or
+	// both. Each operation gets a policy of its own (see
+	// manifests.Policies), so that a create evaluates only its own rule.
+	Operations []string
 }
+
+// The operations a Rule checks, as admission names them.
+const (
+	OpCreate = "CREATE"
+	OpUpdate = "UPDATE"
+)
+
+// On reports whether r checks operation op.
+func (r Rule) On(op string) bool { return slices.Contains(r.Operations, op) }
 
 // celHas returns the CEL test that path exists under root, element by
 // element: has(object.spec) && has(object.spec.addresses).
@@ -87,9 +102,9 @@ func celList(ss []string) string {
 }
 
 // PolicyRules returns the checks that keep what vmipam stamped on the
-// kind's objects as vmipam stamped it, for the API server to run as a
-// ValidatingAdmissionPolicy on CREATE and UPDATE (of the object and, for a
-// kind whose address goes into status, of its status), so that no VM
+// kind's objects as vmipam stamped it, for the API server to run as
+// ValidatingAdmissionPolicies on CREATE and UPDATE (of the object and, for
+// a kind whose address goes into status, of its status), so that no VM
 // update calls vmipam, and the variables they read:
 //   - on CREATE of an object in scope (its kind's condition holds; not a
 //     dry run), an address is there only with vmipam's token and stamp
@@ -124,15 +139,13 @@ func (t Target) PolicyRules(w Writers) ([]Variable, []Rule) {
 	}
 	// Who looks after an object: a label only vmipam moves, so that no
 	// user can take an object out of its replica's watch.
+	onCreate, onUpdate := []string{OpCreate}, []string{OpUpdate}
 	holderRule := Rule{
-		Expression: "request.operation != 'UPDATE' || variables.holder == variables.oldHolder || variables.writer",
+		Expression: "variables.holder == variables.oldHolder || variables.writer",
 		Message:    "metadata.labels[" + vmipamv1.HolderLabel + "] is written by vmipam only: it names the replica that looks after the object's address",
-		Reason:     "Forbidden",
+		Reason:     "Forbidden", Operations: onUpdate,
 	}
-	create := func(e string) string {
-		return "request.operation != 'CREATE' || variables.dryRun || !variables.inScope || " + e
-	}
-	update := func(e string) string { return "request.operation != 'UPDATE' || " + e }
+	create := func(e string) string { return "variables.dryRun || !variables.inScope || " + e }
 	var rules []Rule
 	if t.Status == nil {
 		cur, empty := t.celValue("object")
@@ -144,18 +157,18 @@ func (t Target) PolicyRules(w Writers) ([]Variable, []Rule) {
 				Expression: create("variables.address == " + empty + " && variables.stamp == '' || variables.token != '' && variables.stamp != '' && variables.address == " + stamped),
 				Message: where + " must be the address vmipam reserved for this object (metadata.annotations[" + vmipamv1.AddressAnnotation +
 					"], beside its token): another mutating webhook changed it or removed vmipam's stamp; vmipam's address cannot be overridden",
-				Reason: "Invalid",
+				Reason: "Invalid", Operations: onCreate,
 			},
 			Rule{
-				Expression: update("variables.oldAddress == " + empty + " || variables.address == variables.oldAddress"),
+				Expression: "variables.oldAddress == " + empty + " || variables.address == variables.oldAddress",
 				Message:    where + " is immutable once assigned; delete and recreate the object to get another address",
-				Reason:     "Forbidden",
+				Reason:     "Forbidden", Operations: onUpdate,
 			},
 			Rule{
-				Expression: update("variables.oldAddress != " + empty + " || variables.address == " + empty +
-					" || variables.writer && variables.stamp != '' && variables.stamp != variables.oldStamp && variables.address == " + stamped),
+				Expression: "variables.oldAddress != " + empty + " || variables.address == " + empty +
+					" || variables.writer && variables.stamp != '' && variables.stamp != variables.oldStamp && variables.address == " + stamped,
 				Message: where + ": addresses are assigned by vmipam when the object is created; to ask for a specific one, delete and recreate the object with it",
-				Reason:  "Forbidden",
+				Reason:  "Forbidden", Operations: onUpdate,
 			})
 	} else {
 		sp := strings.Join(t.Status.Address, ".")
@@ -166,18 +179,18 @@ func (t Target) PolicyRules(w Writers) ([]Variable, []Rule) {
 			Rule{
 				Expression: create("variables.token != '' && variables.stamp != '' && (variables.statusAddress == '' || variables.statusAddress == variables.stamp)"),
 				Message:    "metadata.annotations[" + vmipamv1.AddressAnnotation + "]: another mutating webhook removed the address vmipam reserved for this object, or " + sp + " differs from it",
-				Reason:     "Invalid",
+				Reason:     "Invalid", Operations: onCreate,
 			},
 			Rule{
-				Expression: update("variables.oldStatusAddress == '' || variables.statusAddress == variables.oldStatusAddress"),
+				Expression: "variables.oldStatusAddress == '' || variables.statusAddress == variables.oldStatusAddress",
 				Message:    sp + " is immutable once set; delete and recreate the object to get another address",
-				Reason:     "Forbidden",
+				Reason:     "Forbidden", Operations: onUpdate,
 			},
 			Rule{
 				Expression: "!variables.inScope || variables.statusAddress == '' || variables.stamp != '' && variables.statusAddress == variables.stamp",
 				Message: sp + " must be the address vmipam assigned (metadata.annotations[" + vmipamv1.AddressAnnotation +
 					"]): vmipam fills it; leave it alone",
-				Reason: "Forbidden",
+				Reason: "Forbidden", Operations: []string{OpCreate, OpUpdate},
 			})
 	}
 	for _, f := range []struct{ key, now, was string }{
@@ -186,9 +199,9 @@ func (t Target) PolicyRules(w Writers) ([]Variable, []Rule) {
 		{vmipamv1.AddressAnnotation, "stamp", "oldStamp"},
 	} {
 		rules = append(rules, Rule{
-			Expression: update("variables." + f.now + " == variables." + f.was + " || variables." + f.was + " == '' && variables.writer"),
+			Expression: "variables." + f.now + " == variables." + f.was + " || variables." + f.was + " == '' && variables.writer",
 			Message:    "metadata.annotations[" + f.key + "] is written by vmipam only, and immutable once set",
-			Reason:     "Forbidden",
+			Reason:     "Forbidden", Operations: onUpdate,
 		})
 	}
 	return vars, append(rules, holderRule)
@@ -199,4 +212,24 @@ func holderOf(root string) string {
 	m := root + ".metadata.labels"
 	q := celQuote(vmipamv1.HolderLabel)
 	return "(has(" + root + ".metadata.labels) && " + q + " in " + m + " ? " + m + "[" + q + "] : '')"
+}
+
+// Policy returns the rules of PolicyRules that check operation op, and the
+// variables they read: what the kind's policy for op holds.
+func (t Target) Policy(op string, w Writers) ([]Variable, []Rule) {
+	vars, rules := t.PolicyRules(w)
+	var keep []Rule
+	for _, r := range rules {
+		if r.On(op) {
+			keep = append(keep, r)
+		}
+	}
+	var used []Variable
+	for _, v := range vars {
+		ref := regexp.MustCompile(`\bvariables\.` + regexp.QuoteMeta(v.Name) + `\b`)
+		if slices.ContainsFunc(keep, func(r Rule) bool { return ref.MatchString(r.Expression) }) {
+			used = append(used, v)
+		}
+	}
+	return used, keep
 }

@@ -51,7 +51,9 @@ func admit(t *testing.T, tg Target, op, obj, old, user string) []string {
 		}
 		return out.Value()
 	}
-	vars, rules := tg.PolicyRules(Writers{Users: []string{"system:serviceaccount:vmipam-system:vmipam"}, Groups: []string{"system:masters"}})
+	// The policy of the operation: each has its own, with the variables
+	// its rules read.
+	vars, rules := tg.Policy(op, Writers{Users: []string{"system:serviceaccount:vmipam-system:vmipam"}, Groups: []string{"system:masters"}})
 	// Variables are lazy in the API server: one that reads oldObject on a
 	// CREATE fails, and only matters to a rule that reads it there.
 	values := map[string]any{}

@@ -88,14 +88,21 @@ func WebhookName(t target.Target) string {
 	return t.Resource + "." + g + ".vmipam.io"
 }
 
-// PolicyName is the name of kind t's ValidatingAdmissionPolicy and its
-// binding.
-func PolicyName(t target.Target) string {
+// PolicyName is the name of kind t's ValidatingAdmissionPolicy for
+// operation op, and of its binding: vmipam-<resource>.<group> for updates
+// (the name the single policy of earlier versions had, so that applying
+// the new wiring replaces it rather than leaves it beside), and that with
+// -create for creates.
+func PolicyName(t target.Target, op string) string {
 	g := t.GVK.Group
 	if g == "" {
 		g = "core"
 	}
-	return "vmipam-" + t.Resource + "." + g
+	name := "vmipam-" + t.Resource + "." + g
+	if op == target.OpCreate {
+		name += "-create"
+	}
+	return name
 }
 
 // Mutating returns the MutatingWebhookConfiguration that calls vmipam on
@@ -157,59 +164,72 @@ func clientConfig(o Options, path string) admissionregv1.WebhookClientConfig {
 	}}
 }
 
-// Policies returns, for each kind, the ValidatingAdmissionPolicy that runs
-// target.Target.PolicyRules in the API server, and its binding, which
-// leaves vmipam's own namespace out as the webhook does.
+// Policies returns, for each kind, the ValidatingAdmissionPolicies that
+// run target.Target.PolicyRules in the API server, one for creates and one
+// for updates, and their bindings, which leave vmipam's own namespace out
+// as the webhook does. Two policies, not one with a test of
+// request.operation in every rule: a create, which every VM pays for,
+// evaluates its one rule and none of the update's.
 func Policies(ts []target.Target, o Options) []runtime.Object {
 	o = o.withDefaults()
 	var out []runtime.Object
 	for _, t := range ts {
-		resources := []string{t.Resource}
-		if t.Status != nil {
-			resources = append(resources, t.Resource+"/status")
+		for _, op := range []string{target.OpCreate, target.OpUpdate} {
+			out = append(out, policy(t, op, o)...)
 		}
-		p := &admissionregv1.ValidatingAdmissionPolicy{
-			TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingAdmissionPolicy"},
-			ObjectMeta: metav1.ObjectMeta{Name: PolicyName(t)},
-			Spec: admissionregv1.ValidatingAdmissionPolicySpec{
-				FailurePolicy: ptr.To(admissionregv1.Fail),
-				MatchConstraints: &admissionregv1.MatchResources{
-					MatchPolicy: ptr.To(admissionregv1.Equivalent),
-					ResourceRules: []admissionregv1.NamedRuleWithOperations{{RuleWithOperations: admissionregv1.RuleWithOperations{
-						Operations: []admissionregv1.OperationType{admissionregv1.Create, admissionregv1.Update},
-						Rule: admissionregv1.Rule{
-							APIGroups: []string{t.GVK.Group}, APIVersions: []string{t.GVK.Version}, Resources: resources,
-						},
-					}}},
-				},
-			},
-		}
-		vars, rules := t.PolicyRules(o.writers())
-		for _, v := range vars {
-			p.Spec.Variables = append(p.Spec.Variables, admissionregv1.Variable{Name: v.Name, Expression: v.Expression})
-		}
-		for _, r := range rules {
-			reason := metav1.StatusReason(r.Reason)
-			p.Spec.Validations = append(p.Spec.Validations, admissionregv1.Validation{
-				Expression: r.Expression, Message: r.Message, Reason: &reason,
-			})
-		}
-		b := &admissionregv1.ValidatingAdmissionPolicyBinding{
-			TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingAdmissionPolicyBinding"},
-			ObjectMeta: metav1.ObjectMeta{Name: PolicyName(t)},
-			Spec: admissionregv1.ValidatingAdmissionPolicyBindingSpec{
-				PolicyName:        PolicyName(t),
-				ValidationActions: []admissionregv1.ValidationAction{admissionregv1.Deny},
-			},
-		}
-		if !t.ClusterScoped {
-			b.Spec.MatchResources = &admissionregv1.MatchResources{NamespaceSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
-				Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpNotIn, Values: []string{o.Namespace},
-			}}}}
-		}
-		out = append(out, p, b)
 	}
 	return out
+}
+
+// policy returns kind t's ValidatingAdmissionPolicy for operation op and
+// its binding.
+func policy(t target.Target, op string, o Options) []runtime.Object {
+	resources := []string{t.Resource}
+	if t.Status != nil && op == target.OpUpdate {
+		// The status subresource is only ever updated.
+		resources = append(resources, t.Resource+"/status")
+	}
+	name := PolicyName(t, op)
+	p := &admissionregv1.ValidatingAdmissionPolicy{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingAdmissionPolicy"},
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: admissionregv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy: ptr.To(admissionregv1.Fail),
+			MatchConstraints: &admissionregv1.MatchResources{
+				MatchPolicy: ptr.To(admissionregv1.Equivalent),
+				ResourceRules: []admissionregv1.NamedRuleWithOperations{{RuleWithOperations: admissionregv1.RuleWithOperations{
+					Operations: []admissionregv1.OperationType{admissionregv1.OperationType(op)},
+					Rule: admissionregv1.Rule{
+						APIGroups: []string{t.GVK.Group}, APIVersions: []string{t.GVK.Version}, Resources: resources,
+					},
+				}}},
+			},
+		},
+	}
+	vars, rules := t.Policy(op, o.writers())
+	for _, v := range vars {
+		p.Spec.Variables = append(p.Spec.Variables, admissionregv1.Variable{Name: v.Name, Expression: v.Expression})
+	}
+	for _, r := range rules {
+		reason := metav1.StatusReason(r.Reason)
+		p.Spec.Validations = append(p.Spec.Validations, admissionregv1.Validation{
+			Expression: r.Expression, Message: r.Message, Reason: &reason,
+		})
+	}
+	b := &admissionregv1.ValidatingAdmissionPolicyBinding{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingAdmissionPolicyBinding"},
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: admissionregv1.ValidatingAdmissionPolicyBindingSpec{
+			PolicyName:        name,
+			ValidationActions: []admissionregv1.ValidationAction{admissionregv1.Deny},
+		},
+	}
+	if !t.ClusterScoped {
+		b.Spec.MatchResources = &admissionregv1.MatchResources{NamespaceSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+			Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpNotIn, Values: []string{o.Namespace},
+		}}}}
+	}
+	return []runtime.Object{p, b}
 }
 
 // RBAC returns the ClusterRole that grants vmipam what it does with the

@@ -38,7 +38,7 @@ func TestAll(t *testing.T) {
 			role = o
 		}
 	}
-	if m == nil || m.Name != MutatingName || len(m.Webhooks) != 3 || role == nil || len(policies) != 3 {
+	if m == nil || m.Name != MutatingName || len(m.Webhooks) != 3 || role == nil || len(policies) != 6 {
 		t.Fatalf("rendered %d objects: %+v", len(objs), objs)
 	}
 	paths := map[string]bool{}
@@ -58,13 +58,36 @@ func TestAll(t *testing.T) {
 		if *w.FailurePolicy != admissionregv1.Fail || *w.SideEffects != admissionregv1.SideEffectClassNoneOnDryRun || w.NamespaceSelector == nil {
 			t.Errorf("%s: %+v", w.Name, w)
 		}
-		p := policies[PolicyName(k)]
-		if p == nil {
-			t.Fatalf("no policy for %s", k.GVR())
+		for _, op := range []string{target.OpCreate, target.OpUpdate} {
+			p := policies[PolicyName(k, op)]
+			if p == nil {
+				t.Fatalf("no %s policy for %s", op, k.GVR())
+			}
+			rule := p.Spec.MatchConstraints.ResourceRules[0]
+			if len(rule.Operations) != 1 || string(rule.Operations[0]) != op {
+				t.Errorf("%s: the %s policy matches %v", k.GVR(), op, rule.Operations)
+			}
+			if want := k.Status != nil && op == target.OpUpdate; slices.Contains(rule.Resources, k.Resource+"/status") != want {
+				t.Errorf("%s: %s policy resources %v", k.GVR(), op, rule.Resources)
+			}
+			// Every variable a policy declares is read by one of its
+			// rules, and none reads request.operation: the policy's
+			// match says which operation it checks.
+			for _, v := range p.Spec.Variables {
+				if !slices.ContainsFunc(p.Spec.Validations, func(r admissionregv1.Validation) bool {
+					return strings.Contains(r.Expression+" ", "variables."+v.Name+" ")
+				}) {
+					t.Errorf("%s: the %s policy declares variable %s, which no rule reads", k.GVR(), op, v.Name)
+				}
+			}
+			for _, r := range p.Spec.Validations {
+				if strings.Contains(r.Expression, "request.operation") {
+					t.Errorf("%s: the %s policy tests the operation: %s", k.GVR(), op, r.Expression)
+				}
+			}
 		}
-		res := p.Spec.MatchConstraints.ResourceRules[0].Resources
-		if want := k.Status != nil; slices.Contains(res, k.Resource+"/status") != want {
-			t.Errorf("%s: policy resources %v", k.GVR(), res)
+		if n := len(policies[PolicyName(k, target.OpCreate)].Spec.Validations); n > 2 {
+			t.Errorf("%s: a create evaluates %d rules", k.GVR(), n)
 		}
 	}
 	if m.Webhooks[0].Name != "mvirtualmachine.vmipam.io" || *m.Webhooks[0].ClientConfig.Service.Path != "/mutate-vmipam-io-v1alpha1-virtualmachine" {
