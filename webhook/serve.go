@@ -3,7 +3,6 @@ package webhook
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -165,16 +164,11 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, h admission.Handl
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	resp := h.Handle(ctx, req)
-	if err := resp.Complete(req); err != nil {
-		log.Error(err, "Completing admission response")
-		resp = admission.Errored(http.StatusInternalServerError, err)
-		resp.UID = req.UID
+	out, err := encodeReview(req.UID, h.Handle(ctx, req))
+	if err != nil {
+		log.Error(err, "Encoding admission response")
+		out, err = marshalReview(req.UID, admission.Errored(http.StatusInternalServerError, err))
 	}
-	out, err := json.Marshal(admissionv1.AdmissionReview{
-		TypeMeta: metav1.TypeMeta{APIVersion: admissionv1.SchemeGroupVersion.String(), Kind: "AdmissionReview"},
-		Response: &resp.AdmissionResponse,
-	})
 	if err != nil {
 		http.Error(w, "encode response: "+err.Error(), http.StatusInternalServerError)
 		return
