@@ -15,6 +15,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
@@ -98,9 +99,13 @@ func (r *VMReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// Every replica runs it: each looks after the objects whose
 		// addresses it holds.
 		WithOptions(crcontroller.Options{MaxConcurrentReconciles: n, NeedLeaderElection: ptr.To(false)})
-	if r.Own != nil {
+	switch {
+	case r.Own != nil && r.Target.MetadataSuffices():
+		// The objects vmipam stamped, as metadata: Reader rebuilds them.
+		b = b.WatchesRawSource(source.Kind(r.Own, r.Target.NewMetadata(), &handler.TypedEnqueueRequestForObject[*metav1.PartialObjectMetadata]{}))
+	case r.Own != nil:
 		b = b.WatchesRawSource(source.Kind(r.Own, r.Target.New(), &handler.TypedEnqueueRequestForObject[*unstructured.Unstructured]{}))
-	} else {
+	default:
 		b = b.For(r.Target.New())
 	}
 	if r.Unlabeled != nil {
@@ -272,7 +277,7 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 	if !target.HasFinalizer(obj) {
 		base := obj.DeepCopy()
 		target.AddFinalizer(obj)
-		if err := r.Client.Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+		if err := r.patchMetadata(ctx, obj, base); err != nil {
 			return ctrl.Result{}, fmt.Errorf("add finalizer: %w", err)
 		}
 	}
@@ -385,7 +390,7 @@ func (r *VMReconciler) label(ctx context.Context, obj *unstructured.Unstructured
 	if !target.SetHolder(obj, r.Registry.HolderLabel()) {
 		return nil
 	}
-	if err := r.Client.Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+	if err := r.patchMetadata(ctx, obj, base); err != nil {
 		return client.IgnoreNotFound(fmt.Errorf("set the holder label: %w", err))
 	}
 	return nil
@@ -394,9 +399,29 @@ func (r *VMReconciler) label(ctx context.Context, obj *unstructured.Unstructured
 func (r *VMReconciler) removeFinalizer(ctx context.Context, obj *unstructured.Unstructured) error {
 	base := obj.DeepCopy()
 	target.RemoveFinalizer(obj)
-	if err := r.Client.Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+	if err := r.patchMetadata(ctx, obj, base); err != nil {
 		return client.IgnoreNotFound(fmt.Errorf("remove finalizer: %w", err))
 	}
+	return nil
+}
+
+// patchMetadata writes what obj's metadata has that base's had not (a
+// finalizer added or removed, a label) as a merge patch locked to base's
+// resourceVersion, through the API's metadata view of the kind: the answer
+// is the object's metadata, in protobuf, not the whole object in JSON. obj
+// takes the resourceVersion the write made, so that a later patch in the
+// same reconcile is locked to it.
+func (r *VMReconciler) patchMetadata(ctx context.Context, obj, base *unstructured.Unstructured) error {
+	data, err := client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}).Data(obj)
+	if err != nil {
+		return fmt.Errorf("compute the patch: %w", err)
+	}
+	m := r.Target.NewMetadata()
+	m.Namespace, m.Name = obj.GetNamespace(), obj.GetName()
+	if err := r.Client.Patch(ctx, m, client.RawPatch(types.MergePatchType, data)); err != nil {
+		return err
+	}
+	obj.SetResourceVersion(m.ResourceVersion)
 	return nil
 }
 

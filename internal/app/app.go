@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/selection"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	toolscache "k8s.io/client-go/tools/cache"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -78,27 +79,38 @@ func CacheOptions(namespace string) cache.Options {
 }
 
 // kindCaches makes and adds to mgr the two caches of kind t a replica
-// watches, both trimmed to what vmipam reads (target.Target.Trim): the
-// objects labelled for replica holder (see vmipamv1.HolderLabel), and those
-// with no holder label (that bypassed the webhook, or were created before
-// vmipam labelled them; every replica sees them, and the one that holds an
-// address, or is chosen for one that needs one, labels it). An object
-// labelled for another replica is in neither.
+// watches, both trimmed to what vmipam reads: the objects labelled for
+// replica holder (see vmipamv1.HolderLabel), and those with no holder
+// label (that bypassed the webhook, or were created before vmipam labelled
+// them; every replica sees them, and the one that holds an address, or is
+// chosen for one that needs one, labels it). An object labelled for
+// another replica is in neither. The replica's own objects, which vmipam
+// stamped, are watched as metadata only where that suffices
+// (target.Target.MetadataSuffices; shardReader reads them); the others
+// whole (target.Target.Trim), since an object that bypassed the webhook
+// may hold its address anywhere and its kind's condition may read its
+// spec.
 func kindCaches(mgr ctrl.Manager, t target.Target, holder string) (own, unlabeled cache.Cache, err error) {
 	none, err := labels.NewRequirement(vmipamv1.HolderLabel, selection.DoesNotExist, nil)
 	if err != nil {
 		return nil, nil, fmt.Errorf("select unlabelled objects: %w", err)
 	}
+	ownObj, ownTrim := client.Object(t.New()), toolscache.TransformFunc(t.Trim)
+	if t.MetadataSuffices() {
+		ownObj, ownTrim = t.NewMetadata(), t.TrimMetadata
+	}
 	for _, sel := range []struct {
-		dst *cache.Cache
-		sel labels.Selector
+		dst  *cache.Cache
+		sel  labels.Selector
+		obj  client.Object
+		trim toolscache.TransformFunc
 	}{
-		{&own, labels.SelectorFromSet(labels.Set{vmipamv1.HolderLabel: pools.HolderLabelValue(holder)})},
-		{&unlabeled, labels.NewSelector().Add(*none)},
+		{&own, labels.SelectorFromSet(labels.Set{vmipamv1.HolderLabel: pools.HolderLabelValue(holder)}), ownObj, ownTrim},
+		{&unlabeled, labels.NewSelector().Add(*none), t.New(), t.Trim},
 	} {
 		c, err := cache.New(mgr.GetConfig(), cache.Options{
 			HTTPClient: mgr.GetHTTPClient(), Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(),
-			ByObject: map[client.Object]cache.ByObject{t.New(): {Label: sel.sel, Transform: t.Trim}},
+			ByObject: map[client.Object]cache.ByObject{sel.obj: {Label: sel.sel, Transform: sel.trim}},
 		})
 		if err != nil {
 			return nil, nil, fmt.Errorf("make a cache of %s: %w", t.GVR().GroupResource(), err)
@@ -154,7 +166,7 @@ func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
 	for _, t := range ts {
 		// What the controller and the webhook read of the objects: this
 		// replica's, and the unlabelled ones, once the kind is served.
-		objects := &shardReader{}
+		objects := &shardReader{target: t, api: mgr.GetAPIReader()}
 		if err := whenServed(mgr, t, func(mgr ctrl.Manager) error {
 			reg.MarkServed(t.GVK)
 			own, unlabeled, err := kindCaches(mgr, t, opts.Holder)

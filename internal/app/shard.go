@@ -2,13 +2,18 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/vmipam/vmipam/target"
 )
 
 // shardReader reads objects of one kind from the two caches that hold what
@@ -16,7 +21,16 @@ import (
 // unlabelled ones. An object labelled for another replica is in neither,
 // and reads as not found, as does every object before the caches are set
 // (the kind's CRD is not installed yet, so none exists).
+//
+// Where the own cache holds metadata only (target.Target.MetadataSuffices),
+// an object read from it is rebuilt from its metadata and vmipam's stamp
+// (target.Target.FromMetadata); one labelled for this replica without a
+// stamp (adopted after it bypassed the webhook) is read whole from the API
+// server. Objects are read into *unstructured.Unstructured.
 type shardReader struct {
+	target target.Target
+	// api reads an object whole from the API server.
+	api    client.Reader
 	caches atomic.Pointer[[2]client.Reader]
 }
 
@@ -31,36 +45,83 @@ func (r *shardReader) Get(ctx context.Context, key client.ObjectKey, obj client.
 	if c == nil {
 		return apierrors.NewNotFound(schema.GroupResource{}, key.Name)
 	}
-	err := c[0].Get(ctx, key, obj, opts...)
+	err := r.getOwn(ctx, c[0], key, obj, opts...)
 	if apierrors.IsNotFound(err) {
 		return c[1].Get(ctx, key, obj, opts...)
 	}
 	return err
 }
 
-// List lists the replica's own objects and the unlabelled ones into list.
+func (r *shardReader) getOwn(ctx context.Context, own client.Reader, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if !r.target.MetadataSuffices() {
+		return own.Get(ctx, key, obj, opts...)
+	}
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return fmt.Errorf("read %s: into a %T, not an unstructured object", key, obj)
+	}
+	m := r.target.NewMetadata()
+	// FromMetadata copies what it reads, so the cache's own copy will do.
+	if err := own.Get(ctx, key, m, &client.GetOptions{UnsafeDisableDeepCopy: ptr.To(true)}); err != nil {
+		return err
+	}
+	if whole, ok := r.target.FromMetadata(m); ok {
+		u.Object = whole.Object
+		return nil
+	}
+	if err := r.api.Get(ctx, key, obj, opts...); err != nil {
+		return fmt.Errorf("read %s, which carries no stamp of vmipam's: %w", key, err)
+	}
+	return nil
+}
+
+// List lists the replica's own objects and the unlabelled ones into list,
+// an *unstructured.UnstructuredList.
 func (r *shardReader) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
 	c := r.caches.Load()
 	if c == nil {
 		return nil
 	}
-	more, ok := list.DeepCopyObject().(client.ObjectList)
+	ul, ok := list.(*unstructured.UnstructuredList)
 	if !ok {
-		return fmt.Errorf("list %T: not a list", list)
+		return fmt.Errorf("list into a %T, not an unstructured list", list)
 	}
-	if err := c[0].List(ctx, list, opts...); err != nil {
+	if err := r.listOwn(ctx, c[0], ul, opts...); err != nil {
 		return err
 	}
+	more := &unstructured.UnstructuredList{}
+	more.SetGroupVersionKind(ul.GroupVersionKind())
 	if err := c[1].List(ctx, more, opts...); err != nil {
 		return err
 	}
-	a, err := apimeta.ExtractList(list)
-	if err != nil {
-		return fmt.Errorf("list %T: %w", list, err)
+	ul.Items = append(ul.Items, more.Items...)
+	return nil
+}
+
+func (r *shardReader) listOwn(ctx context.Context, own client.Reader, list *unstructured.UnstructuredList, opts ...client.ListOption) error {
+	if !r.target.MetadataSuffices() {
+		return own.List(ctx, list, opts...)
 	}
-	b, err := apimeta.ExtractList(more)
-	if err != nil {
-		return fmt.Errorf("list %T: %w", list, err)
+	ms := &metav1.PartialObjectMetadataList{}
+	ms.SetGroupVersionKind(r.target.GVK.GroupVersion().WithKind(r.target.GVK.Kind + "List"))
+	if err := own.List(ctx, ms, append(opts, client.UnsafeDisableDeepCopy)...); err != nil {
+		return err
 	}
-	return apimeta.SetList(list, append(a, b...))
+	var errs []error
+	for i := range ms.Items {
+		m := &ms.Items[i]
+		if whole, ok := r.target.FromMetadata(m); ok {
+			list.Items = append(list.Items, *whole)
+			continue
+		}
+		u := r.target.New()
+		if err := r.api.Get(ctx, client.ObjectKeyFromObject(m), u); err != nil {
+			if !apierrors.IsNotFound(err) {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		list.Items = append(list.Items, *u)
+	}
+	return errors.Join(errs...)
 }

@@ -1,10 +1,12 @@
 package app
 
 import (
+	"slices"
 	"testing"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
@@ -12,16 +14,25 @@ import (
 	"github.com/vmipam/vmipam/target"
 )
 
-// TestShardReader: an object is read from the replica's own cache or from
-// the unlabelled one, and a list holds both; one in neither is not found,
-// as is every one before the caches are set.
+// TestShardReader: an object is read from the replica's own cache (held as
+// metadata, and rebuilt from vmipam's stamp) or from the unlabelled one,
+// and a list holds both; one of its own without a stamp is read whole from
+// the API server; one in neither cache is not found, as is every one
+// before the caches are set.
 func TestShardReader(t *testing.T) {
-	vm := func(name string) *vmipamv1.VirtualMachine {
-		return &vmipamv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name}}
+	vm := func(name string, ann map[string]string, addrs ...string) *vmipamv1.VirtualMachine {
+		return &vmipamv1.VirtualMachine{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: "uid-" + types.UID(name), Annotations: ann,
+				Labels: map[string]string{vmipamv1.HolderLabel: "h", "app": "x"}, Finalizers: []string{vmipamv1.Finalizer}},
+			Spec: vmipamv1.VirtualMachineSpec{Addresses: addrs, Image: "debian"},
+		}
 	}
-	own := fake.NewClientBuilder().WithScheme(Scheme).WithObjects(vm("mine")).Build()
-	unlabeled := fake.NewClientBuilder().WithScheme(Scheme).WithObjects(vm("unlabelled")).Build()
-	r := &shardReader{}
+	stamped := vm("mine", map[string]string{vmipamv1.AddressAnnotation: "10.0.0.5", vmipamv1.TokenAnnotation: "t", "other": "o"}, "10.0.0.5")
+	adopted := vm("adopted", nil, "10.0.0.6")
+	own := fake.NewClientBuilder().WithScheme(Scheme).WithObjects(stamped, adopted).Build()
+	api := fake.NewClientBuilder().WithScheme(Scheme).WithObjects(stamped.DeepCopy(), adopted.DeepCopy()).Build()
+	unlabeled := fake.NewClientBuilder().WithScheme(Scheme).WithObjects(vm("unlabelled", nil, "10.0.0.7")).Build()
+	r := &shardReader{target: target.VirtualMachine, api: api}
 	if err := r.Get(t.Context(), client.ObjectKey{Namespace: "ns", Name: "mine"}, target.VirtualMachine.New()); !apierrors.IsNotFound(err) {
 		t.Errorf("Get before the kind is served: %v; want not found", err)
 	}
@@ -32,14 +43,20 @@ func TestShardReader(t *testing.T) {
 	for _, tt := range []struct {
 		name  string
 		found bool
-	}{{"mine", true}, {"unlabelled", true}, {"another replica's", false}} {
+		addr  string
+	}{{"mine", true, "10.0.0.5"}, {"adopted", true, "10.0.0.6"}, {"unlabelled", true, "10.0.0.7"}, {"another replica's", false, ""}} {
 		obj := target.VirtualMachine.New()
 		err := r.Get(t.Context(), client.ObjectKey{Namespace: "ns", Name: tt.name}, obj)
-		if tt.found && (err != nil || obj.GetName() != tt.name) {
-			t.Errorf("Get %s: %v, %q", tt.name, err, obj.GetName())
+		if !tt.found {
+			if !apierrors.IsNotFound(err) {
+				t.Errorf("Get %s: %v; want not found", tt.name, err)
+			}
+			continue
 		}
-		if !tt.found && !apierrors.IsNotFound(err) {
-			t.Errorf("Get %s: %v; want not found", tt.name, err)
+		addrs, aerr := target.VirtualMachine.Addresses(obj)
+		if err != nil || obj.GetName() != tt.name || obj.GetUID() != types.UID("uid-"+tt.name) || aerr != nil || !slices.Equal(addrs, []string{tt.addr}) ||
+			!target.HasFinalizer(obj) || obj.GetLabels()[vmipamv1.HolderLabel] != "h" {
+			t.Errorf("Get %s: %v, %+v", tt.name, err, obj.Object)
 		}
 	}
 	list := target.VirtualMachine.NewList()
@@ -50,7 +67,8 @@ func TestShardReader(t *testing.T) {
 	for _, o := range list.Items {
 		names = append(names, o.GetName())
 	}
-	if len(names) != 2 || names[0] != "mine" || names[1] != "unlabelled" {
-		t.Errorf("List: %v; want [mine unlabelled]", names)
+	slices.Sort(names)
+	if !slices.Equal(names, []string{"adopted", "mine", "unlabelled"}) {
+		t.Errorf("List: %v; want [adopted mine unlabelled]", names)
 	}
 }
