@@ -275,9 +275,8 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 		return r.assign(ctx, obj, pool)
 	}
 	if !target.HasFinalizer(obj) {
-		base := obj.DeepCopy()
 		target.AddFinalizer(obj)
-		if err := r.patchMetadata(ctx, obj, base); err != nil {
+		if err := r.patchMetadata(ctx, obj, "finalizers", obj.GetFinalizers()); err != nil {
 			return ctrl.Result{}, fmt.Errorf("add finalizer: %w", err)
 		}
 	}
@@ -386,35 +385,35 @@ func (r *VMReconciler) settle(ctx context.Context, obj *unstructured.Unstructure
 // change of the object reaches this replica only while no replica's label
 // is on it.
 func (r *VMReconciler) label(ctx context.Context, obj *unstructured.Unstructured) error {
-	base := obj.DeepCopy()
 	if !target.SetHolder(obj, r.Registry.HolderLabel()) {
 		return nil
 	}
-	if err := r.patchMetadata(ctx, obj, base); err != nil {
+	if err := r.patchMetadata(ctx, obj, "labels", map[string]string{vmipamv1.HolderLabel: obj.GetLabels()[vmipamv1.HolderLabel]}); err != nil {
 		return client.IgnoreNotFound(fmt.Errorf("set the holder label: %w", err))
 	}
 	return nil
 }
 
 func (r *VMReconciler) removeFinalizer(ctx context.Context, obj *unstructured.Unstructured) error {
-	base := obj.DeepCopy()
 	target.RemoveFinalizer(obj)
-	if err := r.patchMetadata(ctx, obj, base); err != nil {
+	if err := r.patchMetadata(ctx, obj, "finalizers", obj.GetFinalizers()); err != nil {
 		return client.IgnoreNotFound(fmt.Errorf("remove finalizer: %w", err))
 	}
 	return nil
 }
 
-// patchMetadata writes what obj's metadata has that base's had not (a
-// finalizer added or removed, a label) as a merge patch locked to base's
-// resourceVersion, through the API's metadata view of the kind: the answer
-// is the object's metadata, in protobuf, not the whole object in JSON. obj
-// takes the resourceVersion the write made, so that a later patch in the
-// same reconcile is locked to it.
-func (r *VMReconciler) patchMetadata(ctx context.Context, obj, base *unstructured.Unstructured) error {
-	data, err := client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}).Data(obj)
+// patchMetadata sets metadata field of obj to value (all its finalizers,
+// or labels to add) with a merge patch locked to obj's resourceVersion,
+// through the API's metadata view of the kind: the answer is the object's
+// metadata, in protobuf, not the whole object in JSON. The patch is written
+// directly, not computed from a copy of obj as client.MergeFrom does (that
+// diff was a tenth of vmipam's CPU per delete). obj takes the
+// resourceVersion the write made, so that a later patch in the same
+// reconcile is locked to it.
+func (r *VMReconciler) patchMetadata(ctx context.Context, obj *unstructured.Unstructured, field string, value any) error {
+	data, err := json.Marshal(map[string]any{"metadata": map[string]any{field: value, "resourceVersion": obj.GetResourceVersion()}})
 	if err != nil {
-		return fmt.Errorf("compute the patch: %w", err)
+		return fmt.Errorf("encode the patch of metadata.%s: %w", field, err)
 	}
 	m := r.Target.NewMetadata()
 	m.Namespace, m.Name = obj.GetNamespace(), obj.GetName()
