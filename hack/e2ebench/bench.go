@@ -482,15 +482,35 @@ func (b *bench) measureDeletes(ctx context.Context, rep *report) error {
 		if err != nil {
 			return err
 		}
+		a0, err := b.apiserverMetrics(ctx)
+		if err != nil {
+			return err
+		}
+		wait := func() {}
+		if b.opts.profile > 0 {
+			wait = b.profileAPIServer(ctx, "e2e-bench-apiserver-delete-"+m.prefix()+".pprof", b.opts.profile)
+		}
 		c0 := sampleCPU()
 		d, err := b.deleteNames(ctx, m, names)
 		if err != nil {
 			return err
 		}
 		d.cpu = sampleCPU().sub(c0)
+		wait()
 		v1, err := b.vmipamMetrics()
 		if err != nil {
 			return err
+		}
+		a1, err := b.apiserverMetrics(ctx)
+		if err != nil {
+			return err
+		}
+		d.requests = map[string]float64{}
+		before := requestCounts(a0)
+		for k, v := range requestCounts(a1) {
+			if n := v - before[k]; n > 0 {
+				d.requests[k] = n
+			}
 		}
 		d.storeWrites = v1.sum("vmipam_store_writes_total", map[string]string{"pool": poolName}) -
 			v0.sum("vmipam_store_writes_total", map[string]string{"pool": poolName})

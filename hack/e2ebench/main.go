@@ -97,7 +97,7 @@ func main() {
 	flag.StringVar(&o.repo, "repo", ".", "The vmipam repository (built and run as the binary under test).")
 	flag.StringVar(&o.clients, "clients", "per-worker", "per-worker: each client has its own HTTP/2 connection to the API server; shared: all clients multiplex one connection.")
 	flag.DurationVar(&o.freeTimeout, "free-timeout", 2*time.Minute, "How long, beyond the cooldown, to wait for every address to be free after the deletes.")
-	flag.DurationVar(&o.profile, "profile", 0, "When set, a CPU profile of kube-apiserver this long (whole seconds) is taken from the start of each mode's first round, into e2e-bench-apiserver-<mode>.pprof; the rounds should last longer (see -n).")
+	flag.DurationVar(&o.profile, "profile", 0, "When set, a CPU profile of kube-apiserver this long (whole seconds) is taken from the start of each mode's first round, into e2e-bench-apiserver-<mode>.pprof, and from the start of each mode's deletes, into e2e-bench-apiserver-delete-<mode>.pprof; the rounds and the deletes should last longer (see -n).")
 	flag.BoolVar(&o.noop, "noop", true, "Also measure a no-op mutating webhook: creates without vmipam, through one mutating webhook that e2ebench serves and that only allows, adding an annotation and a finalizer (the floor of one webhook call per create, and of a delete through a finalizer).")
 	flag.Float64Var(&o.pacedRate, "paced-rate", 0, "Creates per second with vmipam in the steady-rate phase after the saturated rounds, where the webhooks' latency is measured again at a fixed load below saturation; 0: half the throughput with vmipam just measured; negative: no such phase.")
 	flag.IntVar(&o.pacedN, "paced-n", 1500, "VirtualMachines to create with vmipam in the steady-rate phase (see -paced-rate).")

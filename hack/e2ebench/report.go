@@ -79,6 +79,9 @@ type deletion struct {
 	lat         []time.Duration
 	cpu         cpuSample
 	storeWrites float64
+	// requests counts what the API server served meanwhile, by verb and
+	// resource (apiserver_request_total).
+	requests map[string]float64
 }
 
 func (d deletion) rate() float64 {
@@ -530,6 +533,18 @@ func (r *report) markdown() string {
 	}
 	for _, p := range cpuProcs {
 		dt.row("CPU s per 1000 deletes: "+p, perDel(dw, p), perDel(dwo, p), perDel(dn, p), "", "")
+	}
+	delKeys := map[string]bool{}
+	for _, d := range []deletion{dw, dwo, dn} {
+		for k, v := range d.requests {
+			if v/float64(max(d.count, 1)) >= 0.005 {
+				delKeys[k] = true
+			}
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(delKeys)) {
+		per := func(d deletion) string { return fmt.Sprintf("%.2f", d.requests[k]/float64(max(d.count, 1))) }
+		dt.row("API server requests per delete: "+k, per(dw), per(dwo), per(dn), "", "")
 	}
 	w("")
 	if r.notFree {
