@@ -240,7 +240,9 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 					return ctrl.Result{}, err
 				}
 			}
-			log.V(1).Info("Releasing address", "address", addr, "pool", pool.Name())
+			if debug := log.V(1); debug.Enabled() {
+				debug.Info("Releasing address", "address", addr, "pool", pool.Name())
+			}
 			// The object may go only once a crash could no longer free the
 			// address early; the pool returns when that holds, usually
 			// without a write of its own.
@@ -259,11 +261,11 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 		if err := r.removeFinalizer(ctx, obj); err != nil {
 			return ctrl.Result{}, err
 		}
-		if hasAddr {
+		if debug := log.V(1); hasAddr && debug.Enabled() {
 			// A log line, not an Event: an Event per object lifetime would
 			// double the API writes of a fleet of short-lived machines.
 			_, _, until := pool.Lookup(addr)
-			log.V(1).Info("Released address", "address", addr, "pool", pool.Name(), "coolsDownUntil", until)
+			debug.Info("Released address", "address", addr, "pool", pool.Name(), "coolsDownUntil", until)
 		}
 		return ctrl.Result{}, nil
 	}
@@ -285,7 +287,9 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 	}
 	if owner.Token != "" {
 		if _, err := pool.Bind(owner); err == nil {
-			log.V(1).Info("Bound address", "address", addr, "pool", pool.Name())
+			if debug := log.V(1); debug.Enabled() {
+				debug.Info("Bound address", "address", addr, "pool", pool.Name())
+			}
 			return ctrl.Result{}, r.settle(ctx, obj, pool, addr)
 		} else if errors.Is(err, ipam.ErrNotReady) {
 			return ctrl.Result{RequeueAfter: time.Second}, nil

@@ -53,7 +53,7 @@ func (r *Registry) liveHoldings(ctx context.Context, pool string, ranges *ipam.R
 // one list of the objects.
 func (r *Registry) liveIn(ctx context.Context, pools map[string]*ipam.Ranges) (map[string]live, error) {
 	out := make(map[string]live, len(pools))
-	mine := HolderLabelValue(r.opts.Holder)
+	mine := r.holderLabel
 	err := r.eachLive(ctx, func(obj *unstructured.Unstructured, h ipam.Holding, stamped string) {
 		for name, ranges := range pools {
 			if stamped != name && (stamped != "" || !ranges.Contains(h.Addr)) {

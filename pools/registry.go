@@ -93,11 +93,14 @@ type Informers interface {
 
 // Registry holds the pools' allocators.
 type Registry struct {
-	opts    Options
-	clock   ipam.Clock
-	started chan struct{}
-	baseCtx context.Context
-	lease   *lease
+	opts Options
+	// holderLabel is HolderLabelValue(opts.Holder), worked out once: every
+	// admission stamps it.
+	holderLabel string
+	clock       ipam.Clock
+	started     chan struct{}
+	baseCtx     context.Context
+	lease       *lease
 	// leased is closed once the holder Lease was first acquired.
 	leased chan struct{}
 
@@ -147,7 +150,7 @@ func NewRegistry(opts Options) *Registry {
 	}
 	opts.Lease.Holder = opts.Holder
 	r := &Registry{
-		opts: opts, clock: clk, started: make(chan struct{}), leased: make(chan struct{}), pools: map[string]*Pool{}, takingOver: map[string]bool{},
+		opts: opts, holderLabel: HolderLabelValue(opts.Holder), clock: clk, started: make(chan struct{}), leased: make(chan struct{}), pools: map[string]*Pool{}, takingOver: map[string]bool{},
 		lease: newLease(opts.Client, opts.APIReader, opts.Lease),
 	}
 	r.lease.counts = r.publishedCounts

@@ -39,7 +39,7 @@ func HolderLabelValue(holder string) string {
 
 // HolderLabel is the holder label value of this replica: the objects
 // labelled with it are the ones it looks after.
-func (r *Registry) HolderLabel() string { return HolderLabelValue(r.opts.Holder) }
+func (r *Registry) HolderLabel() string { return r.holderLabel }
 
 // relabel moves vmipam's holder label to this replica on the objects of
 // objs whose address this replica's allocator of p holds allocated to

@@ -1,6 +1,9 @@
 package target
 
 import (
+	"slices"
+	"time"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
@@ -37,22 +40,41 @@ func (t Target) FromMetadata(m *metav1.PartialObjectMetadata) (*unstructured.Uns
 	if addr == "" {
 		return nil, false
 	}
-	u := t.New()
-	u.SetNamespace(m.Namespace)
-	u.SetName(m.Name)
-	u.SetUID(m.UID)
-	u.SetResourceVersion(m.ResourceVersion)
-	u.SetGeneration(m.Generation)
-	u.SetCreationTimestamp(m.CreationTimestamp)
-	u.SetDeletionTimestamp(m.DeletionTimestamp)
+	// The maps are built here, not with unstructured's setters, which walk
+	// and allocate a path per field: this runs for every event of every
+	// object a replica looks after.
+	md := map[string]any{"name": m.Name, "uid": string(m.UID), "resourceVersion": m.ResourceVersion}
+	if m.Namespace != "" {
+		md["namespace"] = m.Namespace
+	}
+	if m.Generation != 0 {
+		md["generation"] = m.Generation
+	}
+	if !m.CreationTimestamp.IsZero() {
+		md["creationTimestamp"] = m.CreationTimestamp.UTC().Format(time.RFC3339)
+	}
+	if m.DeletionTimestamp != nil {
+		md["deletionTimestamp"] = m.DeletionTimestamp.UTC().Format(time.RFC3339)
+	}
 	if len(m.Finalizers) > 0 {
-		u.SetFinalizers(m.Finalizers)
+		fins := make([]any, len(m.Finalizers))
+		for i, f := range m.Finalizers {
+			fins[i] = f
+		}
+		md["finalizers"] = fins
 	}
-	if len(m.Annotations) > 0 {
-		u.SetAnnotations(m.Annotations)
+	for k, v := range map[string]map[string]string{"annotations": m.Annotations, "labels": m.Labels} {
+		if len(v) > 0 {
+			out := make(map[string]any, len(v))
+			for kk, vv := range v {
+				out[kk] = vv
+			}
+			md[k] = out
+		}
 	}
-	if len(m.Labels) > 0 {
-		u.SetLabels(m.Labels)
+	u := &unstructured.Unstructured{Object: map[string]any{"apiVersion": m.APIVersion, "kind": m.Kind, "metadata": md}}
+	if m.APIVersion == "" || m.Kind == "" {
+		u.SetGroupVersionKind(t.GVK)
 	}
 	if err := t.SetAddresses(u, []string{addr}); err != nil {
 		return nil, false
@@ -69,25 +91,26 @@ func (t Target) TrimMetadata(obj any) (any, error) {
 	if !ok {
 		return obj, nil
 	}
-	out := &metav1.PartialObjectMetadata{TypeMeta: m.TypeMeta, ObjectMeta: metav1.ObjectMeta{
+	// In place: the object is the decoder's, seen by nothing else yet.
+	m.ObjectMeta = metav1.ObjectMeta{
 		Name: m.Name, Namespace: m.Namespace, UID: m.UID, ResourceVersion: m.ResourceVersion, Generation: m.Generation,
 		CreationTimestamp: m.CreationTimestamp, DeletionTimestamp: m.DeletionTimestamp, Finalizers: m.Finalizers,
-	}}
-	out.Annotations = keep(m.Annotations, vmipamv1.TokenAnnotation, vmipamv1.PoolAnnotation, vmipamv1.AddressAnnotation)
-	out.Labels = keep(m.Labels, vmipamv1.HolderLabel)
-	return out, nil
+		Annotations: keep(m.Annotations, vmipamv1.TokenAnnotation, vmipamv1.PoolAnnotation, vmipamv1.AddressAnnotation),
+		Labels:      keep(m.Labels, vmipamv1.HolderLabel),
+	}
+	return m, nil
 }
 
-// keep returns the entries of m under keys, or nil if none.
+// keep drops from m every entry but those under keys, in place, and
+// returns it, or nil if none is left.
 func keep(m map[string]string, keys ...string) map[string]string {
-	var out map[string]string
-	for _, k := range keys {
-		if v, ok := m[k]; ok {
-			if out == nil {
-				out = make(map[string]string, len(keys))
-			}
-			out[k] = v
+	for k := range m {
+		if !slices.Contains(keys, k) {
+			delete(m, k)
 		}
 	}
-	return out
+	if len(m) == 0 {
+		return nil
+	}
+	return m
 }

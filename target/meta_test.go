@@ -1,8 +1,10 @@
 package target
 
 import (
+	"maps"
 	"slices"
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -30,7 +32,7 @@ func TestFromMetadata(t *testing.T) {
 			m := tg.NewMetadata()
 			m.ObjectMeta = metav1.ObjectMeta{
 				Name: "a", Namespace: "n", UID: "u", ResourceVersion: "7", DeletionTimestamp: &now, Finalizers: []string{vmipamv1.Finalizer, "x"},
-				Annotations: stamp, Labels: map[string]string{vmipamv1.HolderLabel: "h", "app": "y"},
+				Annotations: maps.Clone(stamp), Labels: map[string]string{vmipamv1.HolderLabel: "h", "app": "y"},
 				ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl"}},
 			}
 			trimmed, err := tg.TrimMetadata(m)
@@ -50,7 +52,7 @@ func TestFromMetadata(t *testing.T) {
 				t.Errorf("addresses %v, %v", addrs, err)
 			}
 			if u.GroupVersionKind() != tg.GVK || u.GetName() != "a" || u.GetNamespace() != "n" || u.GetUID() != "u" || u.GetResourceVersion() != "7" ||
-				u.GetDeletionTimestamp() == nil || !HasFinalizer(u) || u.GetLabels()[vmipamv1.HolderLabel] != "h" || u.GetAnnotations()[vmipamv1.TokenAnnotation] != "t" {
+				!u.GetDeletionTimestamp().Equal(&metav1.Time{Time: now.Truncate(time.Second)}) || !HasFinalizer(u) || u.GetLabels()[vmipamv1.HolderLabel] != "h" || u.GetAnnotations()[vmipamv1.TokenAnnotation] != "t" {
 				t.Errorf("rebuilt %+v", u.Object)
 			}
 			// Rebuilding copies: changing the object leaves the cache's alone.

@@ -126,11 +126,18 @@ func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admissi
 	}
 	r := ipam.Reservation{Token: token, Namespace: v.Namespace, Ref: v.Describe()}
 	a := static
+	// The debug lines' values are built only when they are written: this
+	// runs on every create.
+	debug := log.V(1)
 	if static.IsValid() {
-		log.V(1).Info("Reserving address", "object", v.Describe(), "pool", pool.Name(), "address", static)
+		if debug.Enabled() {
+			debug.Info("Reserving address", "object", v.Describe(), "pool", pool.Name(), "address", static)
+		}
 		err = pool.Reserve(ctx, r, static)
 	} else {
-		log.V(1).Info("Allocating address", "object", v.Describe(), "pool", pool.Name())
+		if debug.Enabled() {
+			debug.Info("Allocating address", "object", v.Describe(), "pool", pool.Name())
+		}
 		a, err = pool.Allocate(ctx, r)
 	}
 	switch {
