@@ -3,6 +3,7 @@ package ipam
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"sync"
 	"testing"
@@ -362,5 +363,70 @@ func TestAnswerToWithdrawnRequest(t *testing.T) {
 	}
 	if len(b.Requests) != 0 {
 		t.Errorf("requests %v after answering a withdrawn one, want none", b.Requests)
+	}
+}
+
+// TestSurplusGivenBackInBatches: addresses leaving their cooldowns while
+// the free list is full are given back once they make a batch (the high
+// watermark's distance from the target) or once some have waited
+// surplusDelay, not a write for every few: each give-back writes the whole
+// block.
+func TestSurplusGivenBackInBatches(t *testing.T) {
+	const batch = 4 // high 8 - target 4
+	for name, released := range map[string]int{"fewer than a batch": 3, "more than a batch": 9} {
+		t.Run(name, func(t *testing.T) {
+			ctx := t.Context()
+			clk := newFakeClock()
+			st := NewMemoryStore()
+			m := newManager(t, Config{Ranges: mustRanges(t, RangeSpec{CIDR: "10.0.0.0/24"}), Cooldown: time.Minute, PendingTTL: time.Minute,
+				LowWatermark: 2, TargetFree: 4, HighWatermark: 8, Clock: clk, Store: st})
+			settle := func() {
+				t.Helper()
+				for range 8 {
+					if err := m.Rebalance(ctx); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			var used []netip.Addr
+			for i := range released {
+				a, err := m.Allocate(ctx, Reservation{Token: fmt.Sprint("t", i)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := m.Bind(Owner{Token: fmt.Sprint("t", i), UID: fmt.Sprint("u", i)}); err != nil {
+					t.Fatal(err)
+				}
+				used = append(used, a)
+			}
+			settle()
+			for i, a := range used {
+				if err := m.ReleaseDurable(ctx, a, Owner{UID: fmt.Sprint("u", i)}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := m.Flush(ctx); err != nil {
+				t.Fatal(err)
+			}
+			surplus := func() int {
+				m.mu.Lock()
+				defer m.mu.Unlock()
+				return m.surplus.n
+			}
+			writes := st.writes()
+			clk.Step(time.Minute)
+			settle()
+			switch got := st.writes() - writes; {
+			case released < batch && (got != 0 || surplus() == 0):
+				t.Fatalf("%d out of their cooldowns: %d writes, surplus %d; want them kept, unwritten", released, got, surplus())
+			case released >= batch && (got == 0 || surplus() >= batch):
+				t.Fatalf("%d out of their cooldowns: %d writes, surplus %d; want a batch given back", released, got, surplus())
+			}
+			clk.Step(surplusDelay)
+			settle()
+			if surplus() != 0 {
+				t.Fatalf("surplus %d after it waited %s, want it given back", surplus(), surplusDelay)
+			}
+		})
 	}
 }

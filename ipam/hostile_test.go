@@ -248,6 +248,10 @@ func TestStorageShrinksBack(t *testing.T) {
 		t.Fatalf("%d blocks stored while the addresses cool down, want %d", got, n)
 	}
 	clk.Step(3 * time.Minute)
+	// Out of their cooldowns they are surplus, given back once they have
+	// waited surplusDelay (fewer than a batch).
+	m.Expire()
+	clk.Step(surplusDelay)
 	for range 4 * n {
 		if err := m.Rebalance(ctx); err != nil {
 			t.Fatal(err)

@@ -268,6 +268,9 @@ type Manager struct {
 	// out; free the others, until they are armed.
 	readyList, free, pending, cooldown, surplus list
 	blocks                                      map[netip.Prefix]*blockState
+	// surplusSince is when the surplus last became non-empty (see
+	// surplusDueLocked).
+	surplusSince time.Time
 	// ioSeq numbers the starts of reads and the sends and completions of
 	// writes of blocks; forgotAt is its value when a block was last
 	// forgotten. Neither is ever reset (see overtakenLocked).
@@ -1078,6 +1081,9 @@ func (m *Manager) advance(now time.Time) int {
 func (m *Manager) rest(e *entry) bool {
 	e.armed, e.arming = false, false
 	if _, target, _ := m.marksLocked(); m.freeLocked() >= target || m.blocks[BlockOf(e.addr)].ours == 1 {
+		if m.surplus.n == 0 {
+			m.surplusSince = m.clock.Now()
+		}
 		e.state = stateSurplus
 		m.surplus.pushBack(e)
 		return true
