@@ -207,6 +207,21 @@ func (m *Manager) durableLocked(e *entry) bool {
 	return ok && e.state == StateCooldown && !d.Before(e.at.Truncate(time.Second))
 }
 
+// flushFor writes addr's block, unless the release of addr became durable
+// while this waited for the writes before it (one of them wrote the
+// block). Only that block: the others' changes are safe already or wait
+// for the next flush, and writing every dirty block for each release that
+// needs one made a mass deletion write each block many times over.
+func (m *Manager) flushFor(ctx context.Context, addr netip.Addr) error {
+	m.io.Lock()
+	defer m.io.Unlock()
+	if !m.Holds(addr) || m.Durable(addr) {
+		return nil
+	}
+	p := BlockOf(Canonical(addr))
+	return m.retry(ctx, func() error { return m.writeBlock(ctx, p, writePlan{}) })
+}
+
 // releaseSlack is how long making a release durable may take before its
 // cooldown starts again (see ReleaseDurable).
 const releaseSlack = 500 * time.Millisecond
@@ -228,7 +243,7 @@ func (m *Manager) ReleaseDurable(ctx context.Context, addr netip.Addr, owner Own
 			return nil
 		}
 		start := m.clock.Now()
-		if err := m.Flush(ctx); err != nil {
+		if err := m.flushFor(ctx, addr); err != nil {
 			return fmt.Errorf("persist release of %s in pool %q: %w", Canonical(addr), m.cfg.Pool, err)
 		}
 		if restarts == 2 || m.clock.Now().Sub(start) < releaseSlack {
