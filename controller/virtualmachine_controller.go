@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
@@ -19,13 +20,16 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	crcontroller "sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
@@ -102,7 +106,7 @@ func (r *VMReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	switch {
 	case r.Own != nil && r.Target.MetadataSuffices():
 		// The objects vmipam stamped, as metadata: Reader rebuilds them.
-		b = b.WatchesRawSource(source.Kind(r.Own, r.Target.NewMetadata(), &handler.TypedEnqueueRequestForObject[*metav1.PartialObjectMetadata]{}))
+		b = b.WatchesRawSource(source.Kind(r.Own, r.Target.NewMetadata(), &bindOnCreate{bind: r.bindCreated}))
 	case r.Own != nil:
 		b = b.WatchesRawSource(source.Kind(r.Own, r.Target.New(), &handler.TypedEnqueueRequestForObject[*unstructured.Unstructured]{}))
 	default:
@@ -112,6 +116,59 @@ func (r *VMReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		b = b.WatchesRawSource(source.Kind(r.Unlabeled, r.Target.New(), &handler.TypedEnqueueRequestForObject[*unstructured.Unstructured]{}))
 	}
 	return b.Complete(r)
+}
+
+// bindOnCreate enqueues every event of the objects it watches, as
+// controller-runtime's handler for an object does, but for the create of
+// an object whose reservation bind settles at once (bindCreated): the
+// create of every VM, which then costs no trip through the work queue and
+// no reconcile.
+type bindOnCreate struct {
+	handler.TypedEnqueueRequestForObject[*metav1.PartialObjectMetadata]
+	bind func(*metav1.PartialObjectMetadata) bool
+}
+
+// Create implements handler.TypedEventHandler.
+func (h *bindOnCreate) Create(ctx context.Context, e event.TypedCreateEvent[*metav1.PartialObjectMetadata], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+	// The initial list after a start is left to the reconciles: recovery
+	// settled what it holds.
+	if !e.IsInInitialList && e.Object != nil && h.bind(e.Object) {
+		return
+	}
+	h.TypedEnqueueRequestForObject.Create(ctx, e, q)
+}
+
+// bindCreated binds the reservation of m, an object this replica stamped
+// and sees stored for the first time, and reports whether that was all
+// its reconcile would do: it carries vmipam's stamp, finalizer and this
+// replica's holder label, is not being deleted, and its address is
+// pending in a ready pool under its token. Anything else (or a bind that
+// fails) is left to the reconcile. A reconcile of the same object running
+// meanwhile finds the address bound to it, as after its own bind.
+func (r *VMReconciler) bindCreated(m *metav1.PartialObjectMetadata) bool {
+	ann := m.Annotations
+	token, poolName := ann[vmipamv1.TokenAnnotation], ann[vmipamv1.PoolAnnotation]
+	if m.DeletionTimestamp != nil || token == "" || poolName == "" || m.Labels[vmipamv1.HolderLabel] != r.Registry.HolderLabel() ||
+		!slices.Contains(m.Finalizers, vmipamv1.Finalizer) {
+		return false
+	}
+	addr, err := netip.ParseAddr(ann[vmipamv1.AddressAnnotation])
+	pool := r.Registry.Get(poolName)
+	if err != nil || pool == nil || !pool.Ready() {
+		return false
+	}
+	addr = ipam.Canonical(addr)
+	if st, o, _ := pool.Lookup(addr); st != ipam.StatePending || o.Token != token {
+		return false
+	}
+	bound, err := pool.Bind(ipam.Owner{Token: token, UID: string(m.UID), Ref: pools.Ref(m.Namespace, m.Name)})
+	if err != nil || bound != addr {
+		return false
+	}
+	if debug := logf.Log.WithName(Name(r.Target)).V(1); debug.Enabled() {
+		debug.Info("Bound address", "object", pools.Ref(m.Namespace, m.Name), "address", addr, "pool", poolName)
+	}
+	return true
 }
 
 // Name names the garbage collector of kind t, in logs and

@@ -1,0 +1,114 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/util/workqueue"
+	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/ipam"
+	"github.com/vmipam/vmipam/pools"
+	"github.com/vmipam/vmipam/target"
+)
+
+// TestBindOnCreate: the create of an object this replica stamped binds its
+// reservation without a reconcile; every other event, and a create that
+// needs more than the bind, goes to the work queue as before, the bind
+// left undone.
+func TestBindOnCreate(t *testing.T) {
+	ctx := t.Context()
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	if err := vmipamv1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	pool := &vmipamv1.IPPool{
+		ObjectMeta: metav1.ObjectMeta{Name: "p", UID: "uid-pool", Generation: 1},
+		Spec:       vmipamv1.IPPoolSpec{Ranges: []vmipamv1.IPRange{{CIDR: "10.98.0.0/28"}}},
+	}
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(pool.DeepCopy()).Build()
+	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	reg := pools.NewRegistry(pools.Options{Client: c, APIReader: c, Targets: target.Default(), Holder: "vmipam", Clock: clk,
+		RunInterval: time.Hour, ResyncInterval: time.Hour, StatusInterval: time.Hour})
+	regCtx, stop := context.WithCancel(ctx)
+	var regDone sync.WaitGroup
+	regDone.Go(func() { _ = reg.Start(regCtx) })
+	t.Cleanup(func() { stop(); regDone.Wait() })
+	if err := reg.Ensure(ctx, pool); err != nil {
+		t.Fatalf("recover the pool: %v", err)
+	}
+	p := reg.Get(pool.Name)
+	r := &VMReconciler{Registry: reg, Target: target.VirtualMachine}
+	h := &bindOnCreate{bind: r.bindCreated}
+
+	stamped := func(token string) *metav1.PartialObjectMetadata {
+		a, err := p.Allocate(ctx, ipam.Reservation{Token: token})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := target.VirtualMachine.NewMetadata()
+		m.ObjectMeta = metav1.ObjectMeta{Namespace: "n", Name: token, UID: "uid-" + types.UID(token),
+			Annotations: map[string]string{vmipamv1.TokenAnnotation: token, vmipamv1.PoolAnnotation: "p", vmipamv1.AddressAnnotation: a.String()},
+			Labels:      map[string]string{vmipamv1.HolderLabel: reg.HolderLabel()}, Finalizers: []string{vmipamv1.Finalizer}}
+		return m
+	}
+	now := metav1.Now()
+	n := 0
+	for name, tc := range map[string]struct {
+		change      func(m *metav1.PartialObjectMetadata)
+		initialList bool
+		bound       bool
+	}{
+		"stamped by this replica":        {bound: true},
+		"in the initial list":            {initialList: true},
+		"another replica's label":        {change: func(m *metav1.PartialObjectMetadata) { m.Labels[vmipamv1.HolderLabel] = "other" }},
+		"without the finalizer":          {change: func(m *metav1.PartialObjectMetadata) { m.Finalizers = nil }},
+		"being deleted":                  {change: func(m *metav1.PartialObjectMetadata) { m.DeletionTimestamp = &now }},
+		"another token":                  {change: func(m *metav1.PartialObjectMetadata) { m.Annotations[vmipamv1.TokenAnnotation] = "forged" }},
+		"another address":                {change: func(m *metav1.PartialObjectMetadata) { m.Annotations[vmipamv1.AddressAnnotation] = "10.98.0.14" }},
+		"an unknown pool":                {change: func(m *metav1.PartialObjectMetadata) { m.Annotations[vmipamv1.PoolAnnotation] = "nope" }},
+		"an address that does not parse": {change: func(m *metav1.PartialObjectMetadata) { m.Annotations[vmipamv1.AddressAnnotation] = "x" }},
+	} {
+		t.Run(name, func(t *testing.T) {
+			n++
+			m := stamped(fmt.Sprint("token-", n))
+			addr := netip.MustParseAddr(m.Annotations[vmipamv1.AddressAnnotation])
+			if tc.change != nil {
+				tc.change(m)
+			}
+			q := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[reconcile.Request]())
+			defer q.ShutDown()
+			h.Create(ctx, event.TypedCreateEvent[*metav1.PartialObjectMetadata]{Object: m, IsInInitialList: tc.initialList}, q)
+			if queued := q.Len() == 1; queued == tc.bound {
+				t.Errorf("queued %v, bound without a reconcile %v", queued, tc.bound)
+			}
+			st, o, _ := p.Lookup(addr)
+			if tc.bound && (st != ipam.StateAllocated || o.UID != string(m.UID)) {
+				t.Errorf("%s is %s for %q, want allocated to %s", addr, st, o.UID, m.UID)
+			}
+			if !tc.bound && st != ipam.StatePending {
+				t.Errorf("%s is %s, want still pending for the reconcile", addr, st)
+			}
+			// Updates and deletes always go to the queue.
+			h.Update(ctx, event.TypedUpdateEvent[*metav1.PartialObjectMetadata]{ObjectOld: m, ObjectNew: m}, q)
+			if q.Len() == 0 {
+				t.Error("an update was not queued")
+			}
+		})
+	}
+}
