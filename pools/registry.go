@@ -29,6 +29,7 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/internal/cacheindex"
 	"github.com/vmipam/vmipam/ipam"
 	"github.com/vmipam/vmipam/kubestore"
 	"github.com/vmipam/vmipam/target"
@@ -94,6 +95,9 @@ type Informers interface {
 // Registry holds the pools' allocators.
 type Registry struct {
 	opts Options
+	// namespaces, once Start set it, reads namespaces from the cache's
+	// index (see namespace).
+	namespaces atomic.Pointer[cacheindex.Index]
 	// holderLabel is HolderLabelValue(opts.Holder), worked out once: every
 	// admission stamps it.
 	holderLabel string
@@ -163,8 +167,16 @@ func NewRegistry(opts Options) *Registry {
 // the claims over without resting them.
 func (r *Registry) Start(ctx context.Context) error {
 	r.baseCtx = ctx
-	close(r.started)
 	log := logf.FromContext(ctx)
+	if r.opts.Informers != nil {
+		// Every admission reads its namespace: straight from the index.
+		if idx, err := cacheindex.For(ctx, r.opts.Informers, &corev1.Namespace{}); err != nil {
+			log.Error(err, "Reading namespaces through the cache's client instead of its index")
+		} else {
+			r.namespaces.Store(idx)
+		}
+	}
+	close(r.started)
 	if err := r.lease.acquire(ctx); err != nil {
 		return nil // stopped before it held the Lease
 	}

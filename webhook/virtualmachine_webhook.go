@@ -16,7 +16,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation/field"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
@@ -52,10 +51,17 @@ func MutatePath(t target.Target) string { return "/mutate-" + t.PathName() }
 type VMDefaulter struct {
 	Registry *pools.Registry
 	Target   target.Target
-	// Reader, if set, is the informer cache of the target kind: a create
-	// whose name is already taken there is refused before it reserves
-	// anything, since the API server would refuse it after admission.
-	Reader client.Reader
+	// Names, if set, tells whether the informer cache of the target kind
+	// holds an object of a name: a create whose name is already taken
+	// there is refused before it reserves anything, since the API server
+	// would refuse it after admission.
+	Names Names
+}
+
+// Names tells whether an object of a namespace and name is known; ctx
+// bounds a wait for the answer.
+type Names interface {
+	Has(ctx context.Context, namespace, name string) bool
 }
 
 var _ admission.Handler = (*VMDefaulter)(nil)
@@ -166,12 +172,7 @@ func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admissi
 // vmipamv1.HolderLabel); a reservation for a name one of those holds is
 // returned by the proof that it was never stored.
 func (d *VMDefaulter) nameTaken(ctx context.Context, v *target.View) (admission.Response, bool) {
-	if d.Reader == nil || v.Name == "" {
-		return admission.Response{}, false
-	}
-	obj := d.Target.New()
-	err := d.Reader.Get(ctx, client.ObjectKey{Namespace: v.Namespace, Name: v.Name}, obj)
-	if err != nil {
+	if d.Names == nil || v.Name == "" || !d.Names.Has(ctx, v.Namespace, v.Name) {
 		return admission.Response{}, false
 	}
 	return deny(apierrors.NewAlreadyExists(gr(d.Target), v.Name)), true

@@ -5,6 +5,7 @@
 package app
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -174,6 +175,9 @@ func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
 				return err
 			}
 			objects.set(own, unlabeled)
+			if err := objects.setIndexes(context.Background(), own, unlabeled); err != nil {
+				return fmt.Errorf("index the caches of %s: %w", t.GVR().GroupResource(), err)
+			}
 			return (&controller.VMReconciler{
 				Client: mgr.GetClient(), Reader: objects, Own: own, Unlabeled: unlabeled, APIReader: mgr.GetAPIReader(), Registry: reg, Target: t,
 				Recorder: mgr.GetEventRecorder("vmipam"), MaxConcurrentReconciles: opts.MaxConcurrentReconciles,
@@ -194,7 +198,7 @@ func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
 		handlers[webhook.MutatePath(t)] = struct {
 			name    string
 			handler admission.Handler
-		}{name, &webhook.VMDefaulter{Registry: reg, Target: t, Reader: objects}}
+		}{name, &webhook.VMDefaulter{Registry: reg, Target: t, Names: objects}}
 	}
 	srv := mgr.GetWebhookServer()
 	// One admission server for all webhooks, so its bounds on memory and

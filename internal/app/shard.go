@@ -13,6 +13,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/vmipam/vmipam/internal/cacheindex"
 	"github.com/vmipam/vmipam/target"
 )
 
@@ -32,11 +33,53 @@ type shardReader struct {
 	// api reads an object whole from the API server.
 	api    client.Reader
 	caches atomic.Pointer[[2]client.Reader]
+	// indexes are the caches' indexes, in the same order, for Has.
+	indexes atomic.Pointer[[2]*cacheindex.Index]
 }
 
 // set gives r the caches, once the kind is served.
 func (r *shardReader) set(own, unlabeled client.Reader) {
 	r.caches.Store(&[2]client.Reader{own, unlabeled})
+}
+
+// setIndexes gives r the caches' indexes, for Has: own's holds metadata
+// where that suffices for the kind, unlabeled's whole objects.
+func (r *shardReader) setIndexes(ctx context.Context, own, unlabeled cacheindex.Informers) error {
+	ownObj := client.Object(r.target.New())
+	if r.target.MetadataSuffices() {
+		ownObj = r.target.NewMetadata()
+	}
+	o, err := cacheindex.For(ctx, own, ownObj)
+	if err != nil {
+		return err
+	}
+	u, err := cacheindex.For(ctx, unlabeled, r.target.New())
+	if err != nil {
+		return err
+	}
+	r.indexes.Store(&[2]*cacheindex.Index{o, u})
+	return nil
+}
+
+// Has reports whether either cache holds namespace/name, from their
+// indexes (webhook.Names): every create asks, for the name it wants. An
+// index not synced yet answers through the cache's reader, which waits
+// for it.
+func (r *shardReader) Has(ctx context.Context, namespace, name string) bool {
+	idx := r.indexes.Load()
+	if idx == nil {
+		return false
+	}
+	for _, i := range idx {
+		_, found, synced := i.Get(namespace, name)
+		if !synced {
+			return r.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, r.target.New()) == nil
+		}
+		if found {
+			return true
+		}
+	}
+	return false
 }
 
 // Get reads key from the replica's own cache, then from the unlabelled one.
