@@ -61,6 +61,8 @@ type options struct {
 	// clientCNSet records that --webhook-client-cn was given, which
 	// means nothing without --webhook-client-ca.
 	clientCNSet bool
+	// apiCompression asks the API server for compressed responses.
+	apiCompression bool
 }
 
 func main() {
@@ -106,6 +108,7 @@ func main() {
 	flag.StringVar(&o.validatingCfg, "validating-webhook-configuration", "vmipam-validating", "With --cert-mode=self: the ValidatingWebhookConfiguration whose CA bundle vmipam keeps.")
 	flag.StringVar(&o.kindsConfig, "kinds-config", "", "The kinds configuration file: the kinds vmipam gives addresses to, and where on each the pool and the address live (see deploy/kinds). Empty serves vmipam's own VirtualMachine. `vmipam manifests --kinds-config FILE` renders the webhook, admission policies and RBAC it needs.")
 	flag.DurationVar(&o.resync, "resync-interval", 5*time.Minute, "How often each pool is reconciled against every live object.")
+	flag.BoolVar(&o.apiCompression, "kube-api-compression", false, "Ask the API server for gzip-compressed responses and watch streams. Off by default: inside a cluster the bytes are cheap and the compressing (in the API server) and decompressing (here) are not, half of the cost of vmipam's watch of VMs; turn it on where vmipam reaches its API server over a slow link.")
 	zapOpts := zap.Options{Development: false}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
@@ -160,6 +163,7 @@ func run(o options) error {
 	if err != nil {
 		return fmt.Errorf("load kubeconfig: %w", err)
 	}
+	cfg.DisableCompression = !o.apiCompression
 	// Both servers serve the same certificate: in self mode the certificate
 	// manager's, created with the manager's client below; with cert-manager
 	// the files in --cert-dir.
