@@ -8,7 +8,9 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sync/semaphore"
@@ -114,7 +116,6 @@ func (s *Server) Handler(h admission.Handler) http.Handler {
 }
 
 func (s *Server) serve(w http.ResponseWriter, r *http.Request, h admission.Handler) {
-	log := logf.FromContext(r.Context())
 	if d := s.limits.Draining; d != nil && d() {
 		w.Header().Set("Connection", "close")
 	}
@@ -166,7 +167,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, h admission.Handl
 	}
 	out, err := encodeReview(req.UID, h.Handle(ctx, req))
 	if err != nil {
-		log.Error(err, "Encoding admission response")
+		logf.FromContext(r.Context()).Error(err, "Encoding admission response")
 		out, err = marshalReview(req.UID, admission.Errored(http.StatusInternalServerError, err))
 	}
 	if err != nil {
@@ -175,7 +176,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, h admission.Handl
 	}
 	w.Header().Set("Content-Type", "application/json")
 	if _, err := w.Write(out); err != nil {
-		log.V(1).Info("Writing admission response", "error", err.Error())
+		logf.FromContext(r.Context()).V(1).Info("Writing admission response", "error", err.Error())
 	}
 }
 
@@ -202,7 +203,7 @@ func readBody(r io.Reader, n int64) ([]byte, error) {
 // capped.
 func (s *Server) timeout(r *http.Request) time.Duration {
 	d := s.limits.DefaultTimeout
-	if v := r.URL.Query().Get("timeout"); v != "" {
+	if v := queryValue(r.URL.RawQuery, "timeout"); v != "" {
 		if t, err := time.ParseDuration(v); err == nil && t > 0 {
 			d = t
 		} else if n, err := strconv.Atoi(v); err == nil && n > 0 {
@@ -210,6 +211,25 @@ func (s *Server) timeout(r *http.Request) time.Duration {
 		}
 	}
 	return min(d, s.limits.MaxTimeout)
+}
+
+// queryValue returns the first value of key in the raw query string q, as
+// url.Values.Get would, without parsing every parameter into a map: every
+// admission reads its timeout.
+func queryValue(q, key string) string {
+	for q != "" {
+		var kv string
+		kv, q, _ = strings.Cut(q, "&")
+		k, v, _ := strings.Cut(kv, "=")
+		if k, err := url.QueryUnescape(k); err != nil || k != key {
+			continue
+		}
+		if v, err := url.QueryUnescape(v); err == nil {
+			return v
+		}
+		return ""
+	}
+	return ""
 }
 
 // The review's fields, by their index in reviewPaths: only those a

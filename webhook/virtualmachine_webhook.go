@@ -80,7 +80,6 @@ func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admissi
 	}
 	// Values go on each line, not WithValues: that costs an encoding per
 	// request, and these lines are rare.
-	log := logf.FromContext(ctx)
 	addrPath := field.NewPath(d.Target.AddressPath())
 	invalid := func(errs ...*field.Error) admission.Response { return deny(invalidErr(d.Target, v, errs)) }
 
@@ -134,15 +133,15 @@ func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admissi
 	a := static
 	// The debug lines' values are built only when they are written: this
 	// runs on every create.
-	debug := log.V(1)
+	debug := logf.Log.V(1).Enabled()
 	if static.IsValid() {
-		if debug.Enabled() {
-			debug.Info("Reserving address", "object", v.Describe(), "pool", pool.Name(), "address", static)
+		if debug {
+			logf.FromContext(ctx).V(1).Info("Reserving address", "object", v.Describe(), "pool", pool.Name(), "address", static)
 		}
 		err = pool.Reserve(ctx, r, static)
 	} else {
-		if debug.Enabled() {
-			debug.Info("Allocating address", "object", v.Describe(), "pool", pool.Name())
+		if debug {
+			logf.FromContext(ctx).V(1).Info("Allocating address", "object", v.Describe(), "pool", pool.Name())
 		}
 		a, err = pool.Allocate(ctx, r)
 	}
@@ -159,7 +158,7 @@ func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admissi
 	case ctx.Err() != nil:
 		return deny(apierrors.NewTimeoutError(fmt.Sprintf("vmipam could not claim an address of IPPool %s before the request's deadline", pool.Name()), 1))
 	default:
-		log.Error(err, "Allocating address", "object", v.Describe(), "pool", pool.Name())
+		logf.FromContext(ctx).Error(err, "Allocating address", "object", v.Describe(), "pool", pool.Name())
 		return admission.Errored(http.StatusInternalServerError, err)
 	}
 	return patched(d.Target.StampPatch(v, a.String(), pool.Name(), token, d.Registry.HolderLabel()))
