@@ -36,7 +36,7 @@ func TestIndex(t *testing.T) {
 		namespace, name string
 	}{{ns, "", "team-a"}, {pod, "team-a", "db"}} {
 		lw := &toolscache.ListWatch{
-			ListFunc: func(metav1.ListOptions) (runtime.Object, error) {
+			ListWithContextFunc: func(context.Context, metav1.ListOptions) (runtime.Object, error) {
 				switch tc.obj.(type) {
 				case *corev1.Namespace:
 					return &corev1.NamespaceList{Items: []corev1.Namespace{*ns}}, nil
@@ -44,7 +44,7 @@ func TestIndex(t *testing.T) {
 					return &corev1.PodList{Items: []corev1.Pod{*pod}}, nil
 				}
 			},
-			WatchFunc: func(o metav1.ListOptions) (watch.Interface, error) {
+			WatchFuncWithContext: func(_ context.Context, o metav1.ListOptions) (watch.Interface, error) {
 				if o.SendInitialEvents != nil && *o.SendInitialEvents {
 					// No streaming list here: the reflector lists instead.
 					return nil, errors.New("streaming lists are not served")
