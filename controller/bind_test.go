@@ -1,17 +1,13 @@
 package controller
 
 import (
-	"context"
 	"fmt"
 	"net/netip"
-	"sync"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/util/workqueue"
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -20,7 +16,7 @@ import (
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/ipam"
-	"github.com/vmipam/vmipam/pools"
+	"github.com/vmipam/vmipam/pools/poolstest"
 	"github.com/vmipam/vmipam/target"
 )
 
@@ -30,28 +26,13 @@ import (
 // left undone.
 func TestBindOnCreate(t *testing.T) {
 	ctx := t.Context()
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	if err := vmipamv1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
 	pool := &vmipamv1.IPPool{
 		ObjectMeta: metav1.ObjectMeta{Name: "p", UID: "uid-pool", Generation: 1},
 		Spec:       vmipamv1.IPPoolSpec{Ranges: []vmipamv1.IPRange{{CIDR: "10.98.0.0/28"}}},
 	}
-	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(pool.DeepCopy()).Build()
+	c := fake.NewClientBuilder().WithScheme(poolstest.Scheme(t)).WithObjects(pool.DeepCopy()).Build()
 	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	reg := pools.NewRegistry(pools.Options{Client: c, APIReader: c, Targets: target.Default(), Holder: "vmipam", Clock: clk,
-		RunInterval: time.Hour, ResyncInterval: time.Hour, StatusInterval: time.Hour})
-	regCtx, stop := context.WithCancel(ctx)
-	var regDone sync.WaitGroup
-	regDone.Go(func() { _ = reg.Start(regCtx) })
-	t.Cleanup(func() { stop(); regDone.Wait() })
-	if err := reg.Ensure(ctx, pool); err != nil {
-		t.Fatalf("recover the pool: %v", err)
-	}
+	reg := poolstest.Start(t, c, clk, "vmipam", pool)
 	p := reg.Get(pool.Name)
 	r := &VMReconciler{Registry: reg, Target: target.VirtualMachine}
 	h := &bindOnCreate{bind: r.bindCreated}

@@ -3,7 +3,6 @@ package controller_test
 import (
 	"context"
 	"errors"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -20,7 +19,7 @@ import (
 	"github.com/vmipam/vmipam/controller"
 	"github.com/vmipam/vmipam/internal/app"
 	"github.com/vmipam/vmipam/ipam"
-	"github.com/vmipam/vmipam/pools"
+	"github.com/vmipam/vmipam/pools/poolstest"
 	"github.com/vmipam/vmipam/target"
 )
 
@@ -59,15 +58,7 @@ func TestReleaseRetry(t *testing.T) {
 					return cl.Patch(ctx, obj, p, opts...)
 				},
 			})
-			reg := pools.NewRegistry(pools.Options{Client: c, APIReader: c, Targets: target.Default(), Holder: "vmipam", Clock: clk,
-				RunInterval: time.Hour, ResyncInterval: time.Hour, StatusInterval: time.Hour})
-			regCtx, stop := context.WithCancel(ctx)
-			var regDone sync.WaitGroup
-			regDone.Go(func() { _ = reg.Start(regCtx) })
-			t.Cleanup(func() { stop(); regDone.Wait() })
-			if err := reg.Ensure(ctx, pool); err != nil {
-				t.Fatalf("recover the pool: %v", err)
-			}
+			reg := poolstest.Start(t, c, clk, "vmipam", pool)
 			p := reg.Get(pool.Name)
 			a, err := p.Allocate(ctx, ipam.Reservation{Token: "token-1"})
 			if err != nil {

@@ -6,7 +6,6 @@ package pools_test
 
 import (
 	"context"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -23,7 +22,7 @@ import (
 	"github.com/vmipam/vmipam/controller"
 	"github.com/vmipam/vmipam/internal/app"
 	"github.com/vmipam/vmipam/ipam"
-	"github.com/vmipam/vmipam/pools"
+	"github.com/vmipam/vmipam/pools/poolstest"
 	"github.com/vmipam/vmipam/target"
 )
 
@@ -58,15 +57,7 @@ func TestResyncKeepsAddressBoundDuringItsList(t *testing.T) {
 			return err
 		},
 	})
-	reg := pools.NewRegistry(pools.Options{Client: c, APIReader: c, Targets: target.Default(), Holder: "vmipam", Clock: clk,
-		RunInterval: time.Hour, ResyncInterval: time.Hour, StatusInterval: time.Hour})
-	regCtx, stop := context.WithCancel(ctx)
-	var regDone sync.WaitGroup
-	regDone.Go(func() { _ = reg.Start(regCtx) })
-	t.Cleanup(func() { stop(); regDone.Wait() })
-	if err := reg.Ensure(ctx, pool); err != nil {
-		t.Fatalf("recover the pool: %v", err)
-	}
+	reg := poolstest.Start(t, c, clk, "vmipam", pool)
 	p := reg.Get(pool.Name)
 
 	armed.Store(true)

@@ -1,0 +1,53 @@
+// Package poolstest starts pool registries for the unit tests of the
+// packages that build on pools: over a client the test gives (a fake one,
+// narrowly), with the periodic loops slowed to an hour so that the test
+// drives them. It is for tests only.
+package poolstest
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/ipam"
+	"github.com/vmipam/vmipam/pools"
+	"github.com/vmipam/vmipam/target"
+)
+
+// Scheme returns a scheme that knows the built-in kinds and vmipam's.
+func Scheme(t testing.TB) *runtime.Scheme {
+	t.Helper()
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	if err := vmipamv1.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// Start returns a Registry of vmipam's own kind for holder over c (its
+// client and its API reader), on clock clk, started until the test ends,
+// with each of ps recovered.
+func Start(t testing.TB, c client.Client, clk ipam.Clock, holder string, ps ...*vmipamv1.IPPool) *pools.Registry {
+	t.Helper()
+	reg := pools.NewRegistry(pools.Options{Client: c, APIReader: c, Targets: target.Default(), Holder: holder, Clock: clk,
+		RunInterval: time.Hour, ResyncInterval: time.Hour, StatusInterval: time.Hour})
+	ctx, stop := context.WithCancel(context.Background())
+	var done sync.WaitGroup
+	done.Go(func() { _ = reg.Start(ctx) })
+	t.Cleanup(func() { stop(); done.Wait() })
+	for _, p := range ps {
+		if err := reg.Ensure(t.Context(), p); err != nil {
+			t.Fatalf("recover IPPool %s: %v", p.Name, err)
+		}
+	}
+	return reg
+}
