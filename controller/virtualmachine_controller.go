@@ -47,12 +47,12 @@ import (
 type VMReconciler struct {
 	// Client writes; it also reads unless Reader is set.
 	Client client.Client
-	// Reader reads the objects reconciled: the manager's cache, which the
-	// controller's own watch fills, so that a reconcile costs no request.
+	// Reader reads the objects reconciled: the caches the controller's own
+	// watches fill, so that a reconcile costs no request.
 	// Reads from it may lag the API server, which is safe here: a key is
 	// never reconciled concurrently, every write is an optimistically
 	// locked patch, and a deletion timestamp never goes away.
-	Reader client.Reader
+	Reader Getter
 	// Own and Unlabeled, if set, are the caches of the objects labelled for
 	// this replica and of those with no holder label (see
 	// vmipamv1.HolderLabel), which the controller watches; without Own it
@@ -84,8 +84,13 @@ func (r *VMReconciler) finalized(ctx context.Context, obj client.Object) (bool, 
 	return cur.GetUID() != obj.GetUID() || !target.HasFinalizer(cur), nil
 }
 
+// Getter reads one object; a client.Reader is one.
+type Getter interface {
+	Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error
+}
+
 // readerOr returns reader, or c when reader is not set.
-func readerOr(reader client.Reader, c client.Client) client.Reader {
+func readerOr(reader Getter, c client.Client) Getter {
 	if reader == nil {
 		return c
 	}
@@ -165,8 +170,8 @@ func (r *VMReconciler) bindCreated(m *metav1.PartialObjectMetadata) bool {
 	if err != nil || bound != addr {
 		return false
 	}
-	if debug := logf.Log.WithName(Name(r.Target)).V(1); debug.Enabled() {
-		debug.Info("Bound address", "object", pools.Ref(m.Namespace, m.Name), "address", addr, "pool", poolName)
+	if logf.Log.V(1).Enabled() {
+		logf.Log.WithName(Name(r.Target)).V(1).Info("Bound address", "object", pools.Ref(m.Namespace, m.Name), "address", addr, "pool", poolName)
 	}
 	return true
 }

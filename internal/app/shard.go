@@ -2,12 +2,10 @@ package app
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync/atomic"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/utils/ptr"
@@ -27,7 +25,9 @@ import (
 // an object read from it is rebuilt from its metadata and vmipam's stamp
 // (target.Target.FromMetadata); one labelled for this replica without a
 // stamp (adopted after it bypassed the webhook) is read whole from the API
-// server. Objects are read into *unstructured.Unstructured.
+// server. Objects are read into *unstructured.Unstructured. It reads one
+// object at a time (controller.Getter) and tells whether a name is taken
+// (webhook.Names); nothing lists the caches.
 type shardReader struct {
 	target target.Target
 	// api reads an object whole from the API server.
@@ -116,55 +116,4 @@ func (r *shardReader) getOwn(ctx context.Context, own client.Reader, key client.
 		return fmt.Errorf("read %s, which carries no stamp of vmipam's: %w", key, err)
 	}
 	return nil
-}
-
-// List lists the replica's own objects and the unlabelled ones into list,
-// an *unstructured.UnstructuredList.
-func (r *shardReader) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
-	c := r.caches.Load()
-	if c == nil {
-		return nil
-	}
-	ul, ok := list.(*unstructured.UnstructuredList)
-	if !ok {
-		return fmt.Errorf("list into a %T, not an unstructured list", list)
-	}
-	if err := r.listOwn(ctx, c[0], ul, opts...); err != nil {
-		return err
-	}
-	more := &unstructured.UnstructuredList{}
-	more.SetGroupVersionKind(ul.GroupVersionKind())
-	if err := c[1].List(ctx, more, opts...); err != nil {
-		return err
-	}
-	ul.Items = append(ul.Items, more.Items...)
-	return nil
-}
-
-func (r *shardReader) listOwn(ctx context.Context, own client.Reader, list *unstructured.UnstructuredList, opts ...client.ListOption) error {
-	if !r.target.MetadataSuffices() {
-		return own.List(ctx, list, opts...)
-	}
-	ms := &metav1.PartialObjectMetadataList{}
-	ms.SetGroupVersionKind(r.target.GVK.GroupVersion().WithKind(r.target.GVK.Kind + "List"))
-	if err := own.List(ctx, ms, append(opts, client.UnsafeDisableDeepCopy)...); err != nil {
-		return err
-	}
-	var errs []error
-	for i := range ms.Items {
-		m := &ms.Items[i]
-		if whole, ok := r.target.FromMetadata(m); ok {
-			list.Items = append(list.Items, *whole)
-			continue
-		}
-		u := r.target.New()
-		if err := r.api.Get(ctx, client.ObjectKeyFromObject(m), u); err != nil {
-			if !apierrors.IsNotFound(err) {
-				errs = append(errs, err)
-			}
-			continue
-		}
-		list.Items = append(list.Items, *u)
-	}
-	return errors.Join(errs...)
 }
