@@ -397,7 +397,7 @@ func (r *VMReconciler) assign(ctx context.Context, obj *unstructured.Unstructure
 		return ctrl.Result{}, fmt.Errorf("allocate for %s: %w", client.ObjectKeyFromObject(obj), err)
 	}
 	base := obj.DeepCopy()
-	if err := r.Target.Stamp(obj, a.String(), pool.Name(), token, r.Registry.HolderLabel()); err != nil {
+	if err := r.Target.Stamp(obj, a.String(), pool.Name(), token, r.Registry.HolderLabel(), pool.Network(a)); err != nil {
 		return ctrl.Result{}, err
 	}
 	if err := r.Client.Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
@@ -418,8 +418,8 @@ func (r *VMReconciler) settle(ctx context.Context, obj *unstructured.Unstructure
 	if err := r.label(ctx, obj); err != nil {
 		return err
 	}
-	prefix, _ := pool.Prefix(addr)
-	fill := r.Target.StatusFill(obj, addr, prefix)
+	sub, _ := pool.Subnet(addr)
+	fill := r.Target.StatusFill(obj, addr, sub.Prefix)
 	if fill == nil {
 		return nil
 	}

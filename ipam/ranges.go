@@ -15,7 +15,44 @@ type RangeSpec struct {
 	First, Last string
 	// Exclude lists CIDRs or single addresses inside CIDR never handed out.
 	Exclude []string
+	// Gateway, optional, is the subnet's router: an address inside CIDR,
+	// never handed out, that a guest sends off-subnet traffic to.
+	Gateway string
+	// Routes, optional, are further routes a guest on the subnet needs.
+	Routes []RouteSpec
 }
+
+// RouteSpec is one route of a range as a user writes it.
+type RouteSpec struct {
+	// Destination is a CIDR of the range's family, such as 10.200.0.0/16
+	// or 0.0.0.0/0.
+	Destination string
+	// Via is the next hop: an address inside the range's CIDR that no VM
+	// is given. Empty means the range's gateway.
+	Via string
+}
+
+// Subnet is what a guest needs besides its address to configure its
+// interface: the subnet holding the address, its gateway and its routes.
+type Subnet struct {
+	// Prefix is the range's CIDR.
+	Prefix netip.Prefix
+	// Gateway is the range's gateway; invalid (the zero Addr) when it has
+	// none.
+	Gateway netip.Addr
+	// Routes are the range's routes, each with its next hop (the gateway
+	// when the spec left it out).
+	Routes []Route
+}
+
+// Route is one route of a Subnet.
+type Route struct {
+	Destination netip.Prefix
+	Via         netip.Addr
+}
+
+// MaxRoutes bounds the routes of one range.
+const MaxRoutes = 32
 
 // span is one validated range while ParseRanges checks it against the
 // others: the addresses [first, last] of a subnet, whose runs between
@@ -26,6 +63,7 @@ type span struct {
 	first, last u128
 	is4         bool
 	start, end  int
+	subnet      Subnet
 }
 
 // Ranges is a validated, immutable set of address ranges. It is never
@@ -34,6 +72,9 @@ type span struct {
 type Ranges struct {
 	ivs  []ival // sorted, IPv4 first; disjoint
 	size uint64
+	// subnets holds each range's Subnet, by its index in the specs
+	// (ival.rng).
+	subnets []Subnet
 }
 
 // mapped4 is ::ffff:0:0/96, the IPv4-mapped block of IPv6. No IPv6 range
@@ -62,12 +103,14 @@ func ParseRanges(specs []RangeSpec) (*Ranges, error) {
 	ivs := make([]ival, 0, n)
 	scratch := make([][2]u128, 0, most+1)
 	var spans []span
+	subnets := make([]Subnet, len(specs))
 	for i, s := range specs {
 		if sp, exclude, ok := parseSpan(root.Index(i), i, s, scratch[:0], &errs); ok {
 			sp.start = len(ivs)
 			ivs = sp.appendIntervals(ivs, exclude)
 			sp.end = len(ivs)
 			spans = append(spans, sp)
+			subnets[i] = sp.subnet
 		}
 	}
 	// IPv4 ranges first, then IPv6, each in address order: as 128-bit
@@ -92,7 +135,7 @@ func ParseRanges(specs []RangeSpec) (*Ranges, error) {
 	if len(errs) > 0 {
 		return nil, errs
 	}
-	r := &Ranges{ivs: ivs}
+	r := &Ranges{ivs: ivs, subnets: subnets}
 	if !slices.IsSortedFunc(spans, func(a, b span) int { return a.index - b.index }) {
 		r.ivs = make([]ival, 0, len(ivs))
 		for _, sp := range spans {
@@ -241,6 +284,13 @@ func parseSpan(path Path, index int, s RangeSpec, scratch [][2]u128, errs *Field
 			continue
 		}
 		exclude = append(exclude, [2]u128{toU128(xp.Addr()), toU128(lastAddr(xp))})
+	}
+	// The gateway and the routes' next hops are routers: never handed out.
+	sp.subnet.Prefix = p
+	hops, good := parseSubnet(path, s, &sp, lo, hi, fail)
+	ok = ok && good
+	for _, h := range hops {
+		exclude = append(exclude, [2]u128{toU128(h), toU128(h)})
 	}
 	if !ok {
 		return span{}, nil, false
@@ -476,4 +526,128 @@ func minU128(a, b u128) u128 {
 		return a
 	}
 	return b
+}
+
+// parseSubnet validates the gateway and the routes of range s, whose
+// hosts are [lo, hi] of sp.cidr, into sp.subnet, and returns the next hops
+// (the gateway and every route's via), which the range must not hand out.
+func parseSubnet(path Path, s RangeSpec, sp *span, lo, hi u128, fail func(p Path, value, format string, args ...any)) ([]netip.Addr, bool) {
+	p := sp.cidr
+	ok := true
+	// hop parses a router address: a host of the range's subnet.
+	hop := func(fp Path, v string) (netip.Addr, bool) {
+		a, err := netip.ParseAddr(strings.TrimSpace(v))
+		switch {
+		case err != nil:
+			fail(fp, v, "not a valid IP address (%v)", err)
+		case respellAddr(a, sp.is4, false) != "":
+			fail(fp, v, "%s", respellAddr(a, sp.is4, false))
+		case !p.Contains(a):
+			fail(fp, v, "outside the range's CIDR %s: a guest reaches only routers on its own subnet; use an address inside it", p)
+		case toU128(a).cmp(lo) < 0 || toU128(a).cmp(hi) > 0:
+			fail(fp, v, "is the network or broadcast address of %s, which no router has; use an address between %s and %s",
+				p, fromU128(lo, sp.is4), fromU128(hi, sp.is4))
+		default:
+			return a, true
+		}
+		return netip.Addr{}, false
+	}
+	var hops []netip.Addr
+	if s.Gateway != "" {
+		if g, good := hop(path.Child("gateway"), s.Gateway); good {
+			sp.subnet.Gateway = g
+			hops = append(hops, g)
+		} else {
+			ok = false
+		}
+	}
+	routes := path.Child("routes")
+	if len(s.Routes) > MaxRoutes {
+		fail(routes, fmt.Sprint(len(s.Routes)), "a range has at most %d routes; summarise them into shorter prefixes", MaxRoutes)
+		return hops, false
+	}
+	seen := make(map[netip.Prefix]int, len(s.Routes))
+	for j, r := range s.Routes {
+		rp := routes.Index(j)
+		raw := strings.TrimSpace(r.Destination)
+		d, respell, err := parseCanonicalPrefix(raw)
+		switch {
+		case raw == "":
+			fail(rp.Child("destination"), raw, "a destination CIDR is required, for example 10.200.0.0/16, or 0.0.0.0/0 for a default route")
+			ok = false
+			continue
+		case err != nil:
+			fail(rp.Child("destination"), raw, "not a valid CIDR (%v); write it as address/length, for example 10.200.0.0/16", err)
+			ok = false
+			continue
+		case respell != "":
+			fail(rp.Child("destination"), raw, "%s", respell)
+			ok = false
+			continue
+		case d.Masked() != d:
+			fail(rp.Child("destination"), raw, "host bits are set; the network is %s", d.Masked())
+			ok = false
+			continue
+		case d.Addr().Is4() != sp.is4:
+			fail(rp.Child("destination"), raw, "is not of the family of the range's CIDR %s; put it in a range of its own family", p)
+			ok = false
+			continue
+		}
+		if k, dup := seen[d]; dup {
+			fail(rp.Child("destination"), raw, "repeats %s; give each destination one route", routes.Index(k))
+			ok = false
+			continue
+		}
+		seen[d] = j
+		var via netip.Addr
+		switch {
+		case r.Via != "":
+			v, good := hop(rp.Child("via"), r.Via)
+			if !good {
+				ok = false
+				continue
+			}
+			via = v
+			hops = append(hops, v)
+		case s.Gateway == "":
+			fail(rp.Child("via"), "", "the range has no gateway to route through; give the next hop here, or a gateway to the range")
+			ok = false
+			continue
+		default:
+			via = sp.subnet.Gateway
+		}
+		sp.subnet.Routes = append(sp.subnet.Routes, Route{Destination: d, Via: via})
+	}
+	return hops, ok
+}
+
+// Subnet returns the Subnet of the range holding a, and false when a is
+// not a usable address of the ranges.
+func (r *Ranges) Subnet(a netip.Addr) (Subnet, bool) {
+	if !a.IsValid() {
+		return Subnet{}, false
+	}
+	at := posOf(Canonical(a))
+	k := r.search(at)
+	if k >= len(r.ivs) || r.ivs[k].lop().cmp(at) > 0 {
+		return Subnet{}, false
+	}
+	return r.subnets[r.ivs[k].rng], true
+}
+
+// Router reports whether a is the gateway or a route's next hop of one of
+// the ranges: an address inside them that is never handed out.
+func (r *Ranges) Router(a netip.Addr) bool {
+	a = Canonical(a)
+	for _, s := range r.subnets {
+		if s.Gateway == a {
+			return true
+		}
+		for _, rt := range s.Routes {
+			if rt.Via == a {
+				return true
+			}
+		}
+	}
+	return false
 }

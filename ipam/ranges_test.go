@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -338,6 +339,67 @@ func TestParseRangesInvalid(t *testing.T) {
 		"empty ranges list": {
 			specs: nil, fields: []string{"ranges"},
 			want: []string{"at least one range is required", "10.0.0.0/24"},
+		},
+		"gateway outside the cidr": {
+			specs:  []RangeSpec{{CIDR: "10.0.0.0/24", Gateway: "10.0.1.1"}},
+			fields: []string{"ranges[0].gateway"},
+			want:   []string{`"10.0.1.1"`, "outside the range's CIDR 10.0.0.0/24", "use an address inside it"},
+		},
+		"gateway is the network address": {
+			specs:  []RangeSpec{{CIDR: "10.0.0.0/24", Gateway: "10.0.0.0"}},
+			fields: []string{"ranges[0].gateway"},
+			want:   []string{"network or broadcast", "between 10.0.0.1 and 10.0.0.254"},
+		},
+		"gateway of the other family": {
+			specs:  []RangeSpec{{CIDR: "fd00::/64", Gateway: "10.0.0.1"}},
+			fields: []string{"ranges[0].gateway"},
+			want:   []string{"outside the range's CIDR fd00::/64"},
+		},
+		"gateway not an address": {
+			specs:  []RangeSpec{{CIDR: "10.0.0.0/24", Gateway: "router"}},
+			fields: []string{"ranges[0].gateway"},
+			want:   []string{"not a valid IP address"},
+		},
+		"gateway in mapped form": {
+			specs:  []RangeSpec{{CIDR: "10.0.0.0/24", Gateway: "::ffff:10.0.0.1"}},
+			fields: []string{"ranges[0].gateway"},
+			want:   []string{"10.0.0.1"},
+		},
+		"route without a next hop or gateway": {
+			specs:  []RangeSpec{{CIDR: "10.0.0.0/24", Routes: []RouteSpec{{Destination: "10.200.0.0/16"}}}},
+			fields: []string{"ranges[0].routes[0].via"},
+			want:   []string{"no gateway", "give the next hop here"},
+		},
+		"route next hop outside the cidr": {
+			specs:  []RangeSpec{{CIDR: "10.0.0.0/24", Routes: []RouteSpec{{Destination: "10.200.0.0/16", Via: "10.9.0.1"}}}},
+			fields: []string{"ranges[0].routes[0].via"},
+			want:   []string{"outside the range's CIDR 10.0.0.0/24"},
+		},
+		"route destination of the other family": {
+			specs:  []RangeSpec{{CIDR: "10.0.0.0/24", Gateway: "10.0.0.1", Routes: []RouteSpec{{Destination: "::/0"}}}},
+			fields: []string{"ranges[0].routes[0].destination"},
+			want:   []string{"not of the family", "range of its own family"},
+		},
+		"route destination with host bits": {
+			specs:  []RangeSpec{{CIDR: "10.0.0.0/24", Gateway: "10.0.0.1", Routes: []RouteSpec{{Destination: "10.200.0.1/16"}}}},
+			fields: []string{"ranges[0].routes[0].destination"},
+			want:   []string{"host bits are set", "10.200.0.0/16"},
+		},
+		"route destination missing": {
+			specs:  []RangeSpec{{CIDR: "10.0.0.0/24", Gateway: "10.0.0.1", Routes: []RouteSpec{{Via: "10.0.0.2"}}}},
+			fields: []string{"ranges[0].routes[0].destination"},
+			want:   []string{"destination CIDR is required"},
+		},
+		"route destination repeated": {
+			specs: []RangeSpec{{CIDR: "10.0.0.0/24", Gateway: "10.0.0.1", Routes: []RouteSpec{
+				{Destination: "10.200.0.0/16"}, {Destination: "10.200.0.0/16", Via: "10.0.0.2"}}}},
+			fields: []string{"ranges[0].routes[1].destination"},
+			want:   []string{"repeats ranges[0].routes[0]"},
+		},
+		"too many routes": {
+			specs:  []RangeSpec{{CIDR: "10.0.0.0/24", Gateway: "10.0.0.1", Routes: make([]RouteSpec, MaxRoutes+1)}},
+			fields: []string{"ranges[0].routes"},
+			want:   []string{"at most 32 routes"},
 		},
 		"empty cidr": {
 			specs:  []RangeSpec{{CIDR: "10.0.0.0/24"}, {CIDR: "  "}},
@@ -1036,4 +1098,66 @@ func FuzzParseRanges(f *testing.F) {
 			t.Fatalf("String() is %d bytes long", len(s))
 		}
 	})
+}
+
+// TestRangesSubnet: each usable address gets its range's subnet, gateway
+// and routes (a route without via goes through the gateway); the gateway
+// and every next hop are never handed out, and an address no range hands
+// out has no subnet.
+func TestRangesSubnet(t *testing.T) {
+	r, err := ParseRanges([]RangeSpec{
+		{CIDR: "10.0.0.0/24", First: "10.0.0.1", Last: "10.0.0.9", Gateway: "10.0.0.1",
+			Routes: []RouteSpec{{Destination: "10.200.0.0/16"}, {Destination: "0.0.0.0/0", Via: "10.0.0.9"}}},
+		{CIDR: "fd00::/120", Gateway: "fd00::1"},
+		{CIDR: "10.1.0.0/30"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v4 := Subnet{
+		Prefix:  netip.MustParsePrefix("10.0.0.0/24"),
+		Gateway: netip.MustParseAddr("10.0.0.1"),
+		Routes: []Route{
+			{Destination: netip.MustParsePrefix("10.200.0.0/16"), Via: netip.MustParseAddr("10.0.0.1")},
+			{Destination: netip.MustParsePrefix("0.0.0.0/0"), Via: netip.MustParseAddr("10.0.0.9")},
+		},
+	}
+	v6 := Subnet{Prefix: netip.MustParsePrefix("fd00::/120"), Gateway: netip.MustParseAddr("fd00::1")}
+	plain := Subnet{Prefix: netip.MustParsePrefix("10.1.0.0/30")}
+	tests := map[string]struct {
+		addr string
+		want Subnet
+		ok   bool
+	}{
+		"first usable v4":             {"10.0.0.2", v4, true},
+		"last usable v4":              {"10.0.0.8", v4, true},
+		"the gateway":                 {"10.0.0.1", Subnet{}, false},
+		"a route's next hop":          {"10.0.0.9", Subnet{}, false},
+		"outside first/last":          {"10.0.0.10", Subnet{}, false},
+		"v6":                          {"fd00::2", v6, true},
+		"v6 gateway":                  {"fd00::1", Subnet{}, false},
+		"range without gateway":       {"10.1.0.1", plain, true},
+		"mapped spelling of a v4 one": {"::ffff:10.0.0.3", v4, true},
+		"outside every range":         {"192.168.0.1", Subnet{}, false},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			a := netip.MustParseAddr(tc.addr)
+			got, ok := r.Subnet(a)
+			if ok != tc.ok || !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("Subnet(%s) = %+v, %v; want %+v, %v", a, got, ok, tc.want, tc.ok)
+			}
+			if ok != r.Contains(a) {
+				t.Errorf("Subnet(%s) found %v, but Contains says %v", a, ok, r.Contains(a))
+			}
+		})
+	}
+	for a, want := range map[string]bool{"10.0.0.1": true, "10.0.0.9": true, "fd00::1": true, "10.0.0.2": false, "10.1.0.1": false, "::ffff:10.0.0.1": true} {
+		if got := r.Router(netip.MustParseAddr(a)); got != want {
+			t.Errorf("Router(%s) = %v, want %v", a, got, want)
+		}
+	}
+	if got, want := r.Size(), uint64(7+254+2); got != want {
+		t.Errorf("Size() = %d, want %d: the gateways and next hops are not handed out", got, want)
+	}
 }

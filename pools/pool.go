@@ -45,15 +45,53 @@ func (p *Pool) Default() bool { return p.spec.Default }
 // Ready reports whether the allocator has recovered and serves the pool.
 func (p *Pool) Ready() bool { return p.m.Ready() }
 
-// Prefix returns the subnet (the CIDR of the pool's range) that holds a,
-// for a guest that needs its prefix length or mask.
-func (p *Pool) Prefix(a netip.Addr) (netip.Prefix, bool) {
+// Subnet returns the subnet of the pool's range that holds a: its CIDR,
+// gateway and routes, which a guest needs besides its address. An address
+// the ranges no longer hand out (an update excluded it while a VM held
+// it) still gets the CIDR holding it, without gateway or routes.
+func (p *Pool) Subnet(a netip.Addr) (ipam.Subnet, bool) {
+	if s, ok := p.m.Ranges().Subnet(a); ok {
+		return s, true
+	}
+	a = ipam.Canonical(a)
 	for _, r := range p.spec.Ranges {
 		if c, err := netip.ParsePrefix(r.CIDR); err == nil && c.Contains(a) {
-			return c.Masked(), true
+			return ipam.Subnet{Prefix: c.Masked()}, true
 		}
 	}
-	return netip.Prefix{}, false
+	return ipam.Subnet{}, false
+}
+
+// Network returns the network identity of a, an address of the pool: a
+// in interface notation with its subnet's prefix length, and the subnet's
+// gateway and routes; nil when a is not the pool's.
+func (p *Pool) Network(a netip.Addr) *vmipamv1.Network {
+	s, ok := p.Subnet(a)
+	if !ok {
+		return nil
+	}
+	a = ipam.Canonical(a)
+	n := &vmipamv1.Network{Addresses: []string{netip.PrefixFrom(a, s.Prefix.Bits()).String()}}
+	if s.Gateway.IsValid() {
+		n.Gateways = []string{s.Gateway.String()}
+	}
+	for _, r := range s.Routes {
+		n.Routes = append(n.Routes, vmipamv1.Route{Destination: r.Destination.String(), Via: r.Via.String()})
+	}
+	return n
+}
+
+// RangeSpecs turns an IPPool's ranges into the allocator's: the one
+// conversion that the allocator of a pool and the IPPool validator share.
+func RangeSpecs(ranges []vmipamv1.IPRange) []ipam.RangeSpec {
+	specs := make([]ipam.RangeSpec, len(ranges))
+	for i, r := range ranges {
+		specs[i] = ipam.RangeSpec{CIDR: r.CIDR, First: r.First, Last: r.Last, Exclude: r.Exclude, Gateway: r.Gateway}
+		for _, rt := range r.Routes {
+			specs[i].Routes = append(specs[i].Routes, ipam.RouteSpec{Destination: rt.Destination, Via: rt.Via})
+		}
+	}
+	return specs
 }
 
 // Ranges returns the pool's usable addresses.

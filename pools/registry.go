@@ -361,11 +361,7 @@ func (r *Registry) Remove(ctx context.Context, name string) error {
 }
 
 func (r *Registry) build(pool *vmipamv1.IPPool) (*Pool, error) {
-	specs := make([]ipam.RangeSpec, len(pool.Spec.Ranges))
-	for i, rg := range pool.Spec.Ranges {
-		specs[i] = ipam.RangeSpec{CIDR: rg.CIDR, First: rg.First, Last: rg.Last, Exclude: rg.Exclude}
-	}
-	ranges, err := ipam.ParseRanges(specs)
+	ranges, err := ipam.ParseRanges(RangeSpecs(pool.Spec.Ranges))
 	if err != nil {
 		return nil, fmt.Errorf("pool %s: spec.%w", pool.Name, err)
 	}

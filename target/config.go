@@ -50,6 +50,19 @@ type KindConfig struct {
 	Condition string        `json:"condition,omitempty"`
 	Pool      PoolConfig    `json:"pool,omitempty"`
 	Address   AddressConfig `json:"address"`
+	// Network, if set, says where vmipam writes the network identity of
+	// the address (its prefix length, the gateway and the routes of its
+	// range) for the guest to read.
+	Network *NetworkConfig `json:"network,omitempty"`
+}
+
+// NetworkConfig says where the network identity goes: an object field
+// (a dotted path under spec, given an object with addresses, gateways and
+// routes, as vmipam's own VirtualMachine's spec.network), or an
+// annotation given the same object as JSON.
+type NetworkConfig struct {
+	Field      string            `json:"field,omitempty"`
+	Annotation *AnnotationConfig `json:"annotation,omitempty"`
 }
 
 // PoolConfig says where an object names its pool: a string field, or an
@@ -274,6 +287,9 @@ func (k KindConfig) target(p *field.Path) (Target, field.ErrorList) {
 		add(annotationKey(pp.Child("annotation"), k.Pool.Annotation))
 		t.PoolAnnotation = k.Pool.Annotation
 	}
+	if k.Network != nil {
+		k.network(p.Child("network"), &t, add)
+	}
 	ap := p.Child("address")
 	a := k.Address
 	n := 0
@@ -302,14 +318,7 @@ func (k KindConfig) target(p *field.Path) (Target, field.ErrorList) {
 		an := ap.Child("annotation")
 		add(annotationKey(an.Child("key"), a.Annotation.Key))
 		t.AddressAnnotation = a.Annotation.Key
-		if a.Annotation.Path != "" && a.Annotation.Path != "metadata" {
-			f, e := splitPath(an.Child("path"), a.Annotation.Path, "spec")
-			add(e)
-			if e == nil && f[len(f)-1] != "metadata" {
-				add(field.Invalid(an.Child("path"), a.Annotation.Path, "must name an object's metadata, such as spec.template.metadata"))
-			}
-			t.AnnotationPath = f
-		}
+		t.AnnotationPath = annotationPath(an.Child("path"), a.Annotation.Path, add)
 		switch Format(a.Annotation.Format) {
 		case "", FormatPlain:
 			t.AnnotationFormat = FormatPlain
@@ -343,6 +352,48 @@ func (k KindConfig) target(p *field.Path) (Target, field.ErrorList) {
 		t.Status = s
 	}
 	return t, errs
+}
+
+// annotationPath checks the path of the object whose annotations hold an
+// annotation: empty or metadata for the object's own, or a dotted path
+// under spec ending in metadata.
+func annotationPath(p *field.Path, path string, add func(*field.Error)) []string {
+	if path == "" || path == "metadata" {
+		return nil
+	}
+	f, e := splitPath(p, path, "spec")
+	add(e)
+	if e == nil && f[len(f)-1] != "metadata" {
+		add(field.Invalid(p, path, "must name an object's metadata, such as spec.template.metadata"))
+	}
+	return f
+}
+
+// network reads the network location into t.
+func (k KindConfig) network(np *field.Path, t *Target, add func(*field.Error)) {
+	n := k.Network
+	switch {
+	case (n.Field != "") == (n.Annotation != nil):
+		add(field.Invalid(np, "", "give a field or an annotation, exactly one"))
+	case n.Field != "":
+		f, e := splitPath(np.Child("field"), n.Field, "spec")
+		add(e)
+		t.NetworkField = f
+		if a := k.Address.Field; e == nil && a != "" && (strings.HasPrefix(a+".", n.Field+".") || strings.HasPrefix(n.Field+".", a+".")) {
+			add(field.Invalid(np.Child("field"), n.Field, "must not hold, or lie inside, address.field "+a))
+		}
+	default:
+		an := np.Child("annotation")
+		add(annotationKey(an.Child("key"), n.Annotation.Key))
+		if k.Address.Annotation != nil && k.Address.Annotation.Key == n.Annotation.Key && k.Address.Annotation.Path == n.Annotation.Path {
+			add(field.Invalid(an.Child("key"), n.Annotation.Key, "is the address's annotation; choose another"))
+		}
+		if n.Annotation.Format != "" && n.Annotation.Format != string(FormatJSON) {
+			add(field.NotSupported(an.Child("format"), n.Annotation.Format, []string{string(FormatJSON)}))
+		}
+		t.NetworkAnnotation = n.Annotation.Key
+		t.NetworkAnnotationPath = annotationPath(an.Child("path"), n.Annotation.Path, add)
+	}
 }
 
 // celEnv is the environment of a kind's condition: the object, as the

@@ -27,6 +27,14 @@ func TestParse(t *testing.T) {
 		"nested annotation":   {config: kind("address: {annotation: {path: spec.template.metadata, key: example.com/ip, format: json}}, pool: {annotation: example.com/pool}")},
 		"status":              {config: kind("address: {status: {address: status.ip, mask: status.mask}}")},
 		"condition":           {config: kind("condition: 'has(object.spec.net) && object.spec.net.on', address: {field: spec.addresses}")},
+		"network field":       {config: kind("address: {field: spec.addresses}, network: {field: spec.network}")},
+		"network annotation":  {config: kind("address: {annotation: {path: spec.template.metadata, key: example.com/ip}}, network: {annotation: {path: spec.template.metadata, key: example.com/net}}")},
+		"network, both":       {config: kind("address: {field: spec.addresses}, network: {field: spec.network, annotation: {key: a.io/net}}"), wantErr: []string{"kinds[0].network", "exactly one"}},
+		"network, neither":    {config: kind("address: {field: spec.addresses}, network: {}"), wantErr: []string{"kinds[0].network", "exactly one"}},
+		"network in address":  {config: kind("address: {field: spec.net.addresses}, network: {field: spec.net}"), wantErr: []string{"kinds[0].network.field", "must not hold, or lie inside, address.field"}},
+		"network is address":  {config: kind("address: {annotation: {key: a.io/ip}}, network: {annotation: {key: a.io/ip}}"), wantErr: []string{"kinds[0].network.annotation.key", "is the address's annotation"}},
+		"network not json":    {config: kind("address: {field: spec.addresses}, network: {annotation: {key: a.io/net, format: comma}}"), wantErr: []string{"kinds[0].network.annotation.format"}},
+		"network in status":   {config: kind("address: {field: spec.addresses}, network: {field: status.net}"), wantErr: []string{"kinds[0].network.field", "must start with spec"}},
 		"wrong kind":          {config: "apiVersion: v1\nkind: ConfigMap\nkinds: []\n", wantErr: []string{"kind: Invalid value", "must be apiVersion: vmipam.io/v1alpha1, kind: KindsConfiguration", "kinds: Required value"}},
 		"unknown field":       {config: kind("address: {feild: spec.addresses}"), wantErr: []string{`unknown field "feild"`}},
 		"no address":          {config: kind("pool: {field: spec.pool}"), wantErr: []string{"kinds[0].address", "exactly one of field, annotation and status"}},
@@ -81,7 +89,7 @@ func TestShippedConfigs(t *testing.T) {
 			continue
 		}
 		if filepath.Base(f) == "kinds.yaml" {
-			if len(ts) != 1 || ts[0].GVR() != VirtualMachine.GVR() || ts[0].AddressesPath() != VirtualMachine.AddressesPath() || ts[0].PoolPath() != VirtualMachine.PoolPath() {
+			if len(ts) != 1 || !reflect.DeepEqual(ts[0], VirtualMachine) {
 				t.Errorf("%s is not vmipam's own kind: %+v", f, ts)
 			}
 		}

@@ -73,7 +73,8 @@ func admit(t *testing.T, tg Target, op, obj, old, user string) []string {
 	return failed
 }
 
-var kubevirtLike = Target{AddressAnnotation: "cni.projectcalico.org/ipAddrs", AnnotationPath: []string{"spec", "template", "metadata"}, AnnotationFormat: FormatJSON}
+var kubevirtLike = Target{AddressAnnotation: "cni.projectcalico.org/ipAddrs", AnnotationPath: []string{"spec", "template", "metadata"}, AnnotationFormat: FormatJSON,
+	NetworkAnnotation: "vmipam.io/network", NetworkAnnotationPath: []string{"spec", "template", "metadata"}}
 
 var neonLike = Target{Status: &StatusFields{Address: []string{"status", "extraNetIP"}, RequestAnnotation: DefaultRequestAnnotation},
 	Condition: "has(object.spec) && has(object.spec.extraNetwork) && object.spec.extraNetwork.enable == true"}

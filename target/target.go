@@ -58,6 +58,16 @@ type Target struct {
 	// vmipamv1.AddressAnnotation, and the controller fills the fields.
 	Status *StatusFields
 
+	// NetworkField is the path of an object field given the network
+	// identity of the address (vmipamv1.Network: the address with its
+	// prefix length, the gateway and the routes of its range);
+	// NetworkAnnotation, if set instead, names an annotation given it as
+	// JSON, in the annotations of the object at NetworkAnnotationPath (the
+	// object's own metadata when empty). With neither, vmipam writes none.
+	NetworkField          []string
+	NetworkAnnotation     string
+	NetworkAnnotationPath []string
+
 	// PoolField is the path of a string field naming the pool, if any;
 	// PoolAnnotation, an annotation of the object's metadata naming it.
 	PoolField      []string
@@ -109,7 +119,55 @@ var VirtualMachine = Target{
 	GVK:            vmipamv1.GroupVersion.WithKind("VirtualMachine"),
 	Resource:       "virtualmachines",
 	AddressesField: []string{"spec", "addresses"},
+	NetworkField:   []string{"spec", "network"},
 	PoolField:      []string{"spec", "ipPool"},
+}
+
+// networkLocation returns the path the network identity is written to,
+// ending in the annotation's key for an annotation, and whether it is an
+// annotation; nil when the kind takes none.
+func (t Target) networkLocation() ([]string, bool) {
+	switch {
+	case len(t.NetworkField) > 0:
+		return t.NetworkField, false
+	case t.NetworkAnnotation == "":
+		return nil, false
+	}
+	base := t.NetworkAnnotationPath
+	if len(base) == 0 {
+		base = []string{"metadata"}
+	}
+	return append(slices.Clip(base), "annotations", t.NetworkAnnotation), true
+}
+
+// networkOnMetadata reports whether the network goes into an annotation
+// of the object's own metadata, which the stamp writes with vmipam's.
+func (t Target) networkOnMetadata() bool {
+	p, ann := t.networkLocation()
+	return ann && len(p) == 3 && p[0] == "metadata"
+}
+
+// NetworkPath is how the network's location is written in messages, or
+// "" when the kind takes none.
+func (t Target) NetworkPath() string {
+	p, ann := t.networkLocation()
+	if ann {
+		return strings.Join(p[:len(p)-1], ".") + "[" + p[len(p)-1] + "]"
+	}
+	return strings.Join(p, ".")
+}
+
+// networkValue is what the network location is given: the object, or
+// its JSON for an annotation.
+func (t Target) networkValue(n *vmipamv1.Network) (any, error) {
+	raw, err := json.Marshal(n)
+	if err != nil {
+		return nil, fmt.Errorf("encode the network of %s: %w", t.NetworkPath(), err)
+	}
+	if _, ann := t.networkLocation(); ann {
+		return string(raw), nil
+	}
+	return json.RawMessage(raw), nil
 }
 
 // locKind is what the address location holds.
@@ -323,8 +381,11 @@ func (t Target) Pool(obj *unstructured.Unstructured) (string, error) {
 // Stamp records what vmipam gave obj: the address, the pool and the
 // reservation token, the finalizer that makes deletion release it, and the
 // holder label naming the replica that looks after it (none if empty).
-func (t Target) Stamp(obj *unstructured.Unstructured, addr, pool, token, holder string) error {
+func (t Target) Stamp(obj *unstructured.Unstructured, addr, pool, token, holder string, n *vmipamv1.Network) error {
 	if err := t.SetAddresses(obj, []string{addr}); err != nil {
+		return err
+	}
+	if err := t.SetNetwork(obj, n); err != nil {
 		return err
 	}
 	if holder != "" {
@@ -334,6 +395,30 @@ func (t Target) Stamp(obj *unstructured.Unstructured, addr, pool, token, holder 
 	SetAnnotation(obj, vmipamv1.TokenAnnotation, token)
 	SetAnnotation(obj, vmipamv1.AddressAnnotation, addr)
 	AddFinalizer(obj)
+	return nil
+}
+
+// SetNetwork writes the network identity n on obj, where the kind takes
+// it; a nil n, or a kind that takes none, writes nothing.
+func (t Target) SetNetwork(obj *unstructured.Unstructured, n *vmipamv1.Network) error {
+	p, ann := t.networkLocation()
+	if n == nil || p == nil {
+		return nil
+	}
+	v, err := t.networkValue(n)
+	if err != nil {
+		return err
+	}
+	if !ann {
+		var m map[string]any
+		if err := json.Unmarshal(v.(json.RawMessage), &m); err != nil {
+			return fmt.Errorf("write %s: %w", t.NetworkPath(), err)
+		}
+		v = m
+	}
+	if err := unstructured.SetNestedField(obj.Object, v, p...); err != nil {
+		return fmt.Errorf("write %s: %w", t.NetworkPath(), err)
+	}
 	return nil
 }
 

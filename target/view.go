@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
 	"strings"
 
@@ -40,8 +41,9 @@ type View struct {
 	// rawAddress is the address location's value, when it holds a string.
 	rawAddress string
 	// addrDepth counts the leading elements of the address location
-	// present as objects, for the patch that adds it.
-	addrDepth int
+	// present as objects, for the patch that adds it; netDepth, those of
+	// the network location.
+	addrDepth, netDepth int
 }
 
 // Path indexes into View's extraction list.
@@ -62,7 +64,7 @@ const (
 	pHolder
 	pAddress
 	pPool
-	pFixed // the prefixes of the address location follow
+	pFixed // the prefixes of the address location follow, then the network location's
 )
 
 // Read reads the View of the object raw, which must be valid JSON (the
@@ -90,6 +92,11 @@ func (t Target) Read(raw []byte) (*View, error) {
 	}
 	for i := 1; i < len(loc); i++ {
 		paths = append(paths, loc[:i])
+	}
+	nloc, _ := t.networkLocation()
+	pNet := len(paths)
+	for i := 1; i < len(nloc); i++ {
+		paths = append(paths, nloc[:i])
 	}
 	vals := jsonscan.Extract(raw, paths...)
 	v := &View{}
@@ -137,18 +144,13 @@ func (t Target) Read(raw []byte) (*View, error) {
 			errs = append(errs, field.Invalid(meta.Child("finalizers"), nil, "must be a list of strings"))
 		}
 	}
+	shared := 0 // parents of the network location that the address location's checks cover
 	if !t.onMetadata() {
-		v.addrDepth = len(loc) - 1
-		for i := 1; i < len(loc); i++ {
-			pv := vals[pFixed+i-1]
-			if !isObject(pv) {
-				if pv != nil && jsonscan.KindOf(pv) != jsonscan.KindNull {
-					errs = append(errs, field.Invalid(field.NewPath(loc[0], loc[1:i]...), nil, "must be an object"))
-				}
-				v.addrDepth = i - 1
-				break
-			}
-		}
+		v.addrDepth = depth(loc, vals[pFixed:], 0, &errs)
+		shared = commonPrefix(loc[:len(loc)-1], nloc[:max(len(nloc)-1, 0)])
+	}
+	if len(nloc) > 0 && !t.networkOnMetadata() {
+		v.netDepth = depth(nloc, vals[pNet:], shared, &errs)
 	}
 	addrsPath := field.NewPath(t.AddressesPath())
 	switch a := vals[pAddress]; {
@@ -183,6 +185,23 @@ func (t Target) Read(raw []byte) (*View, error) {
 	return v, nil
 }
 
+// depth counts the leading elements of the parents of loc that are
+// objects, given the values of loc[:1], loc[:2] and so on; a parent
+// present as anything else, beyond the first checked ones, is an error in
+// errs: a patch would replace it.
+func depth(loc []string, vals [][]byte, checked int, errs *[]error) int {
+	for i := 1; i < len(loc); i++ {
+		pv := vals[i-1]
+		if !isObject(pv) {
+			if i > checked && pv != nil && jsonscan.KindOf(pv) != jsonscan.KindNull {
+				*errs = append(*errs, field.Invalid(field.NewPath(loc[0], loc[1:i]...), nil, "must be an object"))
+			}
+			return i - 1
+		}
+	}
+	return len(loc) - 1
+}
+
 // poolLocation is the path Read extracts the pool from, if any.
 func (t Target) poolLocation() []string {
 	if t.PoolAnnotation != "" {
@@ -208,39 +227,97 @@ func (v *View) Describe() string {
 
 // StampPatch returns the JSON patch (RFC 6902) that stamps on the object v
 // was read from the address (in its field and as vmipam's address
-// annotation), the pool and the reservation token, vmipam's finalizer, and
+// annotation), its network identity n where the kind takes one (none when
+// n is nil), the pool and the reservation token, vmipam's finalizer, and
 // the holder label naming the replica that looks after it (none when
 // holder is empty). It is built from v alone: the object is never copied
 // or re-encoded.
-func (t Target) StampPatch(v *View, addr, pool, token, holder string) []jsonpatch.Operation {
+func (t Target) StampPatch(v *View, addr, pool, token, holder string, n *vmipamv1.Network) ([]jsonpatch.Operation, error) {
 	set := map[string]string{vmipamv1.PoolAnnotation: pool, vmipamv1.TokenAnnotation: token, vmipamv1.AddressAnnotation: addr}
 	want := t.Render([]string{addr})
 	if t.onMetadata() && t.Status == nil {
 		set[t.AddressAnnotation] = want
 	}
+	nloc, _ := t.networkLocation()
+	var nv any
+	if n != nil && nloc != nil {
+		var err error
+		if nv, err = t.networkValue(n); err != nil {
+			return nil, err
+		}
+		if t.networkOnMetadata() {
+			set[t.NetworkAnnotation] = nv.(string)
+			nloc = nil
+		}
+	}
 	ops := t.metadataOps(v, set, false)
 	if holder != "" && v.Holder != holder {
 		ops = append(ops, holderOp(v, holder))
 	}
-	if t.Status != nil || t.onMetadata() {
-		return ops
+	// The parents of the address location that exist once the address is
+	// written, for the network's patch.
+	loc, _ := t.location()
+	made := v.addrDepth
+	if v.addrPresent {
+		made = len(loc) - 1
 	}
-	_, kind := t.location()
-	var value any = want
-	if kind == locList {
-		value = []string{addr}
+	if t.Status == nil && !t.onMetadata() {
+		if op, ok := t.addressOpFor(v, addr); ok {
+			ops = append(ops, op)
+			made = len(loc) - 1
+		}
+	} else {
+		made = 2 // metadata.annotations: metadataOps made them
 	}
-	if !v.addrPresent || kind == locList && !slices.Equal(v.Addresses, []string{addr}) || kind != locList && v.rawAddress != want {
-		ops = append(ops, t.addressOp(v, value))
+	if nv != nil && nloc != nil {
+		d := max(v.netDepth, min(made, commonPrefix(loc[:len(loc)-1], nloc[:len(nloc)-1])))
+		ops = append(ops, addOp(nloc, d, nv))
 	}
-	return ops
+	return ops, nil
+}
+
+// commonPrefix is the length of the common prefix of a and b.
+func commonPrefix(a, b []string) int {
+	n := 0
+	for n < len(a) && n < len(b) && a[n] == b[n] {
+		n++
+	}
+	return n
 }
 
 // DryRunPatch returns the patch a dry run gets: the pool it would draw
 // from and the finalizer, and no token or address annotation (a dry run
-// reserves nothing).
-func (t Target) DryRunPatch(v *View, pool string) []jsonpatch.Operation {
-	return t.metadataOps(v, map[string]string{vmipamv1.PoolAnnotation: pool}, true)
+// reserves nothing). A static request, if valid, is written as the stamp
+// would write it (without the prefix length it may have been given), so
+// that the dry run passes the same validation as the create.
+func (t Target) DryRunPatch(v *View, pool string, static netip.Addr) []jsonpatch.Operation {
+	set := map[string]string{vmipamv1.PoolAnnotation: pool}
+	if static.IsValid() && t.Status == nil && t.onMetadata() {
+		set[t.AddressAnnotation] = t.Render([]string{static.String()})
+	}
+	ops := t.metadataOps(v, set, true)
+	if static.IsValid() && t.Status == nil && !t.onMetadata() {
+		if op, ok := t.addressOpFor(v, static.String()); ok {
+			ops = append(ops, op)
+		}
+	}
+	return ops
+}
+
+// addressOpFor returns the operation that writes addr in the address
+// location of a kind whose address goes into a field or an annotation
+// not of its own metadata, and false when the location holds it already.
+func (t Target) addressOpFor(v *View, addr string) (jsonpatch.Operation, bool) {
+	_, kind := t.location()
+	want := t.Render([]string{addr})
+	var value any = want
+	if kind == locList {
+		value = []string{addr}
+	}
+	if v.addrPresent && (kind == locList && slices.Equal(v.Addresses, []string{addr}) || kind != locList && v.rawAddress == want) {
+		return jsonpatch.Operation{}, false
+	}
+	return t.addressOp(v, value), true
 }
 
 // FinalizerPatch returns the patch that adds vmipam's finalizer, if the
@@ -309,10 +386,16 @@ func (t Target) addressOp(v *View, value any) jsonpatch.Operation {
 	if v.addrPresent {
 		return jsonpatch.NewOperation("replace", pointer(f), value)
 	}
-	for i := len(f) - 1; i > v.addrDepth; i-- {
+	return addOp(f, v.addrDepth, value)
+}
+
+// addOp sets the location f, of whose parents the first depth exist, to
+// value, creating the others on its way; an "add" replaces a value there.
+func addOp(f []string, depth int, value any) jsonpatch.Operation {
+	for i := len(f) - 1; i > depth; i-- {
 		value = map[string]any{f[i]: value}
 	}
-	return jsonpatch.NewOperation("add", pointer(f[:v.addrDepth+1]), value)
+	return jsonpatch.NewOperation("add", pointer(f[:depth+1]), value)
 }
 
 func pointer(path []string) string {

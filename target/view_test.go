@@ -2,6 +2,7 @@ package target
 
 import (
 	"encoding/json"
+	"net/netip"
 	"reflect"
 	"strings"
 	"testing"
@@ -17,13 +18,14 @@ import (
 // byAnnotation is a kind that keeps its address in an annotation.
 var byAnnotation = Target{
 	GVK: schema.GroupVersionKind{Group: "example.com", Version: "v1", Kind: "Box"}, Resource: "boxes",
-	AddressAnnotation: "example.com/ip",
+	AddressAnnotation: "example.com/ip", NetworkField: []string{"spec", "net"},
 }
 
 // deep is a kind whose address field lies three objects down.
 var deep = Target{
 	GVK: schema.GroupVersionKind{Group: "example.com", Version: "v1", Kind: "Deep"}, Resource: "deeps",
 	AddressesField: []string{"spec", "network", "addresses"}, PoolField: []string{"spec", "network", "pool"},
+	NetworkField: []string{"spec", "network", "identity"},
 }
 
 // oneString is a kind whose address is a string field.
@@ -36,6 +38,7 @@ var oneString = Target{
 var jsonOnMetadata = Target{
 	GVK: schema.GroupVersionKind{Group: "example.com", Version: "v1", Kind: "Calico"}, Resource: "calicos",
 	AddressAnnotation: "cni.projectcalico.org/ipAddrs", AnnotationFormat: FormatJSON,
+	NetworkAnnotation: "example.com/network",
 }
 
 // readBack is the address a stamped object carries where its kind keeps it.
@@ -46,8 +49,47 @@ func readBack(tg Target, v *View) []string {
 	return v.Addresses
 }
 
-func apply(t *testing.T, obj []byte, ops []jsonpatch.Operation) map[string]any {
+// testNetwork is the network identity the tests stamp.
+var testNetwork = &vmipamv1.Network{
+	Addresses: []string{"10.0.0.5/24"}, Gateways: []string{"10.0.0.1"},
+	Routes: []vmipamv1.Route{{Destination: "10.200.0.0/16", Via: "10.0.0.1"}},
+}
+
+// networkOf reads the network identity where tg writes it on obj; nil
+// when there is none.
+func networkOf(t *testing.T, tg Target, obj map[string]any) *vmipamv1.Network {
 	t.Helper()
+	loc, ann := tg.networkLocation()
+	if loc == nil {
+		return nil
+	}
+	var cur any = obj
+	for _, k := range loc {
+		m, ok := cur.(map[string]any)
+		if !ok {
+			return nil
+		}
+		if cur, ok = m[k]; !ok {
+			return nil
+		}
+	}
+	raw, _ := json.Marshal(cur)
+	if ann {
+		s, _ := cur.(string)
+		raw = []byte(s)
+	}
+	n := &vmipamv1.Network{}
+	if err := json.Unmarshal(raw, n); err != nil {
+		t.Fatalf("the network at %s does not decode: %v", tg.NetworkPath(), err)
+	}
+	return n
+}
+
+func apply(t *testing.T, obj []byte, ops []jsonpatch.Operation, errs ...error) map[string]any {
+	t.Helper()
+	if len(errs) > 0 && errs[0] != nil {
+		t.Fatal(errs[0])
+	}
 	raw, err := json.Marshal(ops)
 	if err != nil {
 		t.Fatal(err)
@@ -123,7 +165,8 @@ func TestReadAndStamp(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			stamped := apply(t, []byte(tc.obj), tc.target.StampPatch(v, "10.0.0.5", "pool-a", "tok", "h1"))
+			ops, err := tc.target.StampPatch(v, "10.0.0.5", "pool-a", "tok", "h1", testNetwork)
+			stamped := apply(t, []byte(tc.obj), ops, err)
 			raw, _ := json.Marshal(stamped)
 			back, err := tc.target.Read(raw)
 			if err != nil {
@@ -132,12 +175,17 @@ func TestReadAndStamp(t *testing.T) {
 			if !reflect.DeepEqual(readBack(tc.target, back), []string{"10.0.0.5"}) || back.StampedPool != "pool-a" || back.Token != "tok" || !back.HasFinalizer || back.Holder != "h1" {
 				t.Fatalf("stamped object reads back as %+v", back)
 			}
-			// Stamping again changes nothing.
-			if ops := tc.target.StampPatch(back, "10.0.0.5", "pool-a", "tok", "h1"); len(ops) != 0 {
+			if loc, _ := tc.target.networkLocation(); loc != nil {
+				if got := networkOf(t, tc.target, stamped); !reflect.DeepEqual(got, testNetwork) {
+					t.Errorf("the network at %s reads back as %+v, want %+v", tc.target.NetworkPath(), got, testNetwork)
+				}
+			}
+			// Stamping again, without a network, changes nothing.
+			if ops, _ := tc.target.StampPatch(back, "10.0.0.5", "pool-a", "tok", "h1", nil); len(ops) != 0 {
 				t.Errorf("a second stamp patches %v", ops)
 			}
 			// A dry run stamps the pool and the finalizer, and no token.
-			dry := apply(t, []byte(tc.obj), tc.target.DryRunPatch(v, "pool-a"))
+			dry := apply(t, []byte(tc.obj), tc.target.DryRunPatch(v, "pool-a", netip.Addr{}))
 			raw, _ = json.Marshal(dry)
 			if back, err = tc.target.Read(raw); err != nil || back.HasToken || back.StampedPool != "pool-a" || !back.HasFinalizer {
 				t.Fatalf("dry run reads back as %+v, %v", back, err)
@@ -216,7 +264,11 @@ func FuzzStampPatch(f *testing.F) {
 			if err != nil {
 				continue
 			}
-			raw, _ := json.Marshal(tg.StampPatch(v, "10.0.0.5", "p", "t", "h"))
+			ops, err := tg.StampPatch(v, "10.0.0.5", "p", "t", "h", testNetwork)
+			if err != nil {
+				t.Fatal(err)
+			}
+			raw, _ := json.Marshal(ops)
 			p, err := jsonpatchapply.DecodePatch(raw)
 			if err != nil {
 				t.Fatalf("%s: patch %s does not decode: %v", tg.GVK.Kind, raw, err)
@@ -228,6 +280,13 @@ func FuzzStampPatch(f *testing.F) {
 			back, err := tg.Read(out)
 			if err != nil || !reflect.DeepEqual(readBack(tg, back), []string{"10.0.0.5"}) || back.Token != "t" || !back.HasFinalizer || back.Holder != "h" {
 				t.Fatalf("%s: %s stamped to %s reads back as %+v, %v", tg.GVK.Kind, obj, out, back, err)
+			}
+			var m map[string]any
+			if err := json.Unmarshal(out, &m); err != nil {
+				t.Fatal(err)
+			}
+			if loc, _ := tg.networkLocation(); loc != nil && !reflect.DeepEqual(networkOf(t, tg, m), testNetwork) {
+				t.Fatalf("%s: %s stamped to %s has the network %+v", tg.GVK.Kind, obj, out, networkOf(t, tg, m))
 			}
 		}
 	})

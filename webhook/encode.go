@@ -119,6 +119,13 @@ func appendValue(dst []byte, v any) ([]byte, bool) {
 		return appendMap(dst, v, func(dst []byte, s string) ([]byte, bool) { return appendString(dst, s), true })
 	case map[string]any:
 		return appendMap(dst, v, appendValue)
+	case json.RawMessage:
+		// vmipam's own encoding of a value (a VM's network), compact as
+		// encoding/json would write it.
+		if v == nil {
+			return append(dst, "null"...), true
+		}
+		return append(dst, v...), true
 	}
 	return dst, false
 }

@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/target"
 )
 
@@ -25,11 +27,22 @@ func stampOps(s string) []jsonpatch.Operation {
 		jsonpatch.NewOperation("add", "/metadata/finalizers", []string{"vmipam.io/release-address", s}),
 		jsonpatch.NewOperation("add", "/metadata/labels", map[string]string{"vmipam.io/holder": s}),
 		jsonpatch.NewOperation("add", "/spec", map[string]any{"addresses": []string{s}, "x": map[string]any{"y": s, "z": nil}}),
+		jsonpatch.NewOperation("add", "/spec/network", networkJSON(s)),
 		jsonpatch.NewOperation("replace", "/spec/addresses", []string(nil)),
 		jsonpatch.NewOperation("add", "/metadata/x", nil),
 		jsonpatch.NewOperation("remove", "/metadata/annotations/vmipam.io~1token", nil),
 		jsonpatch.NewOperation("test", "/metadata/name", ""),
 	}
+}
+
+// networkJSON is a VM's network holding s, encoded as the stamp encodes
+// it.
+func networkJSON(s string) json.RawMessage {
+	raw, err := json.Marshal(vmipamv1.Network{Addresses: []string{s}, Gateways: []string{s}, Routes: []vmipamv1.Route{{Destination: s, Via: s}}})
+	if err != nil {
+		panic(err)
+	}
+	return raw
 }
 
 // TestEncodeReview: every answer is encoded as encoding/json encodes it

@@ -26,6 +26,7 @@ import (
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/ipam"
+	"github.com/vmipam/vmipam/pools"
 )
 
 // ippoolMinPendingTTL is the shortest spec.pendingTTL accepted: the API
@@ -94,7 +95,7 @@ type parsedPool struct {
 // get returns pool's parsed ranges.
 func (c *parsedRanges) get(pool *vmipamv1.IPPool) (*ipam.Ranges, error) {
 	if pool.UID == "" {
-		return ipam.ParseRanges(ippoolRangeSpecs(pool.Spec.Ranges))
+		return ipam.ParseRanges(pools.RangeSpecs(pool.Spec.Ranges))
 	}
 	c.mu.Lock()
 	e, ok := c.m[pool.UID]
@@ -102,7 +103,7 @@ func (c *parsedRanges) get(pool *vmipamv1.IPPool) (*ipam.Ranges, error) {
 	if ok && e.generation == pool.Generation {
 		return e.ranges, e.err
 	}
-	r, err := ipam.ParseRanges(ippoolRangeSpecs(pool.Spec.Ranges))
+	r, err := ipam.ParseRanges(pools.RangeSpecs(pool.Spec.Ranges))
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.m == nil {
@@ -227,7 +228,7 @@ func ippoolTimedOut(ctx context.Context, pool *vmipamv1.IPPool) admission.Respon
 // saying so.
 func ValidateIPPool(ctx context.Context, pool *vmipamv1.IPPool, others []vmipamv1.IPPool) field.ErrorList {
 	errs, _ := ippoolValidate(ctx, pool, others, func(p *vmipamv1.IPPool) (*ipam.Ranges, error) {
-		return ipam.ParseRanges(ippoolRangeSpecs(p.Spec.Ranges))
+		return ipam.ParseRanges(pools.RangeSpecs(p.Spec.Ranges))
 	})
 	return errs
 }
@@ -286,20 +287,11 @@ func (d *ippoolDeadline) spend(n int) bool {
 	return d.ctx.Err() != nil
 }
 
-// ippoolRangeSpecs turns the API's ranges into the allocator's.
-func ippoolRangeSpecs(ranges []vmipamv1.IPRange) []ipam.RangeSpec {
-	specs := make([]ipam.RangeSpec, len(ranges))
-	for i, r := range ranges {
-		specs[i] = ipam.RangeSpec{CIDR: r.CIDR, First: r.First, Last: r.Last, Exclude: r.Exclude}
-	}
-	return specs
-}
-
 // ippoolValidateRanges runs the allocator's own parser, so that the webhook
 // accepts exactly the ranges the allocator can build, and moves its errors
 // under spec. It returns the ranges when they parse.
 func ippoolValidateRanges(spec *field.Path, ranges []vmipamv1.IPRange) (*ipam.Ranges, field.ErrorList) {
-	r, err := ipam.ParseRanges(ippoolRangeSpecs(ranges))
+	r, err := ipam.ParseRanges(pools.RangeSpecs(ranges))
 	if err == nil {
 		return r, nil
 	}
@@ -354,7 +346,7 @@ func ippoolParts(pool *vmipamv1.IPPool, ranges *ipam.Ranges) []ippoolPart {
 		return []ippoolPart{{ranges: ranges}}
 	}
 	var parts []ippoolPart
-	for i, s := range ippoolRangeSpecs(pool.Spec.Ranges) {
+	for i, s := range pools.RangeSpecs(pool.Spec.Ranges) {
 		if r, err := ipam.ParseRanges([]ipam.RangeSpec{s}); err == nil {
 			parts = append(parts, ippoolPart{ranges: r, first: i})
 		}
@@ -551,7 +543,7 @@ func ippoolSortedOthers(pool *vmipamv1.IPPool, others []vmipamv1.IPPool) []*vmip
 // legitimate, but the VirtualMachines holding those addresses keep them. An
 // old spec that does not parse handed nothing out, so it takes nothing.
 func ippoolUpdateWarnings(ctx context.Context, old *vmipamv1.IPPool, ranges *ipam.Ranges) []string {
-	was, err := ipam.ParseRanges(ippoolRangeSpecs(old.Spec.Ranges))
+	was, err := ipam.ParseRanges(pools.RangeSpecs(old.Spec.Ranges))
 	if err != nil {
 		return nil
 	}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 
 	"gomodules.xyz/jsonpatch/v2"
@@ -87,12 +88,13 @@ func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admissi
 		return invalid(field.TooMany(field.NewPath(d.Target.AddressesPath()), len(v.Addresses), 1))
 	}
 	var static netip.Addr
+	bits := -1 // the prefix length a static request gave, if any
 	if len(v.Addresses) == 1 {
-		a, ferr := parseCanonical(addrPath, v.Addresses[0])
+		a, n, ferr := parseRequest(addrPath, v.Addresses[0])
 		if ferr != nil {
 			return invalid(ferr)
 		}
-		static = a
+		static, bits = a, n
 	}
 	pool, err := d.Registry.Select(ctx, d.Target, v.Namespace, v.Pool)
 	if errors.Is(err, pools.ErrNotReady) {
@@ -108,8 +110,19 @@ func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admissi
 		return deny(apierrors.NewServiceUnavailable(fmt.Sprintf("IPPool %s is recovering its state; retry in a few seconds", pool.Name())))
 	}
 	if static.IsValid() && !pool.Ranges().Contains(static) {
+		if pool.Ranges().Router(static) {
+			return invalid(field.Invalid(addrPath, v.Addresses[0],
+				fmt.Sprintf("is the gateway or a route's next hop of IPPool %s, which no VM is given; ask for another address, or leave the field empty", pool.Name())))
+		}
 		return invalid(field.Invalid(addrPath, v.Addresses[0],
 			fmt.Sprintf("outside IPPool %s (usable: %s); ask for an address inside it, or leave the field empty", pool.Name(), pool.Ranges())))
+	}
+	if bits >= 0 {
+		if sub, ok := pool.Subnet(static); ok && sub.Prefix.Bits() != bits {
+			return invalid(field.Invalid(addrPath, v.Addresses[0], fmt.Sprintf(
+				"the prefix length /%d differs from the subnet %s of IPPool %s that holds the address; write %s, or the address alone",
+				bits, sub.Prefix, pool.Name(), netip.PrefixFrom(static, sub.Prefix.Bits()))))
+		}
 	}
 	if resp, taken := d.nameTaken(ctx, v); taken {
 		return resp
@@ -122,7 +135,7 @@ func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admissi
 				return invalid(field.Invalid(addrPath, v.Addresses[0], unwrapMessage(err)))
 			}
 		}
-		return patched(d.Target.DryRunPatch(v, pool.Name()))
+		return patched(d.Target.DryRunPatch(v, pool.Name(), static))
 	}
 
 	token, err := newToken()
@@ -161,7 +174,11 @@ func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admissi
 		logf.FromContext(ctx).Error(err, "Allocating address", "object", v.Describe(), "pool", pool.Name())
 		return admission.Errored(http.StatusInternalServerError, err)
 	}
-	return patched(d.Target.StampPatch(v, a.String(), pool.Name(), token, d.Registry.HolderLabel()))
+	ops, err := d.Target.StampPatch(v, a.String(), pool.Name(), token, d.Registry.HolderLabel(), pool.Network(a))
+	if err != nil {
+		return admission.Errored(http.StatusInternalServerError, err)
+	}
+	return patched(ops)
 }
 
 // nameTaken refuses a create whose name the cache already holds: the API
@@ -323,15 +340,34 @@ func unjoin(err error) []error {
 	return []error{err}
 }
 
-// parseCanonical parses an address the user wrote and refuses any
-// spelling but the canonical one, giving it: ::ffff:10.0.0.5 and
-// 10.0.0.5 are one address, and vmipam compares one spelling only.
-func parseCanonical(path *field.Path, s string) (netip.Addr, *field.Error) {
-	a, err := netip.ParseAddr(s)
-	if err != nil {
-		return netip.Addr{}, field.Invalid(path, s, "not an IP address; leave the field empty to be given one")
+// parseRequest parses the address a user asks for, alone (10.0.0.5) or
+// in interface notation with its prefix length (10.0.0.5/24), and refuses
+// any spelling but the canonical one, giving it: ::ffff:10.0.0.5 and
+// 10.0.0.5 are one address, and vmipam compares one spelling only. bits
+// is the prefix length given, or -1.
+func parseRequest(path *field.Path, s string) (a netip.Addr, bits int, ferr *field.Error) {
+	bits = -1
+	host := s
+	if h, l, ok := strings.Cut(s, "/"); ok {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return netip.Addr{}, -1, field.Invalid(path, s, "not an IP address, or an address with its prefix length such as 10.0.0.5/24; leave the field empty to be given one")
+		}
+		host, bits = h, p.Bits()
+		if c := ipam.Canonical(p.Addr()); c.Is4() && p.Addr().Is4In6() {
+			// ::ffff:10.0.0.5/120 is 10.0.0.5/24.
+			return netip.Addr{}, -1, field.Invalid(path, s, fmt.Sprintf(
+				"not in canonical form: this is the IPv4-mapped IPv6 form of an IPv4 address; write it as %s", netip.PrefixFrom(c, max(bits-96, 0))))
+		}
+		if l != strconv.Itoa(bits) {
+			return netip.Addr{}, -1, field.Invalid(path, s, fmt.Sprintf("not in canonical form: write it as %s", p))
+		}
 	}
-	if c := ipam.Canonical(a); c.String() != s {
+	a, err := netip.ParseAddr(host)
+	if err != nil {
+		return netip.Addr{}, -1, field.Invalid(path, s, "not an IP address; leave the field empty to be given one")
+	}
+	if c := ipam.Canonical(a); c.String() != host {
 		why := "write it as"
 		switch {
 		case a.Is4In6():
@@ -339,9 +375,9 @@ func parseCanonical(path *field.Path, s string) (netip.Addr, *field.Error) {
 		case a.Zone() != "":
 			why = "a zone has no meaning here; write"
 		}
-		return netip.Addr{}, field.Invalid(path, s, fmt.Sprintf("not in canonical form: %s %s", why, c))
+		return netip.Addr{}, -1, field.Invalid(path, s, fmt.Sprintf("not in canonical form: %s %s", why, c))
 	}
-	return a, nil
+	return a, bits, nil
 }
 
 // newToken returns a fresh reservation token.

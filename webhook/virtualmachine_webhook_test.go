@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/netip"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -112,6 +113,9 @@ func TestVMDefaulter(t *testing.T) {
 			if f, _ := o["metadata"].(map[string]any)["finalizers"].([]any); len(f) != 1 || f[0] != vmipamv1.Finalizer {
 				t.Errorf("finalizers %v", f)
 			}
+			if addrs, _ := spec["addresses"].([]any); len(addrs) == 1 {
+				stampedAs(addrs[0].(string))(t, o)
+			}
 		}},
 		"no spec, no metadata beyond the name": {obj: []byte(`{"apiVersion":"vmipam.io/v1alpha1","kind":"VirtualMachine","metadata":{"name":"vm-1"}}`),
 			allowed: true, reserves: 1},
@@ -130,13 +134,30 @@ func TestVMDefaulter(t *testing.T) {
 					t.Errorf("finalizers %v", f)
 				}
 			}},
-		"static": {obj: vmJSON(t, nil, map[string]any{"addresses": []any{"10.0.0.7"}}), allowed: true, reserves: 1},
+		"static": {obj: vmJSON(t, nil, map[string]any{"addresses": []any{"10.0.0.7"}}), allowed: true, reserves: 1, check: stampedAs("10.0.0.7")},
+		"static with its prefix length": {obj: vmJSON(t, nil, map[string]any{"addresses": []any{"10.0.0.7/24"}}), allowed: true, reserves: 1,
+			check: stampedAs("10.0.0.7")},
+		"static with another prefix length": {obj: vmJSON(t, nil, map[string]any{"addresses": []any{"10.0.0.7/16"}}),
+			code: http.StatusUnprocessableEntity, message: []string{"spec.addresses[0]", "/16 differs from the subnet 10.0.0.0/24 of IPPool fuzz", "write 10.0.0.7/24"}},
+		"static, a bad prefix length": {obj: vmJSON(t, nil, map[string]any{"addresses": []any{"10.0.0.7/33"}}),
+			code: http.StatusUnprocessableEntity, message: []string{"spec.addresses[0]", "address with its prefix length such as 10.0.0.5/24"}},
+		"static, IPv4-mapped with a prefix length": {obj: vmJSON(t, nil, map[string]any{"addresses": []any{"::ffff:10.0.0.7/120"}}),
+			code: http.StatusUnprocessableEntity, message: []string{"spec.addresses[0]", "IPv4-mapped", "write it as 10.0.0.7/24"}},
+		"static, the gateway": {obj: vmJSON(t, nil, map[string]any{"addresses": []any{"10.0.0.1"}}),
+			code: http.StatusUnprocessableEntity, message: []string{"spec.addresses[0]", "is the gateway or a route's next hop of IPPool fuzz"}},
+		"dry run, static with its prefix length": {obj: vmJSON(t, nil, map[string]any{"addresses": []any{"10.0.0.7/24"}}),
+			edit: func(r *admission.Request) { r.DryRun = ptr.To(true) }, allowed: true,
+			check: func(t *testing.T, o map[string]any) {
+				if addrs := o["spec"].(map[string]any)["addresses"].([]any); len(addrs) != 1 || addrs[0] != "10.0.0.7" {
+					t.Errorf("dry run left spec.addresses %v; want [10.0.0.7], as the create would store it", addrs)
+				}
+			}},
 		"static, IPv4-mapped": {obj: vmJSON(t, nil, map[string]any{"addresses": []any{"::ffff:10.0.0.7"}}),
 			code: http.StatusUnprocessableEntity, message: []string{"spec.addresses[0]", "IPv4-mapped", "write it as 10.0.0.7"}},
 		"static, zoned": {obj: vmJSON(t, nil, map[string]any{"addresses": []any{"10.0.0.7%eth0"}}),
 			code: http.StatusUnprocessableEntity, message: []string{"spec.addresses[0]", "not an IP address"}},
 		"static, outside": {obj: vmJSON(t, nil, map[string]any{"addresses": []any{"10.9.0.7"}}),
-			code: http.StatusUnprocessableEntity, message: []string{"outside IPPool fuzz", "10.0.0.1-10.0.0.254"}},
+			code: http.StatusUnprocessableEntity, message: []string{"outside IPPool fuzz", "10.0.0.2-10.0.0.253"}},
 		"two addresses": {obj: vmJSON(t, nil, map[string]any{"addresses": []any{"10.0.0.7", "10.0.0.8"}}),
 			code: http.StatusUnprocessableEntity, message: []string{"spec.addresses", "must have at most 1 item"}},
 		"addresses not a list": {obj: vmJSON(t, nil, map[string]any{"addresses": "10.0.0.7"}),
@@ -175,7 +196,10 @@ func TestVMDefaulter(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			reg, _, _ := newTestRegistry(t, "10.0.0.0/24")
+			reg, _, _ := newTestRegistry(t, "10.0.0.0/24", func(p *vmipamv1.IPPool) {
+				p.Spec.Ranges[0].Gateway = "10.0.0.1"
+				p.Spec.Ranges[0].Routes = []vmipamv1.Route{{Destination: "10.200.0.0/16"}, {Destination: "10.201.0.0/16", Via: "10.0.0.254"}}
+			})
 			d := &VMDefaulter{Registry: reg, Target: target.VirtualMachine}
 			req := vmRequest(admissionv1.Create, tc.obj)
 			if tc.edit != nil {
@@ -204,6 +228,29 @@ func TestVMDefaulter(t *testing.T) {
 				tc.check(t, applied(t, tc.obj, resp))
 			}
 		})
+	}
+}
+
+// stampedAs checks that a VirtualMachine was stamped with addr alone in
+// spec.addresses, and with its network identity in spec.network: the
+// address in interface notation, the test pool's gateway and its routes.
+func stampedAs(addr string) func(t *testing.T, o map[string]any) {
+	return func(t *testing.T, o map[string]any) {
+		t.Helper()
+		spec := o["spec"].(map[string]any)
+		if addrs, _ := spec["addresses"].([]any); len(addrs) != 1 || addrs[0] != addr {
+			t.Errorf("spec.addresses = %v, want [%s]", spec["addresses"], addr)
+		}
+		raw, _ := json.Marshal(spec["network"])
+		var got vmipamv1.Network
+		if err := json.Unmarshal(raw, &got); err != nil {
+			t.Fatalf("spec.network %s: %v", raw, err)
+		}
+		want := vmipamv1.Network{Addresses: []string{addr + "/24"}, Gateways: []string{"10.0.0.1"}, Routes: []vmipamv1.Route{
+			{Destination: "10.200.0.0/16", Via: "10.0.0.1"}, {Destination: "10.201.0.0/16", Via: "10.0.0.254"}}}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("spec.network = %s, want %+v", raw, want)
+		}
 	}
 }
 

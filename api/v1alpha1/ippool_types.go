@@ -11,6 +11,8 @@ import (
 //
 // +kubebuilder:validation:XValidation:rule="!has(self.first) || !isCIDR(self.cidr) || !isIP(self.first) || cidr(self.cidr).containsIP(self.first)",message="first must lie inside cidr"
 // +kubebuilder:validation:XValidation:rule="!has(self.last) || !isCIDR(self.cidr) || !isIP(self.last) || cidr(self.cidr).containsIP(self.last)",message="last must lie inside cidr"
+// +kubebuilder:validation:XValidation:rule="!has(self.gateway) || !isCIDR(self.cidr) || !isIP(self.gateway) || cidr(self.cidr).containsIP(self.gateway)",message="must lie inside cidr: a VM reaches only a router on its own subnet",fieldPath=".gateway"
+// +kubebuilder:validation:XValidation:rule="!has(self.routes) || has(self.gateway) || self.routes.all(r, has(r.via))",message="a route without via goes through the gateway: set gateway, or via on every route",fieldPath=".routes"
 type IPRange struct {
 	// CIDR is the subnet, for example 10.0.0.0/16 or fd00::/64.
 	// +kubebuilder:validation:MaxLength=43
@@ -34,6 +36,36 @@ type IPRange struct {
 	// +kubebuilder:validation:MaxItems=256
 	// +kubebuilder:validation:items:MaxLength=43
 	Exclude []string `json:"exclude,omitempty"`
+	// Gateway is the subnet's router, which vmipam gives each VM of the
+	// range beside its address: an address inside cidr (not its network
+	// or broadcast address), never handed out.
+	// +optional
+	// +kubebuilder:validation:MaxLength=39
+	// +kubebuilder:validation:XValidation:rule="isIP(self)",message="must be an IP address, such as 10.0.0.1 or fd00::1"
+	Gateway string `json:"gateway,omitempty"`
+	// Routes are further routes the VMs of the range get, each through an
+	// address inside cidr (the gateway, unless via says otherwise), which
+	// is never handed out.
+	// +optional
+	// +listType=map
+	// +listMapKey=destination
+	// +kubebuilder:validation:MaxItems=32
+	Routes []Route `json:"routes,omitempty"`
+}
+
+// Route is a route a VM's guest installs.
+type Route struct {
+	// Destination is a CIDR of the range's family, such as 10.200.0.0/16,
+	// or 0.0.0.0/0 for a default route.
+	// +kubebuilder:validation:MaxLength=43
+	// +kubebuilder:validation:XValidation:rule="isCIDR(self)",message="must be a CIDR such as 10.200.0.0/16 or fd10::/64"
+	Destination string `json:"destination"`
+	// Via is the next hop, inside the range's cidr; the range's gateway
+	// when left out.
+	// +optional
+	// +kubebuilder:validation:MaxLength=39
+	// +kubebuilder:validation:XValidation:rule="isIP(self)",message="must be an IP address, such as 10.0.0.1 or fd00::1"
+	Via string `json:"via,omitempty"`
 }
 
 // Watermarks bound the free list each allocator keeps in memory.

@@ -10,6 +10,7 @@ import (
 // that `vmipam manifests` renders, which also covers vmipam's
 // annotations), with no call to vmipam.
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.addresses) || size(oldSelf.addresses) == 0 || (has(self.addresses) && self.addresses == oldSelf.addresses)",message="spec.addresses is immutable once assigned; delete and recreate the VirtualMachine to get another address"
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.network) || has(self.network) && self.network == oldSelf.network",message="spec.network is written by vmipam with the address and immutable once set; delete and recreate the VirtualMachine to change it"
 type VirtualMachineSpec struct {
 	// IPPool names the pool to draw the address from; empty picks the
 	// pool by namespace selector, then the default pool.
@@ -25,6 +26,12 @@ type VirtualMachineSpec struct {
 	// +kubebuilder:validation:items:MaxLength=39
 	// +kubebuilder:validation:items:XValidation:rule="isIP(self) && string(ip(self)) == self",message="must be an IP address in canonical form, such as 10.0.0.5 or fd00::5: no IPv4-mapped IPv6 form (::ffff:10.0.0.5), no zone, lower case, zeros compressed"
 	Addresses []string `json:"addresses,omitempty"`
+	// Network is what the guest needs to configure its interface, which
+	// vmipam writes beside the address when it assigns one: each address
+	// with its prefix length, the gateways and the routes of its range.
+	// A guest agent or cloud-init reads it; vmipam keeps it as written.
+	// +optional
+	Network *Network `json:"network,omitempty"`
 	// Image is what the VM boots; vmipam does not look at it.
 	// +optional
 	Image string `json:"image,omitempty"`
@@ -33,6 +40,32 @@ type VirtualMachineSpec struct {
 	CPUs int32 `json:"cpus,omitempty"`
 	// +optional
 	Memory string `json:"memory,omitempty"`
+}
+
+// Network is a VM's network identity: the interface configuration of its
+// addresses, in the shape cloud-init's network configuration takes.
+type Network struct {
+	// Addresses are the VM's addresses in interface notation, the address
+	// and its subnet's prefix length (10.0.0.5/24), in the order of
+	// spec.addresses.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=2
+	// +kubebuilder:validation:items:MaxLength=43
+	Addresses []string `json:"addresses,omitempty"`
+	// Gateways are the routers of the addresses' subnets, at most one per
+	// family; a guest routes what no other route covers through them.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=2
+	// +kubebuilder:validation:items:MaxLength=39
+	Gateways []string `json:"gateways,omitempty"`
+	// Routes are the further routes of the addresses' subnets, each with
+	// its next hop.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=64
+	Routes []Route `json:"routes,omitempty"`
 }
 
 // VirtualMachineStatus is the VM's observed state.

@@ -202,14 +202,22 @@ func TestIPPoolValidation(t *testing.T) {
 		mutate func(*vmipamv1.IPPool)
 		want   []string
 	}{
-		"bad CIDR":         {[]vmipamv1.IPRange{{CIDR: "10.0.0/24"}}, nil, []string{"spec.ranges[0].cidr", "must be a CIDR"}},
-		"IPv6 typo":        {[]vmipamv1.IPRange{{CIDR: "fd00::g/64"}}, nil, []string{"spec.ranges[0].cidr", "must be a CIDR"}},
-		"host bits":        {[]vmipamv1.IPRange{{CIDR: "10.1.0.1/24"}}, nil, []string{"spec.ranges[0].cidr", "host bits are set"}},
-		"first after last": {[]vmipamv1.IPRange{{CIDR: "10.1.0.0/24", First: "10.1.0.9", Last: "10.1.0.2"}}, nil, []string{"spec.ranges[0].first", "after last"}},
-		"first outside":    {[]vmipamv1.IPRange{{CIDR: "10.1.0.0/24", First: "10.2.0.9"}}, nil, []string{"spec.ranges[0]", "first must lie inside cidr"}},
-		"exclude outside":  {[]vmipamv1.IPRange{{CIDR: "10.1.0.0/24", Exclude: []string{"10.9.0.1"}}}, nil, []string{"spec.ranges[0].exclude[0]", "outside the range's CIDR"}},
-		"overlap in pool":  {[]vmipamv1.IPRange{{CIDR: "10.1.0.0/24"}, {CIDR: "10.1.0.128/25"}}, nil, []string{"spec.ranges[1].cidr", "overlaps"}},
-		"overlap of pools": {[]vmipamv1.IPRange{{CIDR: "10.90.0.0/25"}}, nil, []string{"spec.ranges[0].cidr", `IPPool "existing"`}},
+		"bad CIDR":               {[]vmipamv1.IPRange{{CIDR: "10.0.0/24"}}, nil, []string{"spec.ranges[0].cidr", "must be a CIDR"}},
+		"IPv6 typo":              {[]vmipamv1.IPRange{{CIDR: "fd00::g/64"}}, nil, []string{"spec.ranges[0].cidr", "must be a CIDR"}},
+		"host bits":              {[]vmipamv1.IPRange{{CIDR: "10.1.0.1/24"}}, nil, []string{"spec.ranges[0].cidr", "host bits are set"}},
+		"first after last":       {[]vmipamv1.IPRange{{CIDR: "10.1.0.0/24", First: "10.1.0.9", Last: "10.1.0.2"}}, nil, []string{"spec.ranges[0].first", "after last"}},
+		"first outside":          {[]vmipamv1.IPRange{{CIDR: "10.1.0.0/24", First: "10.2.0.9"}}, nil, []string{"spec.ranges[0]", "first must lie inside cidr"}},
+		"exclude outside":        {[]vmipamv1.IPRange{{CIDR: "10.1.0.0/24", Exclude: []string{"10.9.0.1"}}}, nil, []string{"spec.ranges[0].exclude[0]", "outside the range's CIDR"}},
+		"overlap in pool":        {[]vmipamv1.IPRange{{CIDR: "10.1.0.0/24"}, {CIDR: "10.1.0.128/25"}}, nil, []string{"spec.ranges[1].cidr", "overlaps"}},
+		"overlap of pools":       {[]vmipamv1.IPRange{{CIDR: "10.90.0.0/25"}}, nil, []string{"spec.ranges[0].cidr", `IPPool "existing"`}},
+		"gateway outside":        {[]vmipamv1.IPRange{{CIDR: "10.1.0.0/24", Gateway: "10.2.0.1"}}, nil, []string{"spec.ranges[0].gateway", "must lie inside cidr"}},
+		"gateway not an address": {[]vmipamv1.IPRange{{CIDR: "10.1.0.0/24", Gateway: "gw"}}, nil, []string{"spec.ranges[0].gateway", "must be an IP address"}},
+		"route without via or gateway": {[]vmipamv1.IPRange{{CIDR: "10.1.0.0/24", Routes: []vmipamv1.Route{{Destination: "10.200.0.0/16"}}}}, nil,
+			[]string{"spec.ranges[0].routes", "set gateway, or via on every route"}},
+		"route via outside": {[]vmipamv1.IPRange{{CIDR: "10.1.0.0/24", Routes: []vmipamv1.Route{{Destination: "10.200.0.0/16", Via: "10.3.0.1"}}}}, nil,
+			[]string{"spec.ranges[0].routes[0].via", "outside the range's CIDR 10.1.0.0/24"}},
+		"route of the other family": {[]vmipamv1.IPRange{{CIDR: "10.1.0.0/24", Gateway: "10.1.0.1", Routes: []vmipamv1.Route{{Destination: "fd10::/64"}}}}, nil,
+			[]string{"spec.ranges[0].routes[0].destination", "not of the family"}},
 		"bad watermarks": {[]vmipamv1.IPRange{{CIDR: "10.1.0.0/24"}}, func(p *vmipamv1.IPPool) {
 			p.Spec.Watermarks = &vmipamv1.Watermarks{Low: 10, Target: 5, High: 20}
 		}, []string{"low <= target <= high"}},

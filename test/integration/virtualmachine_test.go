@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -452,3 +454,77 @@ func TestRestart(t *testing.T) {
 }
 
 var errDenied = errors.New("denied by the test's policy")
+
+// TestNetworkIdentity: a VirtualMachine gets, beside its address, what its
+// guest needs to configure the interface (spec.network: the address with
+// its prefix length, the range's gateway and routes); a static request may
+// carry the prefix length, and is stored without it; the gateway and the
+// routes' next hops are never handed out; and the API server keeps
+// spec.network as vmipam wrote it.
+func TestNetworkIdentity(t *testing.T) {
+	clk := clocktesting.NewFakeClock(epoch)
+	v := startVMIPAM(t, clk)
+	ns := namespace(t)
+	newPool(t, v, "identity", []vmipamv1.IPRange{{CIDR: "10.91.0.0/29", Gateway: "10.91.0.1",
+		Routes: []vmipamv1.Route{{Destination: "10.200.0.0/16"}, {Destination: "192.168.0.0/16", Via: "10.91.0.6"}}}})
+	ctx := t.Context()
+	routes := []vmipamv1.Route{{Destination: "10.200.0.0/16", Via: "10.91.0.1"}, {Destination: "192.168.0.0/16", Via: "10.91.0.6"}}
+
+	static := vm(ns, "static", "identity", "10.91.0.4/29")
+	if err := k8sClient.Create(ctx, static); err != nil {
+		t.Fatalf("static request with its prefix length: %v", err)
+	}
+	want := &vmipamv1.Network{Addresses: []string{"10.91.0.4/29"}, Gateways: []string{"10.91.0.1"}, Routes: routes}
+	if !slices.Equal(static.Spec.Addresses, []string{"10.91.0.4"}) || !reflect.DeepEqual(static.Spec.Network, want) {
+		t.Fatalf("static request stored as %v with network %+v; want [10.91.0.4] and %+v", static.Spec.Addresses, static.Spec.Network, want)
+	}
+	// 10.91.0.1 is the gateway and .6 a next hop: .2, .3 and .5 are left.
+	got := map[string]bool{"10.91.0.4": true}
+	for i := range 3 {
+		d := vm(ns, fmt.Sprintf("dyn-%d", i), "identity")
+		if err := k8sClient.Create(ctx, d); err != nil {
+			t.Fatalf("create %s: %v", d.Name, err)
+		}
+		a := d.Spec.Addresses[0]
+		want := &vmipamv1.Network{Addresses: []string{a + "/29"}, Gateways: []string{"10.91.0.1"}, Routes: routes}
+		if !reflect.DeepEqual(d.Spec.Network, want) {
+			t.Errorf("%s: network %+v, want %+v", d.Name, d.Spec.Network, want)
+		}
+		got[a] = true
+	}
+	if !reflect.DeepEqual(got, map[string]bool{"10.91.0.2": true, "10.91.0.3": true, "10.91.0.4": true, "10.91.0.5": true}) {
+		t.Errorf("addresses handed out %v; want .2 to .5, never the gateway .1 or the next hop .6", got)
+	}
+	for name, tc := range map[string]struct {
+		obj  *vmipamv1.VirtualMachine
+		want []string
+	}{
+		"the gateway":          {vm(ns, "gw", "identity", "10.91.0.1"), []string{"spec.addresses[0]", "gateway or a route's next hop of IPPool identity"}},
+		"another prefix":       {vm(ns, "other", "identity", "10.91.0.4/24"), []string{"spec.addresses[0]", "/24 differs from the subnet 10.91.0.0/29", "write 10.91.0.4/29"}},
+		"a route's next hop":   {vm(ns, "hop", "identity", "10.91.0.6"), []string{"spec.addresses[0]", "gateway or a route's next hop"}},
+		"prefix, wrong family": {vm(ns, "fam", "identity", "fd00::4/64"), []string{"spec.addresses[0]", "outside IPPool identity"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			err := k8sClient.Create(ctx, tc.obj)
+			if !apierrors.IsInvalid(err) {
+				t.Fatalf("create: %v; want Invalid", err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not say %q", err, w)
+				}
+			}
+		})
+	}
+	// The API server keeps spec.network as vmipam wrote it.
+	edit := static.DeepCopy()
+	edit.Spec.Network.Gateways = []string{"10.91.0.3"}
+	if err := k8sClient.Update(ctx, edit); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec.network is written by vmipam") {
+		t.Errorf("update of spec.network: %v; want it refused, naming spec.network", err)
+	}
+	edit = static.DeepCopy()
+	edit.Spec.Network = nil
+	if err := k8sClient.Update(ctx, edit); !apierrors.IsInvalid(err) {
+		t.Errorf("removal of spec.network: %v; want it refused", err)
+	}
+}

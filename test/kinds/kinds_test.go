@@ -20,6 +20,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -57,8 +58,11 @@ type kind struct {
 	address func(obj *unstructured.Unstructured) string
 	// set moves obj's address to addr in place; update writes it, as a
 	// user's update would (of the status, for NeonVM).
-	set    func(obj *unstructured.Unstructured, addr string)
-	update func(ctx context.Context, c client.Client, obj *unstructured.Unstructured) error
+	set func(obj *unstructured.Unstructured, addr string)
+	// network reads the network identity vmipam wrote beside the address
+	// (nil for a kind that takes none).
+	network func(obj *unstructured.Unstructured) *vmipamv1.Network
+	update  func(ctx context.Context, c client.Client, obj *unstructured.Unstructured) error
 	// refusal is in the message refusing the change.
 	refusal string
 }
@@ -96,6 +100,11 @@ var kinds = []kind{
 		},
 		set: func(obj *unstructured.Unstructured, addr string) {
 			_ = unstructured.SetNestedStringSlice(obj.Object, []string{addr}, "spec", "addresses")
+		},
+		network: func(obj *unstructured.Unstructured) *vmipamv1.Network {
+			m, _, _ := unstructured.NestedMap(obj.Object, "spec", "network")
+			raw, _ := json.Marshal(m)
+			return decodeNetwork(string(raw))
 		},
 		update: func(ctx context.Context, c client.Client, obj *unstructured.Unstructured) error {
 			return c.Update(ctx, obj)
@@ -145,11 +154,23 @@ var kinds = []kind{
 		set: func(obj *unstructured.Unstructured, addr string) {
 			_ = unstructured.SetNestedField(obj.Object, `["`+addr+`"]`, "spec", "template", "metadata", "annotations", "cni.projectcalico.org/ipAddrs")
 		},
+		network: func(obj *unstructured.Unstructured) *vmipamv1.Network {
+			return decodeNetwork(str(obj, "spec", "template", "metadata", "annotations", "vmipam.io/network"))
+		},
 		update: func(ctx context.Context, c client.Client, obj *unstructured.Unstructured) error {
 			return c.Update(ctx, obj)
 		},
 		refusal: "spec.template.metadata.annotations[cni.projectcalico.org/ipAddrs] is immutable once assigned",
 	},
+}
+
+// decodeNetwork decodes a network identity, nil when there is none.
+func decodeNetwork(s string) *vmipamv1.Network {
+	n := &vmipamv1.Network{}
+	if s == "" || s == "null" || json.Unmarshal([]byte(s), n) != nil {
+		return nil
+	}
+	return n
 }
 
 // config writes one kinds configuration holding the kinds of
@@ -224,6 +245,21 @@ func settled(t *testing.T, c client.Client, k kind, obj *unstructured.Unstructur
 	return addr
 }
 
+// checkNetwork checks the network identity beside addr on obj, of the
+// kinds pool (10.71.0.0/24 with its gateway and route), where kind k
+// takes one.
+func checkNetwork(t *testing.T, k kind, obj *unstructured.Unstructured, addr string) {
+	t.Helper()
+	if k.network == nil {
+		return
+	}
+	want := &vmipamv1.Network{Addresses: []string{addr + "/24"}, Gateways: []string{"10.71.0.1"},
+		Routes: []vmipamv1.Route{{Destination: "10.200.0.0/16", Via: "10.71.0.1"}}}
+	if got := k.network(obj); !reflect.DeepEqual(got, want) {
+		t.Errorf("%s %s: network %+v, want %+v", k.name, obj.GetName(), got, want)
+	}
+}
+
 // create creates obj, retrying while the pool recovers (503).
 func create(ctx context.Context, t *testing.T, c client.Client, obj *unstructured.Unstructured) {
 	t.Helper()
@@ -267,7 +303,8 @@ func TestKinds(t *testing.T) {
 	})
 	c := cl.Client
 	pool := &vmipamv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "kinds"}, Spec: vmipamv1.IPPoolSpec{
-		Default: true, Ranges: []vmipamv1.IPRange{{CIDR: "10.71.0.0/24"}}, Cooldown: &metav1.Duration{Duration: time.Hour},
+		Default: true, Cooldown: &metav1.Duration{Duration: time.Hour},
+		Ranges: []vmipamv1.IPRange{{CIDR: "10.71.0.0/24", Gateway: "10.71.0.1", Routes: []vmipamv1.Route{{Destination: "10.200.0.0/16"}}}},
 	}}
 	if err := c.Create(ctx, pool); err != nil {
 		t.Fatal(err)
@@ -291,7 +328,9 @@ func TestKinds(t *testing.T) {
 			}
 			wg.Wait()
 			for _, o := range objs {
-				live.add(t, k.name+"/"+o.GetName(), settled(t, c, k, o))
+				a := settled(t, c, k, o)
+				live.add(t, k.name+"/"+o.GetName(), a)
+				checkNetwork(t, k, o, a)
 			}
 			kept[k.name] = objs[0]
 			if k.name == "neonvm" {
@@ -497,7 +536,9 @@ func TestKinds(t *testing.T) {
 				objs = append(objs, o)
 			}
 			for _, o := range objs {
-				live.add(t, k.name+"/"+o.GetName(), settled(t, c, k, o))
+				a := settled(t, c, k, o)
+				live.add(t, k.name+"/"+o.GetName(), a)
+				checkNetwork(t, k, o, a)
 			}
 			held := k.address(kept[k.name])
 			err := c.Create(ctx, k.make(ns, k.name+"-taken", held))
