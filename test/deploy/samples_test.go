@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/ipam"
+	"github.com/vmipam/vmipam/pools"
 	"github.com/vmipam/vmipam/test/harness"
 )
 
@@ -66,54 +68,15 @@ func TestSamples(t *testing.T) {
 	r.dryRun(t)
 }
 
-// usable tells whether addr lies in a range of pool, outside its excludes
-// and is not a network or IPv4 broadcast address.
+// usable tells whether pool hands addr out, as the allocator reads the
+// pool's ranges (exclusions, gateway and next hops, network and broadcast
+// addresses).
 func usable(t *testing.T, pool vmipamv1.IPPool, addr netip.Addr) bool {
 	t.Helper()
-	for _, rg := range pool.Spec.Ranges {
-		p, err := netip.ParsePrefix(rg.CIDR)
-		if err != nil {
-			t.Errorf("pool %s: %v", pool.Name, err)
-			continue
-		}
-		if !p.Contains(addr) || addr == p.Masked().Addr() || (addr.Is4() && p.Bits() < 31 && addr == broadcast(p)) {
-			continue
-		}
-		if rg.First != "" && addr.Less(parseAddr(t, rg.First)) || rg.Last != "" && parseAddr(t, rg.Last).Less(addr) {
-			continue
-		}
-		excluded := false
-		for _, e := range rg.Exclude {
-			ep, err := netip.ParsePrefix(e)
-			if a, aerr := netip.ParseAddr(e); aerr == nil {
-				ep, err = netip.PrefixFrom(a, a.BitLen()), nil
-			}
-			if err != nil {
-				t.Errorf("pool %s: exclude %q: %v", pool.Name, e, err)
-				continue
-			}
-			excluded = excluded || ep.Contains(addr)
-		}
-		if !excluded {
-			return true
-		}
-	}
-	return false
-}
-
-func broadcast(p netip.Prefix) netip.Addr {
-	b := p.Masked().Addr().As4()
-	for i := p.Bits(); i < 32; i++ {
-		b[i/8] |= 1 << (7 - i%8)
-	}
-	return netip.AddrFrom4(b)
-}
-
-func parseAddr(t *testing.T, s string) netip.Addr {
-	t.Helper()
-	a, err := netip.ParseAddr(s)
+	r, err := ipam.ParseRanges(pools.RangeSpecs(pool.Spec.Ranges))
 	if err != nil {
-		t.Errorf("%v", err)
+		t.Errorf("pool %s: %v", pool.Name, err)
+		return false
 	}
-	return a
+	return r.Contains(addr)
 }
