@@ -36,7 +36,10 @@ var (
 // ExhaustedError says why a pool cannot hand out an address and when one
 // will free up, so the user is told something they can act on.
 type ExhaustedError struct {
-	Pool   string
+	Pool string
+	// Family, if set, is the address family the pool has none left of
+	// ("IPv6"), for a pool of both families.
+	Family string
 	Counts Counts
 	// NextFree is when the next address leaves cooldown; zero when no
 	// address is cooling down or pending.
@@ -44,8 +47,12 @@ type ExhaustedError struct {
 }
 
 func (e *ExhaustedError) Error() string {
-	msg := fmt.Sprintf("pool %q is exhausted: %d of %d usable addresses allocated, %d pending, %d cooling down",
-		e.Pool, e.Counts.Allocated, e.Counts.Usable, e.Counts.Pending, e.Counts.Cooldown)
+	what, of := "is exhausted", "usable addresses"
+	if e.Family != "" {
+		what, of = "has no "+e.Family+" address left", "usable "+e.Family+" addresses"
+	}
+	msg := fmt.Sprintf("pool %q %s: %d of %d %s allocated, %d pending, %d cooling down",
+		e.Pool, what, e.Counts.Allocated, e.Counts.Usable, of, e.Counts.Pending, e.Counts.Cooldown)
 	if e.Counts.ClaimedElsewhere > 0 {
 		msg += fmt.Sprintf(", %d claimed by other holders", e.Counts.ClaimedElsewhere)
 	}

@@ -88,6 +88,10 @@ type Reservation struct {
 type Config struct {
 	// Pool names the pool, for errors and metrics.
 	Pool string
+	// Family, if set, names the address family of Ranges ("IPv4" or
+	// "IPv6") in messages: for one of the Managers of a pool of both
+	// families.
+	Family string
 	// Holder names this Manager in the store's claims. It must be stable
 	// across restarts of the same replica and unique among the replicas
 	// running at any moment.
@@ -780,6 +784,35 @@ func (m *Manager) leavePending(e *entry) {
 	e.ns = ""
 }
 
+// Cancel takes back the pending reservation of token at once, without a
+// cooldown, for an admission that made it and is then refused before it
+// answers (a dual-stack create that got one family's address and not the
+// other's): no object can carry the address, since the only answer that
+// could stamp it was never sent. It reports the address, and false when
+// the token holds no pending reservation here. The address is free again
+// but unarmed: handing it out again first writes its block, as for any
+// address that the store may show in use.
+func (m *Manager) Cancel(token string) (netip.Addr, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e := m.byToken[token]
+	if e == nil || e.state != StatePending {
+		return netip.Addr{}, false
+	}
+	m.leavePending(e)
+	delete(m.byToken, token)
+	m.touch(e)
+	e.owner = Owner{}
+	e.at = time.Time{}
+	if m.rest(e) {
+		m.Kick()
+	}
+	// A flush since the reservation shows it in use; the next write
+	// drops that.
+	m.markDirty(e.addr)
+	return e.addr, true
+}
+
 // Bind binds the pending reservation of o.Token to the machine the cluster
 // stored for it, o.UID (o.Ref names it in messages). Binding again to the
 // same UID is a no-op.
@@ -1244,7 +1277,7 @@ func (m *Manager) Stats() Stats {
 }
 
 func (m *Manager) exhaustedLocked() error {
-	err := &ExhaustedError{Pool: m.cfg.Pool, Counts: m.countsLocked()}
+	err := &ExhaustedError{Pool: m.cfg.Pool, Family: m.cfg.Family, Counts: m.countsLocked()}
 	if e := m.cooldown.head; e != nil {
 		err.NextFree = e.at
 	} else if e := m.pending.head; e != nil {

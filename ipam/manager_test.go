@@ -3,6 +3,7 @@ package ipam
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/bits"
 	"net/netip"
 	"strings"
@@ -706,5 +707,89 @@ func TestDurable(t *testing.T) {
 	}
 	if !m.Durable(quiet) {
 		t.Errorf("Durable(%s) after a flush = false, want true", quiet)
+	}
+}
+
+// TestCancel: a pending reservation taken back by a refused admission is
+// free again at once, without a cooldown, and no longer its token's; a
+// bound one, another token's or an unknown one is left alone. After a
+// flush and a restart, the store does not show it in use.
+func TestCancel(t *testing.T) {
+	m, _, store := newTestManager(t, testPool{cidr: "10.0.0.0/29", low: 0, target: 6, high: 6, cooldown: time.Hour})
+	ctx := t.Context()
+	a, err := m.Allocate(ctx, Reservation{Token: "refused"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := m.Allocate(ctx, Reservation{Token: "stored"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Bind(Owner{Token: "stored", UID: "uid-b"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, tok := range []string{"stored", "unknown", ""} {
+		if got, ok := m.Cancel(tok); ok {
+			t.Errorf("Cancel(%q) took back %s; want nothing", tok, got)
+		}
+	}
+	if st, o, _ := m.Lookup(b); st != StateAllocated || o.UID != "uid-b" {
+		t.Errorf("the bound %s is %s %+v after the cancels", b, st, o)
+	}
+	got, ok := m.Cancel("refused")
+	if !ok || got != a {
+		t.Fatalf("Cancel(refused) = %s, %v; want %s", got, ok, a)
+	}
+	if st, _, _ := m.Lookup(a); st != StateFree {
+		t.Errorf("%s is %s after the cancel, want free (no cooldown)", a, st)
+	}
+	if again, ok := m.Cancel("refused"); ok {
+		t.Errorf("a second Cancel took back %s", again)
+	}
+	// A flush writes it out of use: a crash now would free it at once.
+	if err := m.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	blk, err := store.Get(ctx, BlockOf(a))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bm := blk.InUse[m.Holder()]; bm != nil && bm.Has(blockOffset(a)) {
+		t.Errorf("the store shows the cancelled %s in use after a flush", a)
+	}
+	// The token is no longer the address's, and every address but b can
+	// be had at once.
+	seen := map[netip.Addr]bool{}
+	for i := range 5 {
+		x, err := m.Allocate(ctx, Reservation{Token: fmt.Sprint("n", i)})
+		if err != nil {
+			t.Fatalf("allocation %d after the cancel: %v", i, err)
+		}
+		seen[x] = true
+	}
+	if !seen[a] || seen[b] {
+		t.Errorf("allocations after the cancel got %v; want %s among them, and never %s", seen, a, b)
+	}
+}
+
+// TestExhaustedFamily: the Manager of one family of a pool of both says
+// which family ran out, with that family's figures.
+func TestExhaustedFamily(t *testing.T) {
+	m := newManager(t, Config{Pool: "dual", Family: "IPv6", Ranges: mustRanges(t, RangeSpec{CIDR: "fd00::/127"}), Clock: newFakeClock()})
+	if _, err := m.Recover(t.Context(), nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, tok := range []string{"a", "b"} {
+		if _, err := m.Allocate(t.Context(), Reservation{Token: tok}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := m.Allocate(t.Context(), Reservation{Token: "c"})
+	want := `pool "dual" has no IPv6 address left: 0 of 2 usable IPv6 addresses allocated, 2 pending, 0 cooling down`
+	if !errors.Is(err, ErrExhausted) || !strings.Contains(err.Error(), want) {
+		t.Errorf("err = %v; want ErrExhausted saying %q", err, want)
 	}
 }

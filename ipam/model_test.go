@@ -440,7 +440,33 @@ func (h *harness) step(op byte, arg uint32) error {
 	i := alive[int(arg>>20)%len(alive)]
 	mb := h.members[i]
 	switch op % 24 {
-	case 0, 1, 2, 19: // allocate for a new token
+	case 19: // an admission refused after its reservation takes it back
+		var cand []*reservation
+		for _, tok := range h.tokens() {
+			if r := h.reserva[tok]; r.uid == "" && !r.bypassed && h.mayAppear(r) && h.members[r.member].alive && r.epoch == h.members[r.member].epoch {
+				cand = append(cand, r)
+			}
+		}
+		if len(cand) == 0 {
+			return nil
+		}
+		r := cand[int(arg)%len(cand)]
+		a, ok := h.members[r.member].m.Cancel(r.token)
+		h.logf("%s cancel %s -> %s %v", h.members[r.member].holder, r.token, a, ok)
+		if !ok {
+			// Taken over since, or expired: it stays the model's as it was.
+			return nil
+		}
+		if a != r.addr {
+			return fmt.Errorf("cancel of %s returned %s, but it held %s", r.token, a, r.addr)
+		}
+		if st, _, _ := h.members[r.member].m.Lookup(a); st == StatePending || st == StateAllocated {
+			return fmt.Errorf("cancel of %s left %s %s", r.token, a, st)
+		}
+		// No object ever carried it: it may be handed out again at once.
+		delete(h.reserva, r.token)
+		delete(h.holder, a)
+	case 0, 1, 2: // allocate for a new token
 		h.seq++
 		tok := fmt.Sprintf("t%d", h.seq)
 		ns := fmt.Sprintf("ns%d", arg%2)

@@ -651,3 +651,19 @@ func (r *Ranges) Router(a netip.Addr) bool {
 	}
 	return false
 }
+
+// Family returns the ranges of one address family (IPv4 when is4, else
+// IPv6), with their subnets, and nil when there is none.
+func (r *Ranges) Family(is4 bool) *Ranges {
+	out := &Ranges{subnets: r.subnets}
+	for _, iv := range r.ivs {
+		if iv.v6 != is4 {
+			out.ivs = append(out.ivs, iv)
+			out.size = addSat(out.size, iv.size())
+		}
+	}
+	if len(out.ivs) == 0 {
+		return nil
+	}
+	return out
+}

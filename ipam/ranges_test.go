@@ -1161,3 +1161,34 @@ func TestRangesSubnet(t *testing.T) {
 		t.Errorf("Size() = %d, want %d: the gateways and next hops are not handed out", got, want)
 	}
 }
+
+// TestRangesFamily: each family's ranges keep their addresses, size and
+// subnets; a family the ranges lack is nil.
+func TestRangesFamily(t *testing.T) {
+	r := mustRanges(t, RangeSpec{CIDR: "fd00::/125", Gateway: "fd00::1"}, RangeSpec{CIDR: "10.0.0.0/29", Gateway: "10.0.0.1"}, RangeSpec{CIDR: "10.1.0.0/30"})
+	v4, v6 := r.Family(true), r.Family(false)
+	if v4 == nil || v6 == nil {
+		t.Fatalf("Family: %v, %v", v4, v6)
+	}
+	if v4.Size()+v6.Size() != r.Size() || v4.Size() != 5+2 || v6.Size() != 6 {
+		t.Errorf("sizes %d + %d, want 7 + 6 = %d", v4.Size(), v6.Size(), r.Size())
+	}
+	for _, a := range []string{"10.0.0.2", "10.1.0.2", "fd00::2"} {
+		x := netip.MustParseAddr(a)
+		in4, in6 := v4.Contains(x), v6.Contains(x)
+		if in4 != x.Is4() || in6 == x.Is4() {
+			t.Errorf("%s: in the IPv4 ranges %v, in the IPv6 ones %v", a, in4, in6)
+		}
+		want, _ := r.Subnet(x)
+		fam := v6
+		if x.Is4() {
+			fam = v4
+		}
+		if got, ok := fam.Subnet(x); !ok || !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: subnet %+v, %v; want %+v", a, got, ok, want)
+		}
+	}
+	if only4 := mustRanges(t, RangeSpec{CIDR: "10.0.0.0/29"}); only4.Family(false) != nil {
+		t.Errorf("the IPv6 ranges of an IPv4 pool: %v, want nil", only4.Family(false))
+	}
+}
