@@ -66,7 +66,8 @@ manifests: $(CONTROLLER_GEN) ## Generate CRDs, RBAC and webhook manifests from m
 	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=deploy/crd
 	$(CONTROLLER_GEN) rbac:roleName=vmipam paths=./... output:rbac:artifacts:config=deploy/rbac
 	$(CONTROLLER_GEN) webhook paths=./... output:webhook:artifacts:config=deploy/webhook
-	$(GO) run ./cmd/vmipam manifests --kinds-config deploy/kinds/kinds.yaml > deploy/kinds/wiring.yaml
+	@# Through a temporary file: a build that fails leaves the wiring as it was, not empty.
+	$(GO) run ./cmd/vmipam manifests --kinds-config deploy/kinds/kinds.yaml > deploy/kinds/wiring.yaml.tmp && mv deploy/kinds/wiring.yaml.tmp deploy/kinds/wiring.yaml
 
 .PHONY: verify
 verify: generate manifests ## Fail if generated files are stale.

@@ -157,21 +157,34 @@ func (r *VMReconciler) bindCreated(m *metav1.PartialObjectMetadata) bool {
 		!slices.Contains(m.Finalizers, vmipamv1.Finalizer) {
 		return false
 	}
-	addr, err := netip.ParseAddr(ann[vmipamv1.AddressAnnotation])
 	pool := r.Registry.Get(poolName)
-	if err != nil || pool == nil || !pool.Ready() {
+	stamped := target.StampedAddresses(ann[vmipamv1.AddressAnnotation])
+	if pool == nil || !pool.Ready() || len(stamped) == 0 {
 		return false
 	}
-	addr = ipam.Canonical(addr)
-	if st, o, _ := pool.Lookup(addr); st != ipam.StatePending || o.Token != token {
-		return false
+	addrs := make([]netip.Addr, len(stamped))
+	for i, s := range stamped {
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return false
+		}
+		addrs[i] = ipam.Canonical(a)
+		if st, o, _ := pool.Lookup(addrs[i]); st != ipam.StatePending || o.Token != token {
+			return false
+		}
 	}
-	bound, err := pool.Bind(ipam.Owner{Token: token, UID: string(m.UID), Ref: pools.Ref(m.Namespace, m.Name)})
-	if err != nil || bound != addr {
-		return false
+	owner := ipam.Owner{Token: token, UID: string(m.UID), Ref: pools.Ref(m.Namespace, m.Name)}
+	for _, a := range addrs {
+		if bound, err := pool.Bind(a, owner); err != nil || bound != a {
+			// The reconcile binds what is left.
+			return false
+		}
+	}
+	if note := ann[vmipamv1.SingleStackAnnotation]; note != "" && r.Recorder != nil {
+		r.Recorder.Eventf(m, nil, corev1.EventTypeNormal, "SingleStack", "Assign", "Got %s only (PreferDualStack): %s", stamped[0], note)
 	}
 	if logf.Log.V(1).Enabled() {
-		logf.Log.WithName(Name(r.Target)).V(1).Info("Bound address", "object", pools.Ref(m.Namespace, m.Name), "address", addr, "pool", poolName)
+		logf.Log.WithName(Name(r.Target)).V(1).Info("Bound address", "object", pools.Ref(m.Namespace, m.Name), "addresses", stamped, "pool", poolName)
 	}
 	return true
 }
@@ -193,7 +206,15 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	log := logf.FromContext(ctx)
-	addr, hasAddr, err := r.address(obj)
+	addrs, err := r.addresses(obj)
+	// The object is looked after by the holder of its first address: the
+	// replica that reserved both reserved them together, and a takeover
+	// moves both.
+	var addr netip.Addr
+	hasAddr := len(addrs) > 0
+	if hasAddr {
+		addr = addrs[0]
+	}
 	if err != nil {
 		r.event(obj, corev1.EventTypeWarning, "InvalidAddress", "Reconcile", "%v", err)
 		return ctrl.Result{}, nil
@@ -302,13 +323,15 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 					return ctrl.Result{}, err
 				}
 			}
+		}
+		// Every address together, into its cooldown: the object may go
+		// only once a crash could no longer free one early; the pool
+		// returns when that holds, usually without a write of its own.
+		for _, a := range addrs {
 			if debug := log.V(1); debug.Enabled() {
-				debug.Info("Releasing address", "address", addr, "pool", pool.Name())
+				debug.Info("Releasing address", "address", a, "pool", pool.Name())
 			}
-			// The object may go only once a crash could no longer free the
-			// address early; the pool returns when that holds, usually
-			// without a write of its own.
-			switch err := pool.Release(ctx, addr, owner); {
+			switch err := pool.Release(ctx, a, owner); {
 			case errors.Is(err, ipam.ErrNotReady):
 				// The pool's allocator was rebuilt meanwhile: release
 				// into the new one.
@@ -344,17 +367,31 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 			return ctrl.Result{}, fmt.Errorf("add finalizer: %w", err)
 		}
 	}
+	for i, a := range addrs {
+		res, done, err := r.hold(ctx, obj, pool, a, owner)
+		if !done || err != nil || i == len(addrs)-1 {
+			return res, err
+		}
+	}
+	return ctrl.Result{}, nil
+}
+
+// hold makes addr allocated to obj, which carries it: bound under its
+// token, or adopted. done reports that it is, so that the object's next
+// address may be looked at.
+func (r *VMReconciler) hold(ctx context.Context, obj *unstructured.Unstructured, pool *pools.Pool, addr netip.Addr, owner ipam.Owner) (ctrl.Result, bool, error) {
+	log := logf.FromContext(ctx)
 	if st, o, _ := pool.Lookup(addr); st == ipam.StateAllocated && o.UID == owner.UID {
-		return ctrl.Result{}, r.settle(ctx, obj, pool, addr)
+		return ctrl.Result{}, true, r.settle(ctx, obj, pool, addr)
 	}
 	if owner.Token != "" {
-		if _, err := pool.Bind(owner); err == nil {
+		if _, err := pool.Bind(addr, owner); err == nil {
 			if debug := log.V(1); debug.Enabled() {
 				debug.Info("Bound address", "address", addr, "pool", pool.Name())
 			}
-			return ctrl.Result{}, r.settle(ctx, obj, pool, addr)
+			return ctrl.Result{}, true, r.settle(ctx, obj, pool, addr)
 		} else if errors.Is(err, ipam.ErrNotReady) {
-			return ctrl.Result{RequeueAfter: time.Second}, nil
+			return ctrl.Result{RequeueAfter: time.Second}, false, nil
 		} else if errors.Is(err, ipam.ErrConflict) {
 			// The token is bound to another object: this one carries a
 			// copy of its stamp. It must not inherit the reservation.
@@ -366,21 +403,22 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 		// Rare (an object that bypassed the webhook, or a lost
 		// reservation), so worth an Event.
 		r.event(obj, corev1.EventTypeNormal, "AddressAdopted", "Assign", "Adopted %s into IPPool %s", addr, pool.Name())
-		return ctrl.Result{}, r.settle(ctx, obj, pool, addr)
+		return ctrl.Result{}, true, r.settle(ctx, obj, pool, addr)
 	case errors.Is(err, ipam.ErrNotReady):
 		// The pool's allocator was rebuilt meanwhile.
-		return ctrl.Result{RequeueAfter: time.Second}, nil
+		return ctrl.Result{RequeueAfter: time.Second}, false, nil
 	case errors.Is(err, ipam.ErrConflict):
 		log.Error(err, "Duplicate address", "address", addr, "pool", pool.Name())
 		pool.NoteConflict(err)
 		r.event(obj, corev1.EventTypeWarning, "DuplicateAddress", "Assign", "%v", err)
 	case errors.Is(err, ipam.ErrInUse), errors.Is(err, ipam.ErrCoolingDown):
 		// Another replica claimed it meanwhile: it adopts the object.
-		return ctrl.Result{RequeueAfter: time.Minute}, nil
+		return ctrl.Result{RequeueAfter: time.Minute}, false, nil
 	default:
 		r.event(obj, corev1.EventTypeWarning, "AddressNotManaged", "Assign", "%v", err)
 	}
-	return ctrl.Result{}, nil
+	// Reported: nothing more to do for this address.
+	return ctrl.Result{}, true, nil
 }
 
 // assign gives an address to an object that has none: it was created while
@@ -397,7 +435,7 @@ func (r *VMReconciler) assign(ctx context.Context, obj *unstructured.Unstructure
 		return ctrl.Result{}, fmt.Errorf("allocate for %s: %w", client.ObjectKeyFromObject(obj), err)
 	}
 	base := obj.DeepCopy()
-	if err := r.Target.Stamp(obj, a.String(), pool.Name(), token, r.Registry.HolderLabel(), pool.Network(a)); err != nil {
+	if err := r.Target.Stamp(obj, target.Stamp{Addrs: []string{a.String()}, Pool: pool.Name(), Token: token, Holder: r.Registry.HolderLabel(), Network: pool.Network(a)}); err != nil {
 		return ctrl.Result{}, err
 	}
 	if err := r.Client.Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
@@ -490,18 +528,28 @@ func (r *VMReconciler) patchMetadata(ctx context.Context, obj *unstructured.Unst
 	return nil
 }
 
-func (r *VMReconciler) address(obj *unstructured.Unstructured) (netip.Addr, bool, error) {
-	addrs, err := r.Target.Addresses(obj)
-	if err != nil || len(addrs) == 0 {
-		return netip.Addr{}, false, err
+// addresses returns the addresses obj carries: at most one per family,
+// the first the one whose holder looks after the object.
+func (r *VMReconciler) addresses(obj *unstructured.Unstructured) ([]netip.Addr, error) {
+	ss, err := r.Target.Addresses(obj)
+	if err != nil || len(ss) == 0 {
+		return nil, err
 	}
-	a, err := netip.ParseAddr(addrs[0])
-	if err != nil {
-		return netip.Addr{}, false, fmt.Errorf("%s: %q is not an IP address", r.Target.AddressPath(), addrs[0])
+	var out []netip.Addr
+	for i, s := range ss[:min(len(ss), 2)] {
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %q is not an IP address", r.Target.AddressesPath(), ss[i])
+		}
+		// However the object spells it (it may have bypassed the webhook),
+		// it holds this address.
+		a = ipam.Canonical(a)
+		if len(out) == 1 && out[0].Is4() == a.Is4() {
+			return nil, fmt.Errorf("%s holds two addresses of one family (%s, %s): vmipam looks after one per family", r.Target.AddressesPath(), out[0], a)
+		}
+		out = append(out, a)
 	}
-	// However the object spells it (it may have bypassed the webhook), it
-	// holds this one address.
-	return ipam.Canonical(a), true, nil
+	return out, nil
 }
 
 func (r *VMReconciler) event(obj *unstructured.Unstructured, typ, reason, action, note string, args ...any) {

@@ -245,6 +245,26 @@ type Stats struct {
 	Granted, Received, TakenOver uint64
 }
 
+// Add returns the sum of s and o: the counters of several Managers (the
+// families of one pool) as one.
+func (s Stats) Add(o Stats) Stats {
+	s.Allocations += o.Allocations
+	s.Releases += o.Releases
+	s.Exhausted += o.Exhausted
+	s.Conflicts += o.Conflicts
+	s.ExpiredPendings += o.ExpiredPendings
+	s.Rebalances += o.Rebalances
+	s.RebalanceFailures += o.RebalanceFailures
+	s.StoreConflicts += o.StoreConflicts
+	s.StoreWrites += o.StoreWrites
+	s.PendingLimited += o.PendingLimited
+	s.Unused += o.Unused
+	s.Granted += o.Granted
+	s.Received += o.Received
+	s.TakenOver += o.TakenOver
+	return s
+}
+
 type stats struct {
 	allocations, releases, exhausted, conflicts, expired  atomic.Uint64
 	rebalances, rebalanceFailures, storeConflicts, writes atomic.Uint64

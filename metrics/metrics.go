@@ -100,6 +100,9 @@ var (
 	addressesDesc = prometheus.NewDesc("vmipam_pool_addresses",
 		"Addresses of a pool by state: allocated, pending, free, cooldown, claimed (by this replica) and usable (in the ranges).",
 		[]string{"pool", "state"}, nil)
+	familyAddressesDesc = prometheus.NewDesc("vmipam_pool_family_addresses",
+		"Addresses of one family of a pool by state, as vmipam_pool_addresses counts the pool's.",
+		[]string{"pool", "family", "state"}, nil)
 	counterDescs = []struct {
 		desc *prometheus.Desc
 		get  func(ipam.Stats) uint64
@@ -124,6 +127,7 @@ type poolCollector struct{}
 
 func (poolCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- addressesDesc
+	ch <- familyAddressesDesc
 	for _, c := range counterDescs {
 		ch <- c.desc
 	}
@@ -138,20 +142,32 @@ func (poolCollector) Collect(ch chan<- prometheus.Metric) {
 		if !p.Ready() {
 			continue
 		}
-		c := p.Snapshot()
-		for _, s := range []struct {
-			state string
-			v     float64
-		}{
-			{"allocated", float64(c.Allocated)}, {"pending", float64(c.Pending)}, {"free", float64(c.Free)},
-			{"cooldown", float64(c.Cooldown)}, {"claimed", float64(c.Claimed)}, {"usable", float64(c.Usable)},
-		} {
+		for _, s := range states(p.Snapshot()) {
 			ch <- prometheus.MustNewConstMetric(addressesDesc, prometheus.GaugeValue, s.v, p.Name(), s.state)
+		}
+		for _, f := range p.Families() {
+			c, _ := p.FamilySnapshot(f)
+			for _, s := range states(c) {
+				ch <- prometheus.MustNewConstMetric(familyAddressesDesc, prometheus.GaugeValue, s.v, p.Name(), string(f), s.state)
+			}
 		}
 		st := p.Stats()
 		for _, d := range counterDescs {
 			ch <- prometheus.MustNewConstMetric(d.desc, prometheus.CounterValue, float64(d.get(st)), p.Name())
 		}
+	}
+}
+
+// state is one state's count of a pool's addresses.
+type state struct {
+	state string
+	v     float64
+}
+
+func states(c ipam.Counts) []state {
+	return []state{
+		{"allocated", float64(c.Allocated)}, {"pending", float64(c.Pending)}, {"free", float64(c.Free)},
+		{"cooldown", float64(c.Cooldown)}, {"claimed", float64(c.Claimed)}, {"usable", float64(c.Usable)},
 	}
 }
 

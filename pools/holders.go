@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"hash/fnv"
-	"net/netip"
 	"slices"
 	"time"
 
@@ -61,7 +60,7 @@ func (r *Registry) keepLease(ctx context.Context) {
 	if changed {
 		log.Info("Live holders", "holders", live)
 		for _, p := range r.list() {
-			p.m.SetPeers(live)
+			p.setPeers(live)
 		}
 	}
 	// Take others over only once this holder has renewed in time for a
@@ -116,7 +115,7 @@ func (r *Registry) takeover(ctx context.Context, p peer) {
 	all := r.list()
 	ranges := make(map[string]*ipam.Ranges, len(all))
 	for _, pool := range all {
-		ranges[pool.name] = pool.m.Ranges()
+		ranges[pool.name] = pool.ranges
 	}
 	by, err := r.liveIn(ctx, ranges)
 	if err != nil {
@@ -125,7 +124,7 @@ func (r *Registry) takeover(ctx context.Context, p peer) {
 	}
 	done := true
 	for _, pool := range all {
-		rep, err := pool.m.Takeover(ctx, p.holder, by[pool.name].holdings)
+		rep, err := pool.takeover(ctx, p.holder, by[pool.name].holdings)
 		if rep.Blocks > 0 {
 			log.Info("Took over a holder's claims", "holder", p.holder, "pool", pool.name,
 				"allocated", rep.Allocated, "free", rep.Free, "cooldown", rep.Cooldown, "blocks", rep.Blocks)
@@ -184,7 +183,7 @@ func (r *Registry) shutdown(ctx context.Context) {
 	r.mu.Lock()
 	for name, p := range r.pools {
 		p.stop()
-		if err := p.m.Seal(sealCtx); err != nil {
+		if err := p.seal(sealCtx); err != nil {
 			sealed = false
 			log.Error(err, "Sealing pool at shutdown", "pool", name)
 		}
@@ -234,7 +233,7 @@ func (r *Registry) watchBlocks(ctx context.Context) {
 			// Gone: nobody claims anything there any more.
 			b = ipam.Block{Prefix: b.Prefix}
 		}
-		p.m.Observe(b)
+		p.observe(b)
 	}
 	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { observe(obj, false) },
@@ -277,12 +276,3 @@ func (r *Registry) Chosen(key string) bool {
 	}
 	return best == r.opts.Holder
 }
-
-// HolderOf returns the holder that claims a in the pool, as far as this
-// replica knows, and whether one does.
-func (p *Pool) HolderOf(a netip.Addr) (string, bool) { return p.m.HolderOf(a) }
-
-// SeenHolderOf returns the other holder that claims a in the last version
-// of its block the watch showed: a hint that the machine is another
-// replica's, never a reason to change anything (see ipam.Manager).
-func (p *Pool) SeenHolderOf(a netip.Addr) (string, bool) { return p.m.SeenHolderOf(a) }

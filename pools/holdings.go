@@ -77,7 +77,8 @@ func (r *Registry) eachLive(ctx context.Context, fn func(obj *unstructured.Unstr
 		if obj.GetDeletionTimestamp() != nil && !target.HasFinalizer(obj) {
 			return
 		}
-		if h, stamped, ok := r.holding(obj); ok {
+		hs, stamped := r.holdings(obj)
+		for _, h := range hs {
 			fn(obj, h, stamped)
 		}
 	})
@@ -124,27 +125,28 @@ func (r *Registry) eachOf(ctx context.Context, t target.Target, ns string, fn fu
 	}
 }
 
-// holding reads the address, owner and stamped pool of obj. Addresses are
-// taken in their canonical form: an object that bypassed the webhook with
-// a second spelling of an address still holds that address.
-func (r *Registry) holding(obj *unstructured.Unstructured) (ipam.Holding, string, bool) {
+// holdings reads the addresses (one per family at most), owner and
+// stamped pool of obj. Addresses are taken in their canonical form: an
+// object that bypassed the webhook with a second spelling of an address
+// still holds that address.
+func (r *Registry) holdings(obj *unstructured.Unstructured) ([]ipam.Holding, string) {
 	t, ok := r.TargetOf(obj.GroupVersionKind())
 	if !ok {
-		return ipam.Holding{}, "", false
+		return nil, ""
 	}
 	addrs, err := t.Addresses(obj)
 	if err != nil || len(addrs) == 0 {
-		return ipam.Holding{}, "", false
-	}
-	a, err := netip.ParseAddr(addrs[0])
-	if err != nil {
-		return ipam.Holding{}, "", false
+		return nil, ""
 	}
 	ann := obj.GetAnnotations()
-	return ipam.Holding{Addr: ipam.Canonical(a), Owner: ipam.Owner{
-			Token: ann[vmipamv1.TokenAnnotation], UID: string(obj.GetUID()), Ref: Ref(obj.GetNamespace(), obj.GetName()),
-		}},
-		ann[vmipamv1.PoolAnnotation], true
+	owner := ipam.Owner{Token: ann[vmipamv1.TokenAnnotation], UID: string(obj.GetUID()), Ref: Ref(obj.GetNamespace(), obj.GetName())}
+	var out []ipam.Holding
+	for _, s := range addrs[:min(len(addrs), 2)] {
+		if a, err := netip.ParseAddr(s); err == nil {
+			out = append(out, ipam.Holding{Addr: ipam.Canonical(a), Owner: owner})
+		}
+	}
+	return out, ann[vmipamv1.PoolAnnotation]
 }
 
 // MarkServed records that the API server serves kind gvk: from then on a
@@ -213,11 +215,11 @@ func (r *Registry) Resync(ctx context.Context, p *Pool) error {
 func (r *Registry) resync(ctx context.Context, ps []*Pool) error {
 	// Mark before listing: what changes while the list is taken is left
 	// for the next resync.
-	asOf := map[string]uint64{}
+	asOf := map[string][]uint64{}
 	ranges := map[string]*ipam.Ranges{}
 	for _, p := range ps {
-		if p.m.Ready() {
-			asOf[p.name], ranges[p.name] = p.m.Mark(), p.m.Ranges()
+		if p.Ready() {
+			asOf[p.name], ranges[p.name] = p.mark(), p.ranges
 		}
 	}
 	if len(ranges) == 0 {
@@ -233,7 +235,7 @@ func (r *Registry) resync(ctx context.Context, ps []*Pool) error {
 			continue
 		}
 		live := by[p.name]
-		rep := p.m.Resync(live.holdings, mark)
+		rep := p.resync(live.holdings, mark)
 		p.noteConflicts(rep.Conflicts)
 		if rep.Released > 0 || rep.Adopted > 0 || rep.Settled > 0 || len(rep.Conflicts) > 0 {
 			// settled: orphans, addresses the store showed in use without

@@ -18,6 +18,9 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
+
+	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/ipam"
 )
 
 // Lease timing defaults: a holder renews every DefaultRetryPeriod, stops
@@ -40,12 +43,32 @@ const holderLabel = "vmipam.io/holder"
 // replica writing a pool's status can add up every holder's share.
 const countsAnnotation = "vmipam.io/counts"
 
-// holderCounts is one holder's share of a pool, as published on its Lease.
+// holderCounts is one holder's share of a pool, as published on its Lease,
+// and, for a pool of both families, its share of each.
 type holderCounts struct {
+	familyCounts
+	Families map[vmipamv1.IPFamily]familyCounts `json:"ff,omitempty"`
+}
+
+// familyCounts is one holder's share of a pool, or of one of its families.
+type familyCounts struct {
 	Allocated int `json:"a"`
 	Pending   int `json:"p"`
 	Free      int `json:"f"`
 	Cooldown  int `json:"c"`
+}
+
+func countsOf(c ipam.Counts) familyCounts {
+	return familyCounts{Allocated: c.Allocated, Pending: c.Pending, Free: c.Free, Cooldown: c.Cooldown}
+}
+
+// add adds o's counts to c's.
+func add(c ipam.Counts, o familyCounts) ipam.Counts {
+	c.Allocated += o.Allocated
+	c.Pending += o.Pending
+	c.Free += o.Free
+	c.Cooldown += o.Cooldown
+	return c
 }
 
 // takeoverPrefix starts the identity a holder writes on another's Lease

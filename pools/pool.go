@@ -2,6 +2,7 @@ package pools
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"sync"
 	"time"
@@ -19,8 +20,13 @@ import (
 // run, bind, adopt, release) and the allocator's rules stay behind these
 // methods.
 type Pool struct {
-	name       string
-	m          *ipam.Manager
+	name string
+	// ranges are the pool's usable addresses, of both families; v4 and v6
+	// hand out those of their family, each from its own blocks, and ms
+	// holds those of them the ranges need, IPv4 first.
+	ranges     *ipam.Ranges
+	v4, v6     *ipam.Manager
+	ms         []*ipam.Manager
 	uid        types.UID
 	generation int64
 	spec       vmipamv1.IPPoolSpec
@@ -43,14 +49,60 @@ func (p *Pool) Name() string { return p.name }
 func (p *Pool) Default() bool { return p.spec.Default }
 
 // Ready reports whether the allocator has recovered and serves the pool.
-func (p *Pool) Ready() bool { return p.m.Ready() }
+func (p *Pool) Ready() bool {
+	for _, m := range p.ms {
+		if !m.Ready() {
+			return false
+		}
+	}
+	return true
+}
+
+// Families returns the address families the pool hands out, IPv4 first.
+func (p *Pool) Families() []vmipamv1.IPFamily {
+	var out []vmipamv1.IPFamily
+	if p.v4 != nil {
+		out = append(out, vmipamv1.IPv4)
+	}
+	if p.v6 != nil {
+		out = append(out, vmipamv1.IPv6)
+	}
+	return out
+}
+
+// Serves reports whether the pool hands out addresses of family f.
+func (p *Pool) Serves(f vmipamv1.IPFamily) bool { return p.family(f) != nil }
+
+// family returns the allocator of family f, nil when the pool has none.
+func (p *Pool) family(f vmipamv1.IPFamily) *ipam.Manager {
+	if f == vmipamv1.IPv6 {
+		return p.v6
+	}
+	return p.v4
+}
+
+// of returns the allocator of a's family, nil when the pool has none.
+func (p *Pool) of(a netip.Addr) *ipam.Manager {
+	if ipam.Canonical(a).Is4() {
+		return p.v4
+	}
+	return p.v6
+}
+
+// FamilyOf returns the family of a.
+func FamilyOf(a netip.Addr) vmipamv1.IPFamily {
+	if ipam.Canonical(a).Is4() {
+		return vmipamv1.IPv4
+	}
+	return vmipamv1.IPv6
+}
 
 // Subnet returns the subnet of the pool's range that holds a: its CIDR,
 // gateway and routes, which a guest needs besides its address. An address
 // the ranges no longer hand out (an update excluded it while a VM held
 // it) still gets the CIDR holding it, without gateway or routes.
 func (p *Pool) Subnet(a netip.Addr) (ipam.Subnet, bool) {
-	if s, ok := p.m.Ranges().Subnet(a); ok {
+	if s, ok := p.ranges.Subnet(a); ok {
 		return s, true
 	}
 	a = ipam.Canonical(a)
@@ -62,21 +114,28 @@ func (p *Pool) Subnet(a netip.Addr) (ipam.Subnet, bool) {
 	return ipam.Subnet{}, false
 }
 
-// Network returns the network identity of a, an address of the pool: a
-// in interface notation with its subnet's prefix length, and the subnet's
-// gateway and routes; nil when a is not the pool's.
-func (p *Pool) Network(a netip.Addr) *vmipamv1.Network {
-	s, ok := p.Subnet(a)
-	if !ok {
-		return nil
-	}
-	a = ipam.Canonical(a)
-	n := &vmipamv1.Network{Addresses: []string{netip.PrefixFrom(a, s.Prefix.Bits()).String()}}
-	if s.Gateway.IsValid() {
-		n.Gateways = []string{s.Gateway.String()}
-	}
-	for _, r := range s.Routes {
-		n.Routes = append(n.Routes, vmipamv1.Route{Destination: r.Destination.String(), Via: r.Via.String()})
+// Network returns the network identity of addrs, addresses of the pool
+// (one per family): each in interface notation with its subnet's prefix
+// length, and the subnets' gateways and routes; nil when none of them is
+// the pool's.
+func (p *Pool) Network(addrs ...netip.Addr) *vmipamv1.Network {
+	var n *vmipamv1.Network
+	for _, a := range addrs {
+		s, ok := p.Subnet(a)
+		if !ok {
+			continue
+		}
+		if n == nil {
+			n = &vmipamv1.Network{}
+		}
+		a = ipam.Canonical(a)
+		n.Addresses = append(n.Addresses, netip.PrefixFrom(a, s.Prefix.Bits()).String())
+		if s.Gateway.IsValid() {
+			n.Gateways = append(n.Gateways, s.Gateway.String())
+		}
+		for _, r := range s.Routes {
+			n.Routes = append(n.Routes, vmipamv1.Route{Destination: r.Destination.String(), Via: r.Via.String()})
+		}
 	}
 	return n
 }
@@ -94,8 +153,8 @@ func RangeSpecs(ranges []vmipamv1.IPRange) []ipam.RangeSpec {
 	return specs
 }
 
-// Ranges returns the pool's usable addresses.
-func (p *Pool) Ranges() *ipam.Ranges { return p.m.Ranges() }
+// Ranges returns the pool's usable addresses, of both families.
+func (p *Pool) Ranges() *ipam.Ranges { return p.ranges }
 
 // observedGeneration is the IPPool generation the allocator serves.
 func (p *Pool) observedGeneration() int64 {
@@ -112,19 +171,65 @@ func (p *Pool) Deleting() bool {
 	return p.deleting
 }
 
-// Allocate reserves the next free address for r.
+// Allocate reserves the next free address of the pool's first family (IPv4
+// in a pool of both) for r.
 func (p *Pool) Allocate(ctx context.Context, r ipam.Reservation) (netip.Addr, error) {
-	return p.m.Allocate(ctx, r)
+	return p.ms[0].Allocate(ctx, r)
+}
+
+// AllocateFamily reserves the next free address of family f for r.
+func (p *Pool) AllocateFamily(ctx context.Context, r ipam.Reservation, f vmipamv1.IPFamily) (netip.Addr, error) {
+	m := p.family(f)
+	if m == nil {
+		return netip.Addr{}, fmt.Errorf("allocate from pool %q: %w", p.name, &NoFamilyError{Pool: p.name, Family: f})
+	}
+	return m.Allocate(ctx, r)
+}
+
+// NoFamilyError says that a pool has no range of an address family.
+type NoFamilyError struct {
+	Pool   string
+	Family vmipamv1.IPFamily
+}
+
+func (e *NoFamilyError) Error() string {
+	return fmt.Sprintf("pool %q has no %s range", e.Pool, e.Family)
+}
+
+// Is reports whether target is ipam.ErrOutOfRange.
+func (e *NoFamilyError) Is(target error) bool { return target == ipam.ErrOutOfRange }
+
+// Cancel takes back every reservation of token at once, without a
+// cooldown: for an admission refused after it reserved them (see
+// ipam.Manager.Cancel). It returns the addresses taken back.
+func (p *Pool) Cancel(token string) []netip.Addr {
+	var out []netip.Addr
+	for _, m := range p.ms {
+		if a, ok := m.Cancel(token); ok {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // Reserve reserves addr, a static request, for r.
 func (p *Pool) Reserve(ctx context.Context, r ipam.Reservation, addr netip.Addr) error {
-	return p.m.Reserve(ctx, r, addr)
+	m := p.of(addr)
+	if m == nil {
+		return fmt.Errorf("reserve %s in pool %q (usable: %s): %w", addr, p.name, p.ranges, ipam.ErrOutOfRange)
+	}
+	return m.Reserve(ctx, r, addr)
 }
 
 // CanReserve says whether Reserve of addr would be refused, changing
 // nothing: for a dry run.
-func (p *Pool) CanReserve(addr netip.Addr) error { return p.m.CanReserve(addr) }
+func (p *Pool) CanReserve(addr netip.Addr) error {
+	m := p.of(addr)
+	if m == nil {
+		return fmt.Errorf("reserve %s in pool %q (usable: %s): %w", addr, p.name, p.ranges, ipam.ErrOutOfRange)
+	}
+	return m.CanReserve(addr)
+}
 
 // Holding says how the pool holds addr for an object with the given token
 // and UID.
@@ -143,10 +248,11 @@ const (
 // Holds says whether the pool holds addr for the object with token and
 // uid.
 func (p *Pool) Holds(addr netip.Addr, token, uid string) Holding {
-	if !p.m.Ranges().Contains(addr) {
+	m := p.of(addr)
+	if m == nil || !m.Ranges().Contains(addr) {
 		return HeldElsewhere
 	}
-	st, o, _ := p.m.Lookup(addr)
+	st, o, _ := m.Lookup(addr)
 	switch {
 	case st == ipam.StatePending && token != "" && o.Token == token,
 		st == ipam.StateAllocated && uid != "" && o.UID == uid:
@@ -154,7 +260,7 @@ func (p *Pool) Holds(addr netip.Addr, token, uid string) Holding {
 	case st == ipam.StatePending || st == ipam.StateAllocated:
 		return HeldElsewhere
 	}
-	if other, ok := p.m.Reserved(token); ok && other != ipam.Canonical(addr) {
+	if other, ok := m.Reserved(token); ok && other != ipam.Canonical(addr) {
 		// The token's reservation is for another address: the object's
 		// address was changed after vmipam stamped it.
 		return HeldElsewhere
@@ -162,44 +268,113 @@ func (p *Pool) Holds(addr netip.Addr, token, uid string) Holding {
 	return Lapsed
 }
 
-// Bind binds the reservation of o.Token to the stored object o.UID.
-func (p *Pool) Bind(o ipam.Owner) (netip.Addr, error) { return p.m.Bind(o) }
+// Bind binds the reservation of o.Token of addr's family to the stored
+// object o.UID, and returns the address it binds.
+func (p *Pool) Bind(addr netip.Addr, o ipam.Owner) (netip.Addr, error) {
+	m := p.of(addr)
+	if m == nil {
+		return netip.Addr{}, fmt.Errorf("bind token %s in pool %q: %w", o.Token, p.name, ipam.ErrUnknownToken)
+	}
+	return m.Bind(o)
+}
 
 // Adopt makes addr allocated to the live object o, whatever its state; an
 // address no holder claims is claimed first. One another holder claims is
 // refused: that holder adopts it.
 func (p *Pool) Adopt(ctx context.Context, addr netip.Addr, o ipam.Owner) error {
-	return p.m.Adopt(ctx, addr, o)
+	m := p.of(addr)
+	if m == nil {
+		return fmt.Errorf("adopt %s in pool %q: %w", addr, p.name, ipam.ErrOutOfRange)
+	}
+	return m.Adopt(ctx, addr, o)
 }
 
 // Held reports whether this replica holds addr: with several replicas, the
 // one that holds an address looks after the object carrying it.
-func (p *Pool) Held(addr netip.Addr) bool { return p.m.Holds(addr) }
+func (p *Pool) Held(addr netip.Addr) bool {
+	m := p.of(addr)
+	return m != nil && m.Holds(addr)
+}
 
 // Refresh reads addr's block from the store again: Held and HolderOf then
 // answer from what the store holds now.
-func (p *Pool) Refresh(ctx context.Context, addr netip.Addr) error { return p.m.Refresh(ctx, addr) }
+func (p *Pool) Refresh(ctx context.Context, addr netip.Addr) error {
+	if m := p.of(addr); m != nil {
+		return m.Refresh(ctx, addr)
+	}
+	return nil
+}
 
 // Release puts addr, held by o, into cooldown and returns once the release
 // survives a crash: the object may then go.
 func (p *Pool) Release(ctx context.Context, addr netip.Addr, o ipam.Owner) error {
-	return p.m.ReleaseDurable(ctx, addr, o)
+	if m := p.of(addr); m != nil {
+		return m.ReleaseDurable(ctx, addr, o)
+	}
+	return nil
 }
 
 // Lookup reports the state of addr, its owner or its cooldown deadline.
 func (p *Pool) Lookup(addr netip.Addr) (ipam.State, ipam.Owner, time.Time) {
-	return p.m.Lookup(addr)
+	if m := p.of(addr); m != nil {
+		return m.Lookup(addr)
+	}
+	return ipam.StateUnclaimed, ipam.Owner{}, time.Time{}
 }
 
-// Snapshot returns the pool's counts per state.
-func (p *Pool) Snapshot() ipam.Counts { return p.m.Snapshot() }
+// Snapshot returns the pool's counts per state, over both families.
+func (p *Pool) Snapshot() ipam.Counts {
+	var c ipam.Counts
+	for _, m := range p.ms {
+		c = addCounts(c, m.Snapshot())
+	}
+	return c
+}
+
+// FamilySnapshot returns the counts per state of family f's addresses,
+// and false when the pool has none.
+func (p *Pool) FamilySnapshot(f vmipamv1.IPFamily) (ipam.Counts, bool) {
+	if m := p.family(f); m != nil {
+		return m.Snapshot(), true
+	}
+	return ipam.Counts{}, false
+}
+
+func addCounts(a, b ipam.Counts) ipam.Counts {
+	if a.Usable+b.Usable < a.Usable {
+		a.Usable = ^uint64(0) // saturated, as a Manager's
+	} else {
+		a.Usable += b.Usable
+	}
+	a.Claimed += b.Claimed
+	a.Free += b.Free
+	a.Pending += b.Pending
+	a.Allocated += b.Allocated
+	a.Cooldown += b.Cooldown
+	a.ClaimedElsewhere += b.ClaimedElsewhere
+	return a
+}
 
 // Settles returns when the pool's last pending reservation and cooldown of
 // the moment end at the latest; zero when there is none.
-func (p *Pool) Settles() time.Time { return p.m.Settles() }
+func (p *Pool) Settles() time.Time {
+	var t time.Time
+	for _, m := range p.ms {
+		if s := m.Settles(); s.After(t) {
+			t = s
+		}
+	}
+	return t
+}
 
-// Stats returns the pool's allocator counters.
-func (p *Pool) Stats() ipam.Stats { return p.m.Stats() }
+// Stats returns the pool's allocator counters, over both families.
+func (p *Pool) Stats() ipam.Stats {
+	var s ipam.Stats
+	for _, m := range p.ms {
+		s = s.Add(m.Stats())
+	}
+	return s
+}
 
 // NoteConflict records a duplicate the controller found, for the status.
 func (p *Pool) NoteConflict(err error) {
@@ -226,7 +401,9 @@ func (p *Pool) noteConflicts(errs []error) {
 }
 
 func (p *Pool) stop() {
-	p.m.Close()
+	for _, m := range p.ms {
+		m.Close()
+	}
 	if p.cancel != nil {
 		p.cancel()
 		<-p.done

@@ -283,7 +283,7 @@ func (r *Registry) Ensure(ctx context.Context, pool *vmipamv1.IPPool) error {
 	r.mu.RLock()
 	old := r.pools[pool.Name]
 	r.mu.RUnlock()
-	if old != nil && old.uid == pool.UID && old.m.Ready() &&
+	if old != nil && old.uid == pool.UID && old.Ready() &&
 		(old.observedGeneration() == pool.Generation || equality.Semantic.DeepEqual(old.spec, pool.Spec)) {
 		// Unchanged, or only marked for deletion (which bumps the
 		// generation too): a rebuild would park the free list for no gain.
@@ -302,19 +302,19 @@ func (r *Registry) Ensure(ctx context.Context, pool *vmipamv1.IPPool) error {
 		// Releases not written yet carry cooldown deadlines that the new
 		// allocator's recovery must read: a shortened cooldown only
 		// applies to addresses released after the change.
-		if err := old.m.Flush(ctx); err != nil {
+		if err := old.flush(ctx); err != nil {
 			return fmt.Errorf("persist pool %s before rebuilding its allocator: %w", pool.Name, err)
 		}
 	}
-	live, err := r.liveHoldings(ctx, p.name, p.m.Ranges())
+	live, err := r.liveHoldings(ctx, p.name, p.ranges)
 	if err != nil {
 		return fmt.Errorf("recover pool %s: %w", pool.Name, err)
 	}
-	p.m.SetFence(r.lease.valid)
+	p.setFence(r.lease.valid)
 	r.mu.RLock()
-	p.m.SetPeers(r.peers)
+	p.setPeers(r.peers)
 	r.mu.RUnlock()
-	rep, err := p.m.Recover(ctx, live.holdings)
+	rep, err := p.recover(ctx, live.holdings)
 	if err != nil {
 		return fmt.Errorf("recover pool %s: %w", pool.Name, err)
 	}
@@ -328,7 +328,7 @@ func (r *Registry) Ensure(ctx context.Context, pool *vmipamv1.IPPool) error {
 	p.cancel, p.done = cancel, make(chan struct{})
 	go func() {
 		defer close(p.done)
-		p.m.Run(runCtx, r.opts.RunInterval, func(err error) {
+		p.run(runCtx, r.opts.RunInterval, func(err error) {
 			logf.FromContext(runCtx).Error(err, "Persisting pool state", "pool", p.name)
 		})
 	}()
@@ -354,7 +354,7 @@ func (r *Registry) Remove(ctx context.Context, name string) error {
 		return nil
 	}
 	p.stop()
-	if err := p.m.Flush(ctx); err != nil {
+	if err := p.flush(ctx); err != nil {
 		return fmt.Errorf("persist pool %s before removing its allocator: %w", name, err)
 	}
 	return nil
@@ -377,25 +377,43 @@ func (r *Registry) build(pool *vmipamv1.IPPool) (*Pool, error) {
 	if n := pool.Spec.MaxPendingPerNamespace; n != nil {
 		maxPending = int(*n)
 	}
-	cfg := ipam.Config{
-		Pool: pool.Name, Holder: r.opts.Holder, Ranges: ranges, Timers: r.opts.Timers,
-		Cooldown: cooldown, PendingTTL: ttl, MaxPendingPerNamespace: maxPending,
-		Store: kubestore.New(r.opts.Client, r.opts.APIReader, pool), Clock: r.opts.Clock,
-	}
-	if obs := r.opts.ObserveAllocation; obs != nil {
-		name := pool.Name
-		cfg.ObserveAllocation = func(d time.Duration, err error) { obs(name, d, err) }
-	}
-	if w := pool.Spec.Watermarks; w != nil {
-		cfg.LowWatermark, cfg.TargetFree, cfg.HighWatermark = int(w.Low), int(w.Target), int(w.High)
-	}
-	m, err := ipam.NewManager(cfg)
-	if err != nil {
-		return nil, err
-	}
 	p := &Pool{
-		name: pool.Name, m: m, uid: pool.UID, generation: pool.Generation, spec: *pool.Spec.DeepCopy(),
+		name: pool.Name, ranges: ranges, uid: pool.UID, generation: pool.Generation, spec: *pool.Spec.DeepCopy(),
 		noteDuplicate: r.opts.NoteDuplicate, deleting: pool.DeletionTimestamp != nil,
+	}
+	store := kubestore.New(r.opts.Client, r.opts.APIReader, pool)
+	v4, v6 := ranges.Family(true), ranges.Family(false)
+	for _, f := range []struct {
+		ranges *ipam.Ranges
+		family vmipamv1.IPFamily
+		dst    **ipam.Manager
+	}{{v4, vmipamv1.IPv4, &p.v4}, {v6, vmipamv1.IPv6, &p.v6}} {
+		if f.ranges == nil {
+			continue
+		}
+		cfg := ipam.Config{
+			Pool: pool.Name, Holder: r.opts.Holder, Ranges: f.ranges, Timers: r.opts.Timers,
+			Cooldown: cooldown, PendingTTL: ttl, MaxPendingPerNamespace: maxPending,
+			Store: store, Clock: r.opts.Clock,
+		}
+		if v4 != nil && v6 != nil {
+			// Each family's allocator sees only its blocks, and says which
+			// family it is out of.
+			cfg.Store, cfg.Family = familyStore{Store: store, is4: f.family == vmipamv1.IPv4}, string(f.family)
+		}
+		if obs := r.opts.ObserveAllocation; obs != nil {
+			name := pool.Name
+			cfg.ObserveAllocation = func(d time.Duration, err error) { obs(name, d, err) }
+		}
+		if w := pool.Spec.Watermarks; w != nil {
+			cfg.LowWatermark, cfg.TargetFree, cfg.HighWatermark = int(w.Low), int(w.Target), int(w.High)
+		}
+		m, err := ipam.NewManager(cfg)
+		if err != nil {
+			return nil, err
+		}
+		*f.dst = m
+		p.ms = append(p.ms, m)
 	}
 	if pool.Spec.NamespaceSelector != nil {
 		if p.selector, err = metav1.LabelSelectorAsSelector(pool.Spec.NamespaceSelector); err != nil {
@@ -473,7 +491,7 @@ func (r *Registry) Ready(ctx context.Context) error {
 	}
 	for _, pool := range list.Items {
 		p := r.Get(pool.Name)
-		if p == nil || p.observedGeneration() != pool.Generation || !p.m.Ready() {
+		if p == nil || p.observedGeneration() != pool.Generation || !p.Ready() {
 			return fmt.Errorf("IPPool %s not recovered yet", pool.Name)
 		}
 	}

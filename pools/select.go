@@ -124,7 +124,7 @@ func (r *Registry) PoolFor(a netip.Addr) *Pool {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	for _, p := range r.pools {
-		if p.m.Ranges().Contains(a) {
+		if p.ranges.Contains(a) {
 			return p
 		}
 	}

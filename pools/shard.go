@@ -49,8 +49,10 @@ func (r *Registry) HolderLabel() string { return r.holderLabel }
 // so a new object of the same name is left alone.
 func (r *Registry) relabel(ctx context.Context, p *Pool, objs []labelled) {
 	var todo []labelled
+	seen := map[types.UID]bool{} // an object of two addresses comes twice
 	for _, o := range objs {
-		if st, owner, _ := p.m.Lookup(o.addr); st == ipam.StateAllocated && owner.UID == string(o.uid) {
+		if st, owner, _ := p.Lookup(o.addr); st == ipam.StateAllocated && owner.UID == string(o.uid) && !seen[o.uid] {
+			seen[o.uid] = true
 			todo = append(todo, o)
 		}
 	}

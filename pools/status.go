@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
+	"strings"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -19,11 +21,18 @@ import (
 func (r *Registry) publishedCounts() string {
 	out := map[string]holderCounts{}
 	for _, p := range r.list() {
-		if !p.m.Ready() {
+		if !p.Ready() {
 			continue
 		}
-		c := p.m.Snapshot()
-		out[p.name] = holderCounts{Allocated: c.Allocated, Pending: c.Pending, Free: c.Free, Cooldown: c.Cooldown}
+		hc := holderCounts{familyCounts: countsOf(p.Snapshot())}
+		if fams := p.Families(); len(fams) > 1 {
+			hc.Families = map[vmipamv1.IPFamily]familyCounts{}
+			for _, f := range fams {
+				c, _ := p.FamilySnapshot(f)
+				hc.Families[f] = countsOf(c)
+			}
+		}
+		out[p.name] = hc
 	}
 	raw, err := json.Marshal(out)
 	if err != nil {
@@ -37,7 +46,22 @@ func (r *Registry) publishedCounts() string {
 // Leases (at most a retry period old). Claims are disjoint, so the sums
 // count every address once.
 func (r *Registry) poolCounts(p *Pool) ipam.Counts {
-	c := p.m.Snapshot()
+	return r.sumPeers(p, p.Snapshot(), func(o holderCounts) (familyCounts, bool) { return o.familyCounts, true })
+}
+
+// familyCounts is poolCounts of family f's addresses, for a pool of both
+// families.
+func (r *Registry) familyCounts(p *Pool, f vmipamv1.IPFamily) ipam.Counts {
+	c, _ := p.FamilySnapshot(f)
+	return r.sumPeers(p, c, func(o holderCounts) (familyCounts, bool) {
+		fc, ok := o.Families[f]
+		return fc, ok
+	})
+}
+
+// sumPeers adds to c, this holder's counts, what of reads of every live
+// peer's published counts of p.
+func (r *Registry) sumPeers(p *Pool, c ipam.Counts, of func(holderCounts) (familyCounts, bool)) ipam.Counts {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	for _, h := range r.peers {
@@ -45,10 +69,9 @@ func (r *Registry) poolCounts(p *Pool) ipam.Counts {
 		if h == r.opts.Holder || !ok {
 			continue
 		}
-		c.Allocated += o.Allocated
-		c.Pending += o.Pending
-		c.Free += o.Free
-		c.Cooldown += o.Cooldown
+		if fc, ok := of(o); ok {
+			c = add(c, fc)
+		}
 	}
 	return c
 }
@@ -58,7 +81,7 @@ func (r *Registry) poolCounts(p *Pool) ipam.Counts {
 // UID), with every holder's counts added up, so replicas do not overwrite
 // each other's partial views.
 func (r *Registry) writeStatus(ctx context.Context, p *Pool) error {
-	if !p.m.Ready() || !r.Chosen("status/"+string(p.uid)) {
+	if !p.Ready() || !r.Chosen("status/"+string(p.uid)) {
 		return nil
 	}
 	c := r.poolCounts(p)
@@ -74,6 +97,21 @@ func (r *Registry) writeStatus(ctx context.Context, p *Pool) error {
 		Cooldown:           int64(c.Cooldown),
 	}
 	claimable := c.Usable - uint64(c.Claimed) - uint64(c.ClaimedElsewhere)
+	// A pool of both families is exhausted when either family is: a
+	// dual-stack VM needs both. Its status counts each family.
+	var out []string
+	if fams := p.Families(); len(fams) > 1 {
+		for _, f := range fams {
+			fc := r.familyCounts(p, f)
+			st.Families = append(st.Families, vmipamv1.FamilyStatus{Family: f, Usable: int64(min(fc.Usable, 1<<63-1)),
+				Allocated: int64(fc.Allocated), Pending: int64(fc.Pending), Free: int64(fc.Free), Cooldown: int64(fc.Cooldown)})
+			if fc.Free == 0 && fc.Usable-uint64(fc.Claimed)-uint64(fc.ClaimedElsewhere) == 0 {
+				out = append(out, fmt.Sprintf("%s: %d allocated, %d pending, %d cooling down of %d usable", f, fc.Allocated, fc.Pending, fc.Cooldown, fc.Usable))
+			}
+		}
+	} else if c.Free == 0 && claimable == 0 {
+		out = append(out, fmt.Sprintf("%d allocated, %d pending, %d cooling down of %d usable", c.Allocated, c.Pending, c.Cooldown, c.Usable))
+	}
 	p.mu.Lock()
 	dups := append([]string(nil), p.duplicates...)
 	p.mu.Unlock()
@@ -101,9 +139,8 @@ func (r *Registry) writeStatus(ctx context.Context, p *Pool) error {
 	} else {
 		setCond(vmipamv1.ConditionReady, true, "Recovered", "the allocator has recovered and serves this pool")
 	}
-	if c.Free == 0 && claimable == 0 {
-		setCond(vmipamv1.ConditionExhausted, true, "NoFreeAddress",
-			fmt.Sprintf("%d allocated, %d pending, %d cooling down of %d usable", c.Allocated, c.Pending, c.Cooldown, c.Usable))
+	if len(out) > 0 {
+		setCond(vmipamv1.ConditionExhausted, true, "NoFreeAddress", strings.Join(out, "; "))
 	} else {
 		setCond(vmipamv1.ConditionExhausted, false, "AddressesAvailable", fmt.Sprintf("%d free or unclaimed", uint64(c.Free)+claimable))
 	}
@@ -129,7 +166,8 @@ func (r *Registry) writeStatus(ctx context.Context, p *Pool) error {
 
 func statusEqual(a, b vmipamv1.IPPoolStatus) bool {
 	if a.ObservedGeneration != b.ObservedGeneration || a.Usable != b.Usable || a.Allocated != b.Allocated ||
-		a.Pending != b.Pending || a.Free != b.Free || a.Cooldown != b.Cooldown || len(a.Conditions) != len(b.Conditions) {
+		a.Pending != b.Pending || a.Free != b.Free || a.Cooldown != b.Cooldown || len(a.Conditions) != len(b.Conditions) ||
+		!slices.Equal(a.Families, b.Families) {
 		return false
 	}
 	for _, c := range a.Conditions {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -34,12 +35,12 @@ const clockSkew = 5 * time.Second
 // no replica's watch showed it), and is bound to the address here. See
 // docs/design.md, "Reservations that were never stored".
 func (r *Registry) proveUnused(ctx context.Context, p *Pool) error {
-	if !p.m.Ready() {
+	if !p.Ready() {
 		return nil
 	}
 	now := r.clock.Now()
 	byNS := map[string][]ipam.Unstored{}
-	for _, u := range p.m.Unstored() {
+	for _, u := range p.unstored() {
 		if u.Deadline.Add(clockSkew).Before(now) {
 			byNS[u.Namespace] = append(byNS[u.Namespace], u)
 		}
@@ -54,19 +55,19 @@ func (r *Registry) proveUnused(ctx context.Context, p *Pool) error {
 		var bound []labelled
 		for _, u := range us {
 			o, stored := tokens[u.Token]
-			if stored && o.addr == u.Addr {
+			if stored && slices.Contains(o.addrs, u.Addr) {
 				// Stored, and never bound: no replica's watch showed it,
 				// because its holder label was changed before the bind.
 				// It holds the address: bind it here, or the address would
 				// come free at the end of its cooldown while it is in use.
 				owner := ipam.Owner{Token: u.Token, UID: string(o.uid), Ref: Ref(o.key.Namespace, o.key.Name)}
-				if err := p.m.Adopt(ctx, u.Addr, owner); err == nil {
-					bound = append(bound, o)
+				if err := p.Adopt(ctx, u.Addr, owner); err == nil {
+					bound = append(bound, labelled{gvk: o.gvk, key: o.key, uid: o.uid, addr: u.Addr})
 				}
 			}
 			if stored || addrs[u.Addr] {
-				p.m.Used(u)
-			} else if p.m.Unused(u, readAt) {
+				p.used(u)
+			} else if p.unused(u, readAt) {
 				returned++
 			}
 		}
@@ -78,11 +79,17 @@ func (r *Registry) proveUnused(ctx context.Context, p *Pool) error {
 	return nil
 }
 
+// stamped is an object with vmipam's token, and the addresses it holds.
+type stamped struct {
+	labelled
+	addrs []netip.Addr
+}
+
 // stampsIn reads, from the API server, the tokens on every live object of
-// the target kind in namespace ns, with the object and its address, and
+// the target kind in namespace ns, with the object and its addresses, and
 // every address on any of them.
-func (r *Registry) stampsIn(ctx context.Context, ns string) (map[string]labelled, map[netip.Addr]bool, error) {
-	tokens, addrs := map[string]labelled{}, map[netip.Addr]bool{}
+func (r *Registry) stampsIn(ctx context.Context, ns string) (map[string]stamped, map[netip.Addr]bool, error) {
+	tokens, addrs := map[string]stamped{}, map[netip.Addr]bool{}
 	err := r.eachObject(ctx, ns, func(obj *unstructured.Unstructured) {
 		if t, ok := r.TargetOf(obj.GroupVersionKind()); !ok {
 			return
@@ -97,9 +104,12 @@ func (r *Registry) stampsIn(ctx context.Context, ns string) (map[string]labelled
 		if t == "" {
 			return
 		}
-		o := labelled{gvk: obj.GroupVersionKind(), key: client.ObjectKeyFromObject(obj), uid: obj.GetUID()}
-		if h, _, ok := r.holding(obj); ok && (obj.GetDeletionTimestamp() == nil || target.HasFinalizer(obj)) {
-			o.addr = h.Addr
+		o := stamped{labelled: labelled{gvk: obj.GroupVersionKind(), key: client.ObjectKeyFromObject(obj), uid: obj.GetUID()}}
+		if obj.GetDeletionTimestamp() == nil || target.HasFinalizer(obj) {
+			hs, _ := r.holdings(obj)
+			for _, h := range hs {
+				o.addrs = append(o.addrs, h.Addr)
+			}
 		}
 		tokens[t] = o
 	})

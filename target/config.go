@@ -54,6 +54,18 @@ type KindConfig struct {
 	// the address (its prefix length, the gateway and the routes of its
 	// range) for the guest to read.
 	Network *NetworkConfig `json:"network,omitempty"`
+	// Families, if set, says where an object asks for an address of each
+	// family (dual-stack), as a Service does.
+	Families *FamiliesConfig `json:"families,omitempty"`
+}
+
+// FamiliesConfig names the fields of an object's family policy (a string:
+// SingleStack, PreferDualStack or RequireDualStack) and, optionally, of
+// its families in order (a list of IPv4 and IPv6), dotted paths under
+// spec.
+type FamiliesConfig struct {
+	PolicyField string `json:"policyField"`
+	Field       string `json:"field,omitempty"`
 }
 
 // NetworkConfig says where the network identity goes: an object field
@@ -351,6 +363,9 @@ func (k KindConfig) target(p *field.Path) (Target, field.ErrorList) {
 		add(annotationKey(sp.Child("requestAnnotation"), s.RequestAnnotation))
 		t.Status = s
 	}
+	if k.Families != nil {
+		k.families(p.Child("families"), &t, add)
+	}
 	return t, errs
 }
 
@@ -393,6 +408,27 @@ func (k KindConfig) network(np *field.Path, t *Target, add func(*field.Error)) {
 		}
 		t.NetworkAnnotation = n.Annotation.Key
 		t.NetworkAnnotationPath = annotationPath(an.Child("path"), n.Annotation.Path, add)
+	}
+}
+
+// families reads the family fields into t, whose address location must
+// hold two addresses.
+func (k KindConfig) families(fp *field.Path, t *Target, add func(*field.Error)) {
+	f := k.Families
+	if t.MaxAddresses() < 2 {
+		add(field.Invalid(fp, "", "the address location holds one address: dual-stack needs a list field, or an annotation in comma or json format"))
+	}
+	if f.PolicyField == "" {
+		add(field.Required(fp.Child("policyField"), "the field of the family policy, such as spec.ipFamilyPolicy"))
+	} else {
+		p, e := splitPath(fp.Child("policyField"), f.PolicyField, "spec")
+		add(e)
+		t.FamilyPolicyField = p
+	}
+	if f.Field != "" {
+		p, e := splitPath(fp.Child("field"), f.Field, "spec")
+		add(e)
+		t.FamiliesField = p
 	}
 }
 

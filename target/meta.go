@@ -76,7 +76,7 @@ func (t Target) FromMetadata(m *metav1.PartialObjectMetadata) (*unstructured.Uns
 	if m.APIVersion == "" || m.Kind == "" {
 		u.SetGroupVersionKind(t.GVK)
 	}
-	if err := t.SetAddresses(u, []string{addr}); err != nil {
+	if err := t.SetAddresses(u, StampedAddresses(addr)); err != nil {
 		return nil, false
 	}
 	return u, true
@@ -95,7 +95,7 @@ func (t Target) TrimMetadata(obj any) (any, error) {
 	m.ObjectMeta = metav1.ObjectMeta{
 		Name: m.Name, Namespace: m.Namespace, UID: m.UID, ResourceVersion: m.ResourceVersion, Generation: m.Generation,
 		CreationTimestamp: m.CreationTimestamp, DeletionTimestamp: m.DeletionTimestamp, Finalizers: m.Finalizers,
-		Annotations: keep(m.Annotations, vmipamv1.TokenAnnotation, vmipamv1.PoolAnnotation, vmipamv1.AddressAnnotation),
+		Annotations: keep(m.Annotations, vmipamv1.TokenAnnotation, vmipamv1.PoolAnnotation, vmipamv1.AddressAnnotation, vmipamv1.SingleStackAnnotation),
 		Labels:      keep(m.Labels, vmipamv1.HolderLabel),
 	}
 	return m, nil

@@ -66,15 +66,16 @@ func (t Target) celValue(root string) (expr, empty string) {
 	return celAnnotation(root, loc[:len(loc)-2], loc[len(loc)-1]), "''"
 }
 
-// celRender returns how the address location holds the single address
-// the CEL string s, as vmipam stamps it.
+// celRender returns how the address location holds the addresses of the
+// CEL string s, vmipam's address annotation (comma-separated), as vmipam
+// stamps them.
 func (t Target) celRender(s string) string {
 	_, kind := t.location()
 	switch {
 	case kind == locList:
-		return "[" + s + "]"
+		return s + ".split(',')"
 	case kind == locAnnotation && t.format() == FormatJSON:
-		return `'["' + ` + s + ` + '"]'`
+		return `'["' + ` + s + `.replace(',', '","') + '"]'`
 	}
 	return s
 }

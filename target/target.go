@@ -68,6 +68,13 @@ type Target struct {
 	NetworkAnnotation     string
 	NetworkAnnotationPath []string
 
+	// FamilyPolicyField and FamiliesField, if set, are the paths of the
+	// fields that say how many address families an object gets an address
+	// of and in which order (vmipamv1.IPFamilyPolicy and a list of
+	// vmipamv1.IPFamily); without them, one address of the pool's first
+	// family, or of a static request's.
+	FamilyPolicyField, FamiliesField []string
+
 	// PoolField is the path of a string field naming the pool, if any;
 	// PoolAnnotation, an annotation of the object's metadata naming it.
 	PoolField      []string
@@ -116,11 +123,42 @@ const (
 
 // VirtualMachine is vmipam's reference kind.
 var VirtualMachine = Target{
-	GVK:            vmipamv1.GroupVersion.WithKind("VirtualMachine"),
-	Resource:       "virtualmachines",
-	AddressesField: []string{"spec", "addresses"},
-	NetworkField:   []string{"spec", "network"},
-	PoolField:      []string{"spec", "ipPool"},
+	GVK:               vmipamv1.GroupVersion.WithKind("VirtualMachine"),
+	Resource:          "virtualmachines",
+	AddressesField:    []string{"spec", "addresses"},
+	NetworkField:      []string{"spec", "network"},
+	FamilyPolicyField: []string{"spec", "ipFamilyPolicy"},
+	FamiliesField:     []string{"spec", "ipFamilies"},
+	PoolField:         []string{"spec", "ipPool"},
+}
+
+// MaxAddresses is how many addresses the kind's address location holds:
+// one of each family for a list field or an annotation in list format,
+// one otherwise.
+func (t Target) MaxAddresses() int {
+	_, k := t.location()
+	switch {
+	case t.Status != nil:
+		return 1
+	case k == locList:
+		return 2
+	case k == locAnnotation && t.format() != FormatPlain:
+		return 2
+	}
+	return 1
+}
+
+// StampValue is how vmipam's address annotation records addrs: joined by
+// commas, the primary family's first.
+func StampValue(addrs []string) string { return strings.Join(addrs, ",") }
+
+// StampedAddresses reads vmipam's address annotation: the addresses it
+// records, nil when it is empty.
+func StampedAddresses(s string) []string {
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, ",")
 }
 
 // networkLocation returns the path the network identity is written to,
@@ -308,7 +346,7 @@ func (t Target) NewList() *unstructured.UnstructuredList {
 func (t Target) Addresses(obj *unstructured.Unstructured) ([]string, error) {
 	if t.Status != nil {
 		if a := obj.GetAnnotations()[vmipamv1.AddressAnnotation]; a != "" {
-			return []string{a}, nil
+			return StampedAddresses(a), nil
 		}
 		v, _, err := unstructured.NestedString(obj.Object, t.Status.Address...)
 		if err != nil || v == "" {
@@ -344,7 +382,7 @@ func wrapPath(p []string, err error) error {
 // status fields (StatusPatch).
 func (t Target) SetAddresses(obj *unstructured.Unstructured, addrs []string) error {
 	if t.Status != nil {
-		SetAnnotation(obj, vmipamv1.AddressAnnotation, strings.Join(addrs, ","))
+		SetAnnotation(obj, vmipamv1.AddressAnnotation, StampValue(addrs))
 		return nil
 	}
 	p, k := t.location()
@@ -378,22 +416,26 @@ func (t Target) Pool(obj *unstructured.Unstructured) (string, error) {
 	return v, nil
 }
 
-// Stamp records what vmipam gave obj: the address, the pool and the
+// Stamp writes st on obj: what vmipam gave it: the addresses, the pool and the
 // reservation token, the finalizer that makes deletion release it, and the
 // holder label naming the replica that looks after it (none if empty).
-func (t Target) Stamp(obj *unstructured.Unstructured, addr, pool, token, holder string, n *vmipamv1.Network) error {
-	if err := t.SetAddresses(obj, []string{addr}); err != nil {
+func (t Target) Stamp(obj *unstructured.Unstructured, st Stamp) error {
+	if err := t.SetAddresses(obj, st.Addrs); err != nil {
 		return err
 	}
-	if err := t.SetNetwork(obj, n); err != nil {
+	if err := t.SetNetwork(obj, st.Network); err != nil {
 		return err
 	}
+	pool, token, holder := st.Pool, st.Token, st.Holder
 	if holder != "" {
 		SetHolder(obj, holder)
 	}
 	SetAnnotation(obj, vmipamv1.PoolAnnotation, pool)
 	SetAnnotation(obj, vmipamv1.TokenAnnotation, token)
-	SetAnnotation(obj, vmipamv1.AddressAnnotation, addr)
+	SetAnnotation(obj, vmipamv1.AddressAnnotation, StampValue(st.Addrs))
+	if st.SingleStack != "" {
+		SetAnnotation(obj, vmipamv1.SingleStackAnnotation, st.SingleStack)
+	}
 	AddFinalizer(obj)
 	return nil
 }

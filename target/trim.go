@@ -32,7 +32,7 @@ func (t Target) Trim(obj any) (any, error) {
 	}
 	if ann, ok := src["annotations"].(map[string]any); ok {
 		keep := map[string]any{}
-		for _, k := range []string{vmipamv1.TokenAnnotation, vmipamv1.PoolAnnotation, vmipamv1.AddressAnnotation, t.PoolAnnotation, t.metadataAddressKey()} {
+		for _, k := range []string{vmipamv1.TokenAnnotation, vmipamv1.PoolAnnotation, vmipamv1.AddressAnnotation, vmipamv1.SingleStackAnnotation, t.PoolAnnotation, t.metadataAddressKey()} {
 			if v, ok := ann[k]; ok && k != "" {
 				keep[k] = v
 			}

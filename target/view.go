@@ -30,11 +30,15 @@ type View struct {
 	Name, GenerateName, Namespace, UID string
 	Token, StampedPool, StampedAddress string
 	// Holder is the value of vmipam's holder label.
-	Holder                               string
-	HasToken                             bool
-	HasFinalizer                         bool
-	Addresses                            []string
-	Pool                                 string
+	Holder       string
+	HasToken     bool
+	HasFinalizer bool
+	Addresses    []string
+	Pool         string
+	// FamilyPolicy and Families are what the object asks of the address
+	// families (see Target.FamilyPolicyField), empty when it says nothing.
+	FamilyPolicy                         string
+	Families                             []string
 	hasMetadata, hasAnnotations, hasFins bool
 	hasLabels                            bool
 	addrPresent                          bool
@@ -64,6 +68,8 @@ const (
 	pHolder
 	pAddress
 	pPool
+	pFamilyPolicy
+	pFamilies
 	pFixed // the prefixes of the address location follow, then the network location's
 )
 
@@ -89,6 +95,8 @@ func (t Target) Read(raw []byte) (*View, error) {
 		pHolder:         {"metadata", "labels", vmipamv1.HolderLabel},
 		pAddress:        loc,
 		pPool:           t.poolLocation(),
+		pFamilyPolicy:   t.FamilyPolicyField,
+		pFamilies:       t.FamiliesField,
 	}
 	for i := 1; i < len(loc); i++ {
 		paths = append(paths, loc[:i])
@@ -179,6 +187,17 @@ func (t Target) Read(raw []byte) (*View, error) {
 	if p := t.poolLocation(); len(p) > 0 {
 		str(pPool, field.NewPath(t.PoolPath()), &v.Pool)
 	}
+	if len(t.FamilyPolicyField) > 0 {
+		str(pFamilyPolicy, field.NewPath(strings.Join(t.FamilyPolicyField, ".")), &v.FamilyPolicy)
+	}
+	if f := vals[pFamilies]; len(t.FamiliesField) > 0 && f != nil && jsonscan.KindOf(f) != jsonscan.KindNull {
+		fams, err := jsonscan.Strings(f, 2)
+		if err != nil {
+			errs = append(errs, field.Invalid(field.NewPath(strings.Join(t.FamiliesField, ".")), nil,
+				fmt.Sprintf("must be a list of at most two families, such as [IPv4, IPv6] (%v)", err)))
+		}
+		v.Families = fams
+	}
 	if len(errs) > 0 {
 		return v, errors.Join(errs...)
 	}
@@ -225,16 +244,33 @@ func (v *View) Describe() string {
 	return v.Namespace + "/" + name
 }
 
-// StampPatch returns the JSON patch (RFC 6902) that stamps on the object v
-// was read from the address (in its field and as vmipam's address
-// annotation), its network identity n where the kind takes one (none when
-// n is nil), the pool and the reservation token, vmipam's finalizer, and
-// the holder label naming the replica that looks after it (none when
-// holder is empty). It is built from v alone: the object is never copied
-// or re-encoded.
-func (t Target) StampPatch(v *View, addr, pool, token, holder string, n *vmipamv1.Network) ([]jsonpatch.Operation, error) {
-	set := map[string]string{vmipamv1.PoolAnnotation: pool, vmipamv1.TokenAnnotation: token, vmipamv1.AddressAnnotation: addr}
-	want := t.Render([]string{addr})
+// Stamp is what vmipam writes on an object it gives addresses to.
+type Stamp struct {
+	// Addrs are the addresses, the primary family's first.
+	Addrs []string
+	// Pool and Token are the pool and the reservation token; Holder names
+	// the replica that looks after the object (no label when empty).
+	Pool, Token, Holder string
+	// Network is the addresses' network identity, where the kind takes
+	// one (none when nil).
+	Network *vmipamv1.Network
+	// SingleStack, if set, says why an object that preferred both
+	// families got one (vmipamv1.SingleStackAnnotation).
+	SingleStack string
+}
+
+// StampPatch returns the JSON patch (RFC 6902) that writes st on the
+// object v was read from: the addresses (in their field and as vmipam's
+// address annotation), their network identity, the pool and the
+// reservation token, vmipam's finalizer, and the holder label. It is built
+// from v alone: the object is never copied or re-encoded.
+func (t Target) StampPatch(v *View, st Stamp) ([]jsonpatch.Operation, error) {
+	addrs, holder, n := st.Addrs, st.Holder, st.Network
+	set := map[string]string{vmipamv1.PoolAnnotation: st.Pool, vmipamv1.TokenAnnotation: st.Token, vmipamv1.AddressAnnotation: StampValue(addrs)}
+	if st.SingleStack != "" {
+		set[vmipamv1.SingleStackAnnotation] = st.SingleStack
+	}
+	want := t.Render(addrs)
 	if t.onMetadata() && t.Status == nil {
 		set[t.AddressAnnotation] = want
 	}
@@ -262,7 +298,7 @@ func (t Target) StampPatch(v *View, addr, pool, token, holder string, n *vmipamv
 		made = len(loc) - 1
 	}
 	if t.Status == nil && !t.onMetadata() {
-		if op, ok := t.addressOpFor(v, addr); ok {
+		if op, ok := t.addressOpFor(v, addrs); ok {
 			ops = append(ops, op)
 			made = len(loc) - 1
 		}
@@ -290,31 +326,35 @@ func commonPrefix(a, b []string) int {
 // reserves nothing). A static request, if valid, is written as the stamp
 // would write it (without the prefix length it may have been given), so
 // that the dry run passes the same validation as the create.
-func (t Target) DryRunPatch(v *View, pool string, static netip.Addr) []jsonpatch.Operation {
+func (t Target) DryRunPatch(v *View, pool string, statics []netip.Addr) []jsonpatch.Operation {
 	set := map[string]string{vmipamv1.PoolAnnotation: pool}
-	if static.IsValid() && t.Status == nil && t.onMetadata() {
-		set[t.AddressAnnotation] = t.Render([]string{static.String()})
+	addrs := make([]string, len(statics))
+	for i, a := range statics {
+		addrs[i] = a.String()
+	}
+	if len(addrs) > 0 && t.Status == nil && t.onMetadata() {
+		set[t.AddressAnnotation] = t.Render(addrs)
 	}
 	ops := t.metadataOps(v, set, true)
-	if static.IsValid() && t.Status == nil && !t.onMetadata() {
-		if op, ok := t.addressOpFor(v, static.String()); ok {
+	if len(addrs) > 0 && t.Status == nil && !t.onMetadata() {
+		if op, ok := t.addressOpFor(v, addrs); ok {
 			ops = append(ops, op)
 		}
 	}
 	return ops
 }
 
-// addressOpFor returns the operation that writes addr in the address
+// addressOpFor returns the operation that writes addrs in the address
 // location of a kind whose address goes into a field or an annotation
 // not of its own metadata, and false when the location holds it already.
-func (t Target) addressOpFor(v *View, addr string) (jsonpatch.Operation, bool) {
+func (t Target) addressOpFor(v *View, addrs []string) (jsonpatch.Operation, bool) {
 	_, kind := t.location()
-	want := t.Render([]string{addr})
+	want := t.Render(addrs)
 	var value any = want
 	if kind == locList {
-		value = []string{addr}
+		value = addrs
 	}
-	if v.addrPresent && (kind == locList && slices.Equal(v.Addresses, []string{addr}) || kind != locList && v.rawAddress == want) {
+	if v.addrPresent && (kind == locList && slices.Equal(v.Addresses, addrs) || kind != locList && v.rawAddress == want) {
 		return jsonpatch.Operation{}, false
 	}
 	return t.addressOp(v, value), true

@@ -2,7 +2,6 @@ package target
 
 import (
 	"encoding/json"
-	"net/netip"
 	"reflect"
 	"strings"
 	"testing"
@@ -41,12 +40,22 @@ var jsonOnMetadata = Target{
 	NetworkAnnotation: "example.com/network",
 }
 
-// readBack is the address a stamped object carries where its kind keeps it.
+// readBack is the addresses a stamped object carries where its kind keeps
+// them.
 func readBack(tg Target, v *View) []string {
 	if tg.Status != nil {
-		return []string{v.StampedAddress}
+		return StampedAddresses(v.StampedAddress)
 	}
 	return v.Addresses
+}
+
+// stampAddrs is what the tests stamp on an object of tg: an address of
+// each family where its location holds two, else one.
+func stampAddrs(tg Target) []string {
+	if tg.MaxAddresses() == 2 {
+		return []string{"10.0.0.5", "fd00::5"}
+	}
+	return []string{"10.0.0.5"}
 }
 
 // testNetwork is the network identity the tests stamp.
@@ -165,15 +174,16 @@ func TestReadAndStamp(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ops, err := tc.target.StampPatch(v, "10.0.0.5", "pool-a", "tok", "h1", testNetwork)
+			addrs := stampAddrs(tc.target)
+			ops, err := tc.target.StampPatch(v, Stamp{Addrs: addrs, Pool: "pool-a", Token: "tok", Holder: "h1", Network: testNetwork})
 			stamped := apply(t, []byte(tc.obj), ops, err)
 			raw, _ := json.Marshal(stamped)
 			back, err := tc.target.Read(raw)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !reflect.DeepEqual(readBack(tc.target, back), []string{"10.0.0.5"}) || back.StampedPool != "pool-a" || back.Token != "tok" || !back.HasFinalizer || back.Holder != "h1" {
-				t.Fatalf("stamped object reads back as %+v", back)
+			if !reflect.DeepEqual(readBack(tc.target, back), addrs) || back.StampedPool != "pool-a" || back.Token != "tok" || !back.HasFinalizer || back.Holder != "h1" {
+				t.Fatalf("stamped object reads back as %+v, want the addresses %v", back, addrs)
 			}
 			if loc, _ := tc.target.networkLocation(); loc != nil {
 				if got := networkOf(t, tc.target, stamped); !reflect.DeepEqual(got, testNetwork) {
@@ -181,11 +191,11 @@ func TestReadAndStamp(t *testing.T) {
 				}
 			}
 			// Stamping again, without a network, changes nothing.
-			if ops, _ := tc.target.StampPatch(back, "10.0.0.5", "pool-a", "tok", "h1", nil); len(ops) != 0 {
+			if ops, _ := tc.target.StampPatch(back, Stamp{Addrs: addrs, Pool: "pool-a", Token: "tok", Holder: "h1"}); len(ops) != 0 {
 				t.Errorf("a second stamp patches %v", ops)
 			}
 			// A dry run stamps the pool and the finalizer, and no token.
-			dry := apply(t, []byte(tc.obj), tc.target.DryRunPatch(v, "pool-a", netip.Addr{}))
+			dry := apply(t, []byte(tc.obj), tc.target.DryRunPatch(v, "pool-a", nil))
 			raw, _ = json.Marshal(dry)
 			if back, err = tc.target.Read(raw); err != nil || back.HasToken || back.StampedPool != "pool-a" || !back.HasFinalizer {
 				t.Fatalf("dry run reads back as %+v, %v", back, err)
@@ -264,7 +274,8 @@ func FuzzStampPatch(f *testing.F) {
 			if err != nil {
 				continue
 			}
-			ops, err := tg.StampPatch(v, "10.0.0.5", "p", "t", "h", testNetwork)
+			addrs := stampAddrs(tg)
+			ops, err := tg.StampPatch(v, Stamp{Addrs: addrs, Pool: "p", Token: "t", Holder: "h", Network: testNetwork})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -278,7 +289,7 @@ func FuzzStampPatch(f *testing.F) {
 				t.Fatalf("%s: patch %s does not apply to %s: %v", tg.GVK.Kind, raw, obj, err)
 			}
 			back, err := tg.Read(out)
-			if err != nil || !reflect.DeepEqual(readBack(tg, back), []string{"10.0.0.5"}) || back.Token != "t" || !back.HasFinalizer || back.Holder != "h" {
+			if err != nil || !reflect.DeepEqual(readBack(tg, back), addrs) || back.Token != "t" || !back.HasFinalizer || back.Holder != "h" {
 				t.Fatalf("%s: %s stamped to %s reads back as %+v, %v", tg.GVK.Kind, obj, out, back, err)
 			}
 			var m map[string]any

@@ -81,20 +81,24 @@ func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admissi
 	}
 	// Values go on each line, not WithValues: that costs an encoding per
 	// request, and these lines are rare.
-	addrPath := field.NewPath(d.Target.AddressPath())
 	invalid := func(errs ...*field.Error) admission.Response { return deny(invalidErr(d.Target, v, errs)) }
 
-	if len(v.Addresses) > 1 {
-		return invalid(field.TooMany(field.NewPath(d.Target.AddressesPath()), len(v.Addresses), 1))
+	if n := d.Target.MaxAddresses(); len(v.Addresses) > n {
+		return invalid(field.TooMany(field.NewPath(d.Target.AddressesPath()), len(v.Addresses), n))
 	}
-	var static netip.Addr
-	bits := -1 // the prefix length a static request gave, if any
-	if len(v.Addresses) == 1 {
-		a, n, ferr := parseRequest(addrPath, v.Addresses[0])
+	statics := make([]request, 0, len(v.Addresses))
+	for i, s := range v.Addresses {
+		path := d.addrPath(i)
+		a, bits, ferr := parseRequest(path, s)
 		if ferr != nil {
 			return invalid(ferr)
 		}
-		static, bits = a, n
+		for _, o := range statics {
+			if pools.FamilyOf(o.addr) == pools.FamilyOf(a) {
+				return invalid(field.Invalid(path, s, fmt.Sprintf("a second %s address (with %s): an object holds one address per family", pools.FamilyOf(a), o.raw)))
+			}
+		}
+		statics = append(statics, request{addr: a, bits: bits, raw: s, path: path})
 	}
 	pool, err := d.Registry.Select(ctx, d.Target, v.Namespace, v.Pool)
 	if errors.Is(err, pools.ErrNotReady) {
@@ -109,33 +113,29 @@ func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admissi
 	if !pool.Ready() {
 		return deny(apierrors.NewServiceUnavailable(fmt.Sprintf("IPPool %s is recovering its state; retry in a few seconds", pool.Name())))
 	}
-	if static.IsValid() && !pool.Ranges().Contains(static) {
-		if pool.Ranges().Router(static) {
-			return invalid(field.Invalid(addrPath, v.Addresses[0],
-				fmt.Sprintf("is the gateway or a route's next hop of IPPool %s, which no VM is given; ask for another address, or leave the field empty", pool.Name())))
-		}
-		return invalid(field.Invalid(addrPath, v.Addresses[0],
-			fmt.Sprintf("outside IPPool %s (usable: %s); ask for an address inside it, or leave the field empty", pool.Name(), pool.Ranges())))
+	plan, ferr := planFamilies(d.Target, v, statics, pool)
+	if ferr != nil {
+		return invalid(ferr)
 	}
-	if bits >= 0 {
-		if sub, ok := pool.Subnet(static); ok && sub.Prefix.Bits() != bits {
-			return invalid(field.Invalid(addrPath, v.Addresses[0], fmt.Sprintf(
-				"the prefix length /%d differs from the subnet %s of IPPool %s that holds the address; write %s, or the address alone",
-				bits, sub.Prefix, pool.Name(), netip.PrefixFrom(static, sub.Prefix.Bits()))))
+	for _, st := range statics {
+		if ferr := checkRequest(pool, st); ferr != nil {
+			return invalid(ferr)
 		}
 	}
 	if resp, taken := d.nameTaken(ctx, v); taken {
 		return resp
 	}
 	if req.DryRun != nil && *req.DryRun {
-		// No side effect: say whether a static address could be had, stamp
-		// nothing that a real create would reserve.
-		if static.IsValid() {
-			if err := pool.CanReserve(static); err != nil {
-				return invalid(field.Invalid(addrPath, v.Addresses[0], unwrapMessage(err)))
+		// No side effect: say whether the static addresses could be had,
+		// stamp nothing that a real create would reserve.
+		addrs := make([]netip.Addr, 0, len(statics))
+		for _, st := range plan.ordered(statics) {
+			if err := pool.CanReserve(st.addr); err != nil {
+				return invalid(field.Invalid(st.path, st.raw, unwrapMessage(err)))
 			}
+			addrs = append(addrs, st.addr)
 		}
-		return patched(d.Target.DryRunPatch(v, pool.Name(), static))
+		return patched(d.Target.DryRunPatch(v, pool.Name(), addrs))
 	}
 
 	token, err := newToken()
@@ -143,42 +143,106 @@ func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admissi
 		return admission.Errored(http.StatusInternalServerError, err)
 	}
 	r := ipam.Reservation{Token: token, Namespace: v.Namespace, Ref: v.Describe()}
-	a := static
+	addrs := make([]netip.Addr, 0, len(plan.families))
+	note := plan.note
 	// The debug lines' values are built only when they are written: this
 	// runs on every create.
 	debug := logf.Log.V(1).Enabled()
-	if static.IsValid() {
-		if debug {
-			logf.FromContext(ctx).V(1).Info("Reserving address", "object", v.Describe(), "pool", pool.Name(), "address", static)
+	for _, f := range plan.families {
+		st := plan.static(statics, f)
+		var a netip.Addr
+		if st != nil {
+			if debug {
+				logf.FromContext(ctx).V(1).Info("Reserving address", "object", v.Describe(), "pool", pool.Name(), "address", st.addr)
+			}
+			a, err = st.addr, pool.Reserve(ctx, r, st.addr)
+		} else {
+			if debug {
+				logf.FromContext(ctx).V(1).Info("Allocating address", "object", v.Describe(), "pool", pool.Name(), "family", f)
+			}
+			a, err = pool.AllocateFamily(ctx, r, f)
 		}
-		err = pool.Reserve(ctx, r, static)
-	} else {
-		if debug {
-			logf.FromContext(ctx).V(1).Info("Allocating address", "object", v.Describe(), "pool", pool.Name())
+		if err == nil {
+			addrs = append(addrs, a)
+			continue
 		}
-		a, err = pool.Allocate(ctx, r)
+		if st == nil && !plan.require && len(plan.families) > 1 && errors.Is(err, ipam.ErrExhausted) {
+			// PreferDualStack takes what it can, and says what it could not.
+			note = fmt.Sprintf("no %s address: %s", f, unwrapMessage(err))
+			if len(addrs) > 0 || f != plan.families[len(plan.families)-1] {
+				continue
+			}
+		}
+		// Nothing is half-assigned: a reservation of the other family made
+		// for this admission goes back at once, since no object can carry
+		// it.
+		pool.Cancel(token)
+		return d.refused(ctx, err, v, pool, st, f)
 	}
+	out := make([]string, len(addrs))
+	for i, a := range addrs {
+		out[i] = a.String()
+	}
+	ops, err := d.Target.StampPatch(v, target.Stamp{Addrs: out, Pool: pool.Name(), Token: token, Holder: d.Registry.HolderLabel(),
+		Network: pool.Network(addrs...), SingleStack: note})
+	if err != nil {
+		pool.Cancel(token)
+		return admission.Errored(http.StatusInternalServerError, err)
+	}
+	resp = patched(ops)
+	if note != "" {
+		resp.Warnings = append(resp.Warnings, fmt.Sprintf("%s %s gets one address family (PreferDualStack): %s", d.Target.GVK.Kind, v.Describe(), note))
+	}
+	return resp
+}
+
+// addrPath is how the i-th address is named in messages.
+func (d *VMDefaulter) addrPath(i int) *field.Path {
+	if i == 0 {
+		return field.NewPath(d.Target.AddressPath())
+	}
+	return field.NewPath(d.Target.AddressesPath()).Index(i)
+}
+
+// refused is the answer to a create whose address of family f (a static
+// request st, or nil) could not be had.
+func (d *VMDefaulter) refused(ctx context.Context, err error, v *target.View, pool *pools.Pool, st *request, f vmipamv1.IPFamily) admission.Response {
 	switch {
-	case err == nil:
 	case errors.Is(err, ipam.ErrNotReady):
 		return deny(apierrors.NewServiceUnavailable(fmt.Sprintf("IPPool %s is recovering its state; retry in a few seconds", pool.Name())))
 	case errors.Is(err, ipam.ErrExhausted):
 		return deny(apierrors.NewForbidden(gr(d.Target), name(v), errors.New(unwrapMessage(err))))
 	case errors.Is(err, ipam.ErrTooManyPending):
 		return deny(apierrors.NewTooManyRequests(unwrapMessage(err), 5))
-	case errors.Is(err, ipam.ErrInUse), errors.Is(err, ipam.ErrCoolingDown), errors.Is(err, ipam.ErrConflict), errors.Is(err, ipam.ErrOutOfRange):
-		return invalid(field.Invalid(addrPath, v.Addresses[0], unwrapMessage(err)))
+	case st != nil && (errors.Is(err, ipam.ErrInUse) || errors.Is(err, ipam.ErrCoolingDown) || errors.Is(err, ipam.ErrConflict) || errors.Is(err, ipam.ErrOutOfRange)):
+		return deny(invalidErr(d.Target, v, field.ErrorList{field.Invalid(st.path, st.raw, unwrapMessage(err))}))
 	case ctx.Err() != nil:
 		return deny(apierrors.NewTimeoutError(fmt.Sprintf("vmipam could not claim an address of IPPool %s before the request's deadline", pool.Name()), 1))
 	default:
-		logf.FromContext(ctx).Error(err, "Allocating address", "object", v.Describe(), "pool", pool.Name())
+		logf.FromContext(ctx).Error(err, "Allocating address", "object", v.Describe(), "pool", pool.Name(), "family", f)
 		return admission.Errored(http.StatusInternalServerError, err)
 	}
-	ops, err := d.Target.StampPatch(v, a.String(), pool.Name(), token, d.Registry.HolderLabel(), pool.Network(a))
-	if err != nil {
-		return admission.Errored(http.StatusInternalServerError, err)
+}
+
+// checkRequest refuses a static request for an address pool never hands
+// out, or written with another prefix length than its subnet's.
+func checkRequest(pool *pools.Pool, st request) *field.Error {
+	if !pool.Ranges().Contains(st.addr) {
+		if pool.Ranges().Router(st.addr) {
+			return field.Invalid(st.path, st.raw,
+				fmt.Sprintf("is the gateway or a route's next hop of IPPool %s, which no VM is given; ask for another address, or leave the field empty", pool.Name()))
+		}
+		return field.Invalid(st.path, st.raw,
+			fmt.Sprintf("outside IPPool %s (usable: %s); ask for an address inside it, or leave the field empty", pool.Name(), pool.Ranges()))
 	}
-	return patched(ops)
+	if st.bits >= 0 {
+		if sub, ok := pool.Subnet(st.addr); ok && sub.Prefix.Bits() != st.bits {
+			return field.Invalid(st.path, st.raw, fmt.Sprintf(
+				"the prefix length /%d differs from the subnet %s of IPPool %s that holds the address; write %s, or the address alone",
+				st.bits, sub.Prefix, pool.Name(), netip.PrefixFrom(st.addr, sub.Prefix.Bits())))
+		}
+	}
+	return nil
 }
 
 // nameTaken refuses a create whose name the cache already holds: the API

@@ -3,6 +3,8 @@ package webhook
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"net/netip"
 	"reflect"
@@ -18,6 +20,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/ipam"
+	"github.com/vmipam/vmipam/pools"
 	"github.com/vmipam/vmipam/target"
 )
 
@@ -158,8 +162,26 @@ func TestVMDefaulter(t *testing.T) {
 			code: http.StatusUnprocessableEntity, message: []string{"spec.addresses[0]", "not an IP address"}},
 		"static, outside": {obj: vmJSON(t, nil, map[string]any{"addresses": []any{"10.9.0.7"}}),
 			code: http.StatusUnprocessableEntity, message: []string{"outside IPPool fuzz", "10.0.0.2-10.0.0.253"}},
-		"two addresses": {obj: vmJSON(t, nil, map[string]any{"addresses": []any{"10.0.0.7", "10.0.0.8"}}),
-			code: http.StatusUnprocessableEntity, message: []string{"spec.addresses", "must have at most 1 item"}},
+		"two addresses of one family": {obj: vmJSON(t, nil, map[string]any{"addresses": []any{"10.0.0.7", "10.0.0.8"}}),
+			code: http.StatusUnprocessableEntity, message: []string{"spec.addresses[1]", "a second IPv4 address (with 10.0.0.7)"}},
+		"three addresses": {obj: vmJSON(t, nil, map[string]any{"addresses": []any{"10.0.0.7", "fd00::8", "10.0.0.9"}}),
+			code: http.StatusUnprocessableEntity, message: []string{"spec.addresses", "must have at most 2 items"}},
+		"an address of each family, single-stack": {obj: vmJSON(t, nil, map[string]any{"addresses": []any{"10.0.0.7", "fd00::8"}}),
+			code: http.StatusUnprocessableEntity, message: []string{"spec.ipFamilyPolicy", "holds an address of each family: set spec.ipFamilyPolicy to PreferDualStack or RequireDualStack"}},
+		"dual-stack required of an IPv4 pool": {obj: vmJSON(t, nil, map[string]any{"ipFamilyPolicy": "RequireDualStack"}),
+			code: http.StatusUnprocessableEntity, message: []string{"spec.ipFamilyPolicy", "IPPool fuzz has no IPv6 range"}},
+		"dual-stack preferred of an IPv4 pool": {obj: vmJSON(t, nil, map[string]any{"ipFamilyPolicy": "PreferDualStack"}), allowed: true, reserves: 1,
+			check: func(t *testing.T, o map[string]any) {
+				if a := annotations(o); a[vmipamv1.SingleStackAnnotation] != "IPPool fuzz has no IPv6 range" {
+					t.Errorf("annotations %v: want %s saying why", a, vmipamv1.SingleStackAnnotation)
+				}
+			}},
+		"IPv6 asked of an IPv4 pool": {obj: vmJSON(t, nil, map[string]any{"ipFamilies": []any{"IPv6"}}),
+			code: http.StatusUnprocessableEntity, message: []string{"spec.ipFamilies[0]", "IPPool fuzz has no IPv6 range"}},
+		"an unknown policy": {obj: vmJSON(t, nil, map[string]any{"ipFamilyPolicy": "DualStack"}),
+			code: http.StatusUnprocessableEntity, message: []string{"spec.ipFamilyPolicy", "Unsupported value"}},
+		"a family twice": {obj: vmJSON(t, nil, map[string]any{"ipFamilies": []any{"IPv4", "IPv4"}}),
+			code: http.StatusUnprocessableEntity, message: []string{"spec.ipFamilies[1]", "Duplicate"}},
 		"addresses not a list": {obj: vmJSON(t, nil, map[string]any{"addresses": "10.0.0.7"}),
 			code: http.StatusUnprocessableEntity, message: []string{"spec.addresses", "must be a list holding one IP address"}},
 		"pool not a string": {obj: vmJSON(t, nil, map[string]any{"ipPool": 7}),
@@ -363,3 +385,214 @@ func TestVMValidator(t *testing.T) {
 }
 
 func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
+
+// TestVMDefaulterDualStack: over a pool of both families, a create gets an
+// address of each family it asks for, in its order, under one token; a
+// RequireDualStack create that cannot get one family gets nothing (the
+// other family's reservation goes back at once), a PreferDualStack one
+// gets what it can and says so; static requests name either family or
+// both.
+func TestVMDefaulterDualStack(t *testing.T) {
+	type row struct {
+		spec map[string]any
+		// fillV6 takes every IPv6 address (fd00::1 to fd00::7) first.
+		fillV6  bool
+		code    int32
+		message string
+		// want are the families of the addresses stamped, in order; the
+		// statics among them are the addresses given.
+		want    []string
+		statics []string
+		note    bool
+	}
+	tests := map[string]row{
+		"single-stack by default":       {spec: map[string]any{}, want: []string{"IPv4"}},
+		"single-stack IPv6":             {spec: map[string]any{"ipFamilies": []any{"IPv6"}}, want: []string{"IPv6"}},
+		"required":                      {spec: map[string]any{"ipFamilyPolicy": "RequireDualStack"}, want: []string{"IPv4", "IPv6"}},
+		"required, IPv6 first":          {spec: map[string]any{"ipFamilyPolicy": "RequireDualStack", "ipFamilies": []any{"IPv6"}}, want: []string{"IPv6", "IPv4"}},
+		"preferred":                     {spec: map[string]any{"ipFamilyPolicy": "PreferDualStack"}, want: []string{"IPv4", "IPv6"}},
+		"required, IPv6 exhausted":      {spec: map[string]any{"ipFamilyPolicy": "RequireDualStack"}, fillV6: true, code: http.StatusForbidden, message: `pool "dual" has no IPv6 address left: 0 of 7 usable IPv6 addresses allocated, 7 pending`},
+		"preferred, IPv6 exhausted":     {spec: map[string]any{"ipFamilyPolicy": "PreferDualStack"}, fillV6: true, want: []string{"IPv4"}, note: true},
+		"preferred IPv6, exhausted":     {spec: map[string]any{"ipFamilyPolicy": "PreferDualStack", "ipFamilies": []any{"IPv6", "IPv4"}}, fillV6: true, want: []string{"IPv4"}, note: true},
+		"static pair":                   {spec: map[string]any{"ipFamilyPolicy": "RequireDualStack", "addresses": []any{"fd00::6", "10.0.0.6"}}, want: []string{"IPv6", "IPv4"}, statics: []string{"fd00::6", "10.0.0.6"}},
+		"static pair with lengths":      {spec: map[string]any{"ipFamilyPolicy": "PreferDualStack", "addresses": []any{"10.0.0.6/24", "fd00::6/125"}}, want: []string{"IPv4", "IPv6"}, statics: []string{"10.0.0.6", "fd00::6"}},
+		"static IPv6 alone":             {spec: map[string]any{"addresses": []any{"fd00::6"}}, want: []string{"IPv6"}, statics: []string{"fd00::6"}},
+		"static IPv4, IPv6 given":       {spec: map[string]any{"ipFamilyPolicy": "RequireDualStack", "addresses": []any{"10.0.0.6"}}, want: []string{"IPv4", "IPv6"}, statics: []string{"10.0.0.6"}},
+		"static IPv6 behind IPv4 first": {spec: map[string]any{"ipFamilies": []any{"IPv4"}, "addresses": []any{"fd00::6"}}, code: http.StatusUnprocessableEntity, message: "an IPv6 address, but spec.ipFamilies puts IPv4 first"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			reg, _, _ := newTestRegistry(t, "10.0.0.0/24", func(p *vmipamv1.IPPool) {
+				p.Name = "dual"
+				p.Spec.Ranges = append(p.Spec.Ranges, vmipamv1.IPRange{CIDR: "fd00::/125"})
+			})
+			pool := reg.Get("dual")
+			if tc.fillV6 {
+				for i := range 7 {
+					if _, err := pool.AllocateFamily(t.Context(), ipam.Reservation{Token: fmt.Sprint("x", i), Namespace: "other"}, vmipamv1.IPv6); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			v4Before, _ := pool.FamilySnapshot(vmipamv1.IPv4)
+			d := &VMDefaulter{Registry: reg, Target: target.VirtualMachine}
+			obj := vmJSON(t, nil, tc.spec)
+			resp := d.Handle(t.Context(), vmRequest(admissionv1.Create, obj))
+			if tc.code != 0 {
+				if resp.Allowed || resp.Result == nil || resp.Result.Code != tc.code || !strings.Contains(resp.Result.Message, tc.message) {
+					t.Fatalf("allowed %v, %+v; want %d saying %q", resp.Allowed, resp.Result, tc.code, tc.message)
+				}
+				if after, _ := pool.FamilySnapshot(vmipamv1.IPv4); after.Pending != v4Before.Pending {
+					t.Errorf("IPv4 pending %d -> %d: a refused create must leave no reservation", v4Before.Pending, after.Pending)
+				}
+				return
+			}
+			if !resp.Allowed {
+				t.Fatalf("refused: %+v", resp.Result)
+			}
+			o := applied(t, obj, resp)
+			spec := o["spec"].(map[string]any)
+			addrs, _ := spec["addresses"].([]any)
+			if len(addrs) != len(tc.want) {
+				t.Fatalf("spec.addresses %v, want %d addresses (%v)", addrs, len(tc.want), tc.want)
+			}
+			var stamped []string
+			for i, a := range addrs {
+				x := netip.MustParseAddr(a.(string))
+				if fam := string(pools.FamilyOf(x)); fam != tc.want[i] {
+					t.Errorf("address %d is %s, an %s one; want %s", i, x, fam, tc.want[i])
+				}
+				if i < len(tc.statics) && a != tc.statics[i] {
+					t.Errorf("address %d is %s, want the static %s", i, a, tc.statics[i])
+				}
+				stamped = append(stamped, a.(string))
+			}
+			ann := annotations(o)
+			if ann[vmipamv1.AddressAnnotation] != strings.Join(stamped, ",") {
+				t.Errorf("address annotation %q, want %q", ann[vmipamv1.AddressAnnotation], strings.Join(stamped, ","))
+			}
+			tok, _ := ann[vmipamv1.TokenAnnotation].(string)
+			for _, a := range stamped {
+				if st, ow, _ := pool.Lookup(netip.MustParseAddr(a)); st != ipam.StatePending || ow.Token != tok {
+					t.Errorf("%s is %s for %q, want pending for the stamped token %q", a, st, ow.Token, tok)
+				}
+			}
+			raw, _ := json.Marshal(spec["network"])
+			var n vmipamv1.Network
+			_ = json.Unmarshal(raw, &n)
+			if len(n.Addresses) != len(stamped) {
+				t.Errorf("spec.network %s, want an entry per address", raw)
+			}
+			if _, ok := ann[vmipamv1.SingleStackAnnotation]; ok != tc.note || tc.note && len(resp.Warnings) == 0 {
+				t.Errorf("annotation %s present: %v, warnings %v; want a note: %v", vmipamv1.SingleStackAnnotation, ok, resp.Warnings, tc.note)
+			}
+		})
+	}
+}
+
+// TestDualStackProperties drives the mutating webhook over a small pool of
+// both families with random creates (every family policy and order, static
+// requests of either family or both, taken or not) and deletes, binding
+// each allowed create's addresses as the controller would, and checks
+// after every step: no address on two live VMs, in either family; a VM
+// holds what its policy allows (RequireDualStack both families, never one);
+// a refused create leaves every count as it was (no reservation of either
+// family kept); and, once every VM is gone, nothing is pending, allocated
+// or cooling down (the pool's cooldown is 0s): nothing leaked.
+func TestDualStackProperties(t *testing.T) {
+	policies := []string{"", "SingleStack", "PreferDualStack", "RequireDualStack"}
+	orders := [][]any{nil, {"IPv4"}, {"IPv6"}, {"IPv4", "IPv6"}, {"IPv6", "IPv4"}}
+	for seed := range uint64(8) {
+		t.Run(fmt.Sprint("seed ", seed), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(seed, 7)) //nolint:gosec // reproducible test randomness
+			reg, _, _ := newTestRegistry(t, "10.0.0.0/29", func(p *vmipamv1.IPPool) {
+				p.Name = "dual"
+				p.Spec.Ranges = append(p.Spec.Ranges, vmipamv1.IPRange{CIDR: "fd00::/126"})
+				p.Spec.Cooldown = &metav1.Duration{}
+			})
+			pool := reg.Get("dual")
+			d := &VMDefaulter{Registry: reg, Target: target.VirtualMachine}
+			type vm struct {
+				uid   string
+				addrs []netip.Addr
+			}
+			var live []vm
+			holder := map[netip.Addr]string{}
+			usable := []string{"10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5", "10.0.0.6", "fd00::1", "fd00::2", "fd00::3"}
+			for step := range 300 {
+				if len(live) > 0 && rng.IntN(3) == 0 {
+					i := rng.IntN(len(live))
+					x := live[i]
+					for _, a := range x.addrs {
+						if err := pool.Release(t.Context(), a, ipam.Owner{UID: x.uid}); err != nil {
+							t.Fatalf("step %d: release %s of %s: %v", step, a, x.uid, err)
+						}
+						delete(holder, a)
+					}
+					live = append(live[:i], live[i+1:]...)
+					continue
+				}
+				spec := map[string]any{}
+				policy := policies[rng.IntN(len(policies))]
+				if policy != "" {
+					spec["ipFamilyPolicy"] = policy
+				}
+				if o := orders[rng.IntN(len(orders))]; o != nil {
+					spec["ipFamilies"] = o
+				}
+				switch rng.IntN(4) {
+				case 0:
+					spec["addresses"] = []any{usable[rng.IntN(len(usable))]}
+				case 1:
+					spec["addresses"] = []any{usable[rng.IntN(6)], usable[6+rng.IntN(3)]}
+				}
+				before := pool.Snapshot()
+				obj := vmJSON(t, nil, spec)
+				resp := d.Handle(t.Context(), vmRequest(admissionv1.Create, obj))
+				if !resp.Allowed {
+					if after := pool.Snapshot(); after.Pending != before.Pending || after.Allocated != before.Allocated {
+						t.Fatalf("step %d: %v refused (%s), yet the pool went from %+v to %+v", step, spec, resp.Result.Message, before, after)
+					}
+					continue
+				}
+				o := applied(t, obj, resp)
+				raw, _ := o["spec"].(map[string]any)["addresses"].([]any)
+				tok, _ := annotations(o)[vmipamv1.TokenAnnotation].(string)
+				x := vm{uid: fmt.Sprint("uid-", step)}
+				for _, s := range raw {
+					a := netip.MustParseAddr(s.(string))
+					if other, dup := holder[a]; dup {
+						t.Fatalf("step %d: DUPLICATE: %s given to %s while %s holds it", step, a, x.uid, other)
+					}
+					if got, err := pool.Bind(a, ipam.Owner{Token: tok, UID: x.uid}); err != nil || got != a {
+						t.Fatalf("step %d: bind %s: %s, %v", step, a, got, err)
+					}
+					holder[a] = x.uid
+					x.addrs = append(x.addrs, a)
+				}
+				switch {
+				case policy == "RequireDualStack" && (len(x.addrs) != 2 || x.addrs[0].Is4() == x.addrs[1].Is4()):
+					t.Fatalf("step %d: RequireDualStack got %v", step, x.addrs)
+				case (policy == "" || policy == "SingleStack") && len(x.addrs) != 1:
+					t.Fatalf("step %d: SingleStack got %v", step, x.addrs)
+				case len(x.addrs) == 0 || len(x.addrs) > 2:
+					t.Fatalf("step %d: %s got %v", step, policy, x.addrs)
+				}
+				if after := pool.Snapshot(); after.Pending != before.Pending {
+					t.Fatalf("step %d: %d pending after binding the create, %d before", step, after.Pending, before.Pending)
+				}
+				live = append(live, x)
+			}
+			for _, x := range live {
+				for _, a := range x.addrs {
+					if err := pool.Release(t.Context(), a, ipam.Owner{UID: x.uid}); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if c := pool.Snapshot(); c.Pending != 0 || c.Allocated != 0 || c.Cooldown != 0 {
+				t.Errorf("every VM gone, yet %+v: leaked", c)
+			}
+		})
+	}
+}

@@ -39,6 +39,10 @@ const (
 	// that the validating webhook (on any replica, holding no state) can
 	// tell that no later admission step changed it.
 	AddressAnnotation = "vmipam.io/address"
+	// SingleStackAnnotation says why a VirtualMachine that asked for
+	// PreferDualStack got an address of one family only; the controller
+	// reports it in an event when it binds the address.
+	SingleStackAnnotation = "vmipam.io/single-stack"
 	// Finalizer keeps a VirtualMachine until its address is released into
 	// cooldown.
 	Finalizer = "vmipam.io/release-address"

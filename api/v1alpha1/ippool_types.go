@@ -172,13 +172,32 @@ type IPPoolStatus struct {
 	// Cooldown addresses were released and rest before reuse.
 	// +optional
 	Cooldown int64 `json:"cooldown"`
+	// Families gives the counts of each address family, for a pool with
+	// ranges of both.
+	// +optional
+	// +listType=map
+	// +listMapKey=family
+	Families []FamilyStatus `json:"families,omitempty"`
 	// Conditions: Ready (the allocator has recovered and serves), Exhausted
-	// (no address can be handed out now), DuplicateAddress (two live
+	// (no address, or none of one family, can be handed out now), DuplicateAddress (two live
 	// VirtualMachines carry one address).
 	// +optional
 	// +listType=map
 	// +listMapKey=type
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// FamilyStatus is a pool's use of one address family.
+type FamilyStatus struct {
+	// Family is IPv4 or IPv6.
+	Family IPFamily `json:"family"`
+	// Usable, Allocated, Pending, Free and Cooldown count the family's
+	// addresses as the pool's own counts do.
+	Usable    int64 `json:"usable"`
+	Allocated int64 `json:"allocated"`
+	Pending   int64 `json:"pending"`
+	Free      int64 `json:"free"`
+	Cooldown  int64 `json:"cooldown"`
 }
 
 // Condition types of an IPPool.

@@ -17,15 +17,34 @@ type VirtualMachineSpec struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
 	IPPool string `json:"ipPool,omitempty"`
-	// Addresses are the VM's IP addresses. Leave empty to be given one;
-	// set one to ask for that address, written in canonical form (10.0.0.5,
-	// fd00::5; not ::ffff:10.0.0.5, FD00:0::5 or a zone). Immutable once set.
+	// Addresses are the VM's IP addresses, at most one per family, the
+	// primary family's first. Leave empty to be given them; set one or one
+	// of each family to ask for those, written in canonical form (10.0.0.5,
+	// fd00::5; not ::ffff:10.0.0.5, FD00:0::5 or a zone), alone or with
+	// the prefix length of their subnet (10.0.0.5/24), which vmipam drops.
+	// Immutable once set.
 	// +optional
 	// +listType=atomic
-	// +kubebuilder:validation:MaxItems=1
+	// +kubebuilder:validation:MaxItems=2
 	// +kubebuilder:validation:items:MaxLength=39
 	// +kubebuilder:validation:items:XValidation:rule="isIP(self) && string(ip(self)) == self",message="must be an IP address in canonical form, such as 10.0.0.5 or fd00::5: no IPv4-mapped IPv6 form (::ffff:10.0.0.5), no zone, lower case, zeros compressed"
+	// +kubebuilder:validation:XValidation:rule="size(self) < 2 || !isIP(self[0]) || !isIP(self[1]) || ip(self[0]).family() != ip(self[1]).family()",message="holds one address per family: an IPv4 and an IPv6 one"
 	Addresses []string `json:"addresses,omitempty"`
+	// IPFamilyPolicy says how many families the VM gets an address of, as
+	// a Service's does: SingleStack (the default) one, PreferDualStack both
+	// where the pool has both free (else what it can, said in an event),
+	// RequireDualStack both or the create fails. Read when the VM is
+	// created.
+	// +optional
+	IPFamilyPolicy *IPFamilyPolicy `json:"ipFamilyPolicy,omitempty"`
+	// IPFamilies orders the families, the primary first; unset, IPv4
+	// first (or the family of a static request). A SingleStack VM gets an
+	// address of the first.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=2
+	// +kubebuilder:validation:XValidation:rule="size(self) < 2 || self[0] != self[1]",message="names each family once"
+	IPFamilies []IPFamily `json:"ipFamilies,omitempty"`
 	// Network is what the guest needs to configure its interface, which
 	// vmipam writes beside the address when it assigns one: each address
 	// with its prefix length, the gateways and the routes of its range.
@@ -68,6 +87,27 @@ type Network struct {
 	Routes []Route `json:"routes,omitempty"`
 }
 
+// IPFamilyPolicy says how many address families a VM gets an address of.
+// +kubebuilder:validation:Enum=SingleStack;PreferDualStack;RequireDualStack
+type IPFamilyPolicy string
+
+// The family policies, as a Service's.
+const (
+	SingleStack      IPFamilyPolicy = "SingleStack"
+	PreferDualStack  IPFamilyPolicy = "PreferDualStack"
+	RequireDualStack IPFamilyPolicy = "RequireDualStack"
+)
+
+// IPFamily is an address family.
+// +kubebuilder:validation:Enum=IPv4;IPv6
+type IPFamily string
+
+// The address families.
+const (
+	IPv4 IPFamily = "IPv4"
+	IPv6 IPFamily = "IPv6"
+)
+
 // VirtualMachineStatus is the VM's observed state.
 type VirtualMachineStatus struct {
 	// Conditions of the VM.
@@ -82,7 +122,7 @@ type VirtualMachineStatus struct {
 // +kubebuilder:object:root=true
 // +kubebuilder:resource:shortName=vm
 // +kubebuilder:subresource:status
-// +kubebuilder:printcolumn:name="Address",type=string,JSONPath=`.spec.addresses[0]`
+// +kubebuilder:printcolumn:name="Addresses",type=string,JSONPath=`.spec.addresses`
 // +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=`.metadata.annotations.vmipam\.io/pool`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type VirtualMachine struct {

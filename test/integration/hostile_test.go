@@ -161,7 +161,10 @@ func TestHostileRequests(t *testing.T) {
 		"IPv6, upper case":                   post(mutate, rawReview(t, "CREATE", ns, vmRaw(ns, "hostile", "FD00:97::7"), nil), want{http: 200, code: 422, message: "write it as fd00:97::7"}),
 		"IPv6, zeros spelled":                post(mutate, rawReview(t, "CREATE", ns, vmRaw(ns, "hostile", "fd00:97:0:0::7"), nil), want{http: 200, code: 422, message: "write it as fd00:97::7"}),
 		"IPv4, leading zeros":                post(mutate, rawReview(t, "CREATE", ns, vmRaw(ns, "hostile", "10.97.0.07"), nil), want{http: 200, code: 422, message: "not an IP address"}),
-		"IPv4 with a length":                 post(mutate, rawReview(t, "CREATE", ns, vmRaw(ns, "hostile", "10.97.0.7/32"), nil), want{http: 200, code: 422, message: "not an IP address"}),
+		"IPv4 with another length":           post(mutate, rawReview(t, "CREATE", ns, vmRaw(ns, "hostile", "10.97.0.7/32"), nil), want{http: 200, code: 422, message: "the prefix length /32 differs from the subnet 10.97.0.0/24"}),
+		"IPv4 with a bad length":             post(mutate, rawReview(t, "CREATE", ns, vmRaw(ns, "hostile", "10.97.0.7/024"), nil), want{http: 200, code: 422, message: "not an IP address"}),
+		"two IPv4 addresses":                 post(mutate, rawReview(t, "CREATE", ns, vmRaw(ns, "hostile", "10.97.0.7", "10.97.0.8"), nil), want{http: 200, code: 422, message: "a second IPv4 address"}),
+		"three addresses":                    post(mutate, rawReview(t, "CREATE", ns, vmRaw(ns, "hostile", "10.97.0.7", "fd00:97::7", "10.97.0.8"), nil), want{http: 200, code: 422, message: "must have at most 2 items"}),
 		"IPv4 with a space":                  post(mutate, rawReview(t, "CREATE", ns, vmRaw(ns, "hostile", " 10.97.0.7"), nil), want{http: 200, code: 422, message: "not an IP address"}),
 		"validate: wrong kind":               post(validate, rawReview(t, "CREATE", ns, vmRaw(ns, "hostile"), func(r map[string]any) { r["kind"] = map[string]any{"kind": "Secret", "version": "v1"} }), want{http: 200, code: 400, message: "validating webhook serves"}),
 		"validate: a copied stamp onto a changed address": post(validate, rawReview(t, "CREATE", ns, func() []byte {
