@@ -26,6 +26,7 @@ import (
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/internal/app"
 	"github.com/vmipam/vmipam/ipam"
+	"github.com/vmipam/vmipam/pools"
 	"github.com/vmipam/vmipam/test/harness"
 )
 
@@ -49,6 +50,7 @@ type settings struct {
 	maxOwn      int           // CHAOS_MAX_VMS_PER_CLIENT: live VMs a client keeps at most
 	think       time.Duration // CHAOS_THINK: mean pause between a client's operations
 	cidr        netip.Prefix  // CHAOS_CIDR: the pool
+	dual        bool          // CHAOS_DUAL=1: every VM RequireDualStack, the pool an IPv6 range as large beside CHAOS_CIDR
 	seed        uint64        // CHAOS_SEED: the randomness (printed, to replay the schedule)
 }
 
@@ -81,6 +83,7 @@ func loadSettings(t *testing.T) settings {
 	env("CHAOS_THINK", dur(&s.think))
 	env("CHAOS_CIDR", func(v string) (err error) { s.cidr, err = netip.ParsePrefix(v); return err })
 	env("CHAOS_SEED", func(v string) (err error) { s.seed, err = strconv.ParseUint(v, 10, 64); return err })
+	env("CHAOS_DUAL", func(v string) (err error) { s.dual, err = strconv.ParseBool(v); return err })
 	if s.replicas < 2 {
 		s.rolls = 0 // one process has nothing to roll over to
 	}
@@ -140,7 +143,7 @@ func TestChaos(t *testing.T) {
 		t.Fatalf("create namespace: %v", err)
 	}
 	pool := &vmipamv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: poolName}, Spec: vmipamv1.IPPoolSpec{
-		Ranges:     []vmipamv1.IPRange{{CIDR: s.cidr.String()}},
+		Ranges:     s.ranges(),
 		Cooldown:   &metav1.Duration{Duration: cooldown},
 		PendingTTL: &metav1.Duration{Duration: pendingTTL},
 		// Small watermarks: the free list is refilled and trimmed often, so
@@ -151,13 +154,15 @@ func TestChaos(t *testing.T) {
 	if err := c.Create(ctx, pool); err != nil {
 		t.Fatalf("create IPPool (through vmipam's validating webhook): %v", err)
 	}
+	// usable counts the addresses of one family: as many VMs fill the pool.
 	usable := usableOf(s.cidr)
+	sp := s.space(t)
 	harness.Eventually(t, 60*time.Second, "the pool to be Ready", func() error {
 		p := &vmipamv1.IPPool{}
 		if err := c.Get(ctx, client.ObjectKey{Name: poolName}, p); err != nil {
 			return err
 		}
-		if !meta.IsStatusConditionTrue(p.Status.Conditions, vmipamv1.ConditionReady) || p.Status.Usable != int64(usable) {
+		if !meta.IsStatusConditionTrue(p.Status.Conditions, vmipamv1.ConditionReady) || p.Status.Usable != int64(usable*sp.fams) {
 			return fmt.Errorf("status %+v", p.Status)
 		}
 		return nil
@@ -170,20 +175,20 @@ func TestChaos(t *testing.T) {
 	obsCtx, stopObs := context.WithCancel(ctx)
 	defer stopObs()
 	tr := newTracker(wc, ns)
-	sc := newScanner(c, ns, poolName, s.cidr, sup.restartPeriods)
+	sc := newScanner(c, ns, poolName, sp, sup.restartPeriods)
 	var obs sync.WaitGroup
 	obs.Go(func() { tr.run(obsCtx) })
 	obs.Go(func() { sc.run(obsCtx, time.Second) })
 	supErr := make(chan error, 1)
 	obs.Go(func() { supErr <- sup.watch(obsCtx) })
-	t.Logf("seed %d: %d clients for at least %s, %d replica(s), %d SIGKILLs, %d rolling restarts, %d API server restarts, pool %s (%d usable), cooldown %s, pendingTTL %s",
-		s.seed, s.clients, s.duration, s.replicas, s.kills, s.rolls, s.apiRestarts, s.cidr, usable, cooldown, pendingTTL)
+	t.Logf("seed %d: %d clients for at least %s, %d replica(s), %d SIGKILLs, %d rolling restarts, %d API server restarts, pool %s (%d usable per family), cooldown %s, pendingTTL %s",
+		s.seed, s.clients, s.duration, s.replicas, s.kills, s.rolls, s.apiRestarts, sp, usable, cooldown, pendingTTL)
 
 	// The load.
-	led := newLedger(cooldown, s.cidr)
+	led := newLedger(cooldown, sp)
 	ref := newRefusals()
 	ld := &load{c: c, ns: ns, pool: poolName, maxOwn: s.maxOwn, deleteP: 0.4, think: s.think,
-		ledger: led, refused: ref, phases: ph, base: ctx}
+		ledger: led, refused: ref, phases: ph, base: ctx, dual: s.dual}
 	loadCtx, stopLoad := context.WithCancel(ctx)
 	defer stopLoad()
 	var clients sync.WaitGroup
@@ -287,7 +292,7 @@ func TestChaos(t *testing.T) {
 	var rest restState
 	// What is still wrong after 45s is reported below, one error each.
 	_ = harness.Poll(ctx, time.Second, 45*time.Second, func() error {
-		rest = readRest(ctx, c, ns, s.cidr, usable, sup.holders())
+		rest = readRest(ctx, c, ns, sp, usable, sup.holders())
 		if len(rest.problems) > 0 {
 			return errors.New(rest.problems[0])
 		}
@@ -323,10 +328,10 @@ func TestChaos(t *testing.T) {
 	for _, e := range fill.errs {
 		t.Errorf("filling the pool: %s", e)
 	}
-	if fill.extraErr == nil || !apierrors.IsForbidden(fill.extraErr) || !strings.Contains(fill.extraErr.Error(), "is exhausted") {
+	if fill.extraErr == nil || !apierrors.IsForbidden(fill.extraErr) || !strings.Contains(fill.extraErr.Error(), "is exhausted") && !strings.Contains(fill.extraErr.Error(), "address left") {
 		t.Errorf("a create in the full pool: %v; want a denial saying the pool is exhausted", fill.extraErr)
 	}
-	full := readRest(ctx, c, ns, s.cidr, usable, sup.holders())
+	full := readRest(ctx, c, ns, sp, usable, sup.holders())
 	holders := map[string]*vmipamv1.VirtualMachine{}
 	for i := range full.vms {
 		for _, a := range full.vms[i].Spec.Addresses {
@@ -359,10 +364,10 @@ func TestChaos(t *testing.T) {
 			return err
 		}
 		st := p.Status
-		if st.Allocated != int64(usable) || st.Pending != 0 || st.Cooldown != 0 || st.Free != 0 ||
+		if st.Allocated != int64(usable*sp.fams) || st.Pending != 0 || st.Cooldown != 0 || st.Free != 0 ||
 			!meta.IsStatusConditionTrue(st.Conditions, vmipamv1.ConditionExhausted) {
 			return fmt.Errorf("allocated %d pending %d cooldown %d free %d, Exhausted %v; want %d allocated and Exhausted",
-				st.Allocated, st.Pending, st.Cooldown, st.Free, meta.FindStatusCondition(st.Conditions, vmipamv1.ConditionExhausted), usable)
+				st.Allocated, st.Pending, st.Cooldown, st.Free, meta.FindStatusCondition(st.Conditions, vmipamv1.ConditionExhausted), usable*sp.fams)
 		}
 		return nil
 	}); err != nil {
@@ -496,6 +501,58 @@ func usableOf(p netip.Prefix) int {
 	return 1<<(32-p.Bits()) - 2
 }
 
+// ranges are the pool's ranges: CHAOS_CIDR and, for a dual-stack run, as
+// many IPv6 addresses, fd00:99::1 on.
+func (s settings) ranges() []vmipamv1.IPRange {
+	out := []vmipamv1.IPRange{{CIDR: s.cidr.String()}}
+	if s.dual {
+		last := netip.MustParseAddr("fd00:99::").As16()
+		n := usableOf(s.cidr)
+		last[13], last[14], last[15] = byte(n>>16), byte(n>>8), byte(n)
+		out = append(out, vmipamv1.IPRange{CIDR: "fd00:99::/104", First: "fd00:99::1", Last: netip.AddrFrom16(last).String()})
+	}
+	return out
+}
+
+// space is the pool's usable addresses, as vmipam reads its ranges.
+type space struct {
+	ranges *ipam.Ranges
+	// fams is how many addresses, one per family, every VM holds.
+	fams int
+}
+
+func (s settings) space(t *testing.T) space {
+	t.Helper()
+	r, err := ipam.ParseRanges(pools.RangeSpecs(s.ranges()))
+	if err != nil {
+		t.Fatalf("the pool's ranges: %v", err)
+	}
+	sp := space{ranges: r, fams: 1}
+	if s.dual {
+		sp.fams = 2
+	}
+	return sp
+}
+
+func (sp space) String() string { return sp.ranges.String() }
+
+// addresses parses the addresses of vm, which must be one usable address
+// of each family the run gives, or says what is wrong with them.
+func (sp space) addresses(vm *vmipamv1.VirtualMachine) ([]netip.Addr, error) {
+	if len(vm.Spec.Addresses) != sp.fams {
+		return nil, fmt.Errorf("addresses %v, want %d", vm.Spec.Addresses, sp.fams)
+	}
+	var out []netip.Addr
+	for i, s := range vm.Spec.Addresses {
+		a, err := netip.ParseAddr(s)
+		if err != nil || !sp.ranges.Contains(a) || i > 0 && a.Is4() == out[0].Is4() {
+			return nil, fmt.Errorf("%q, not one usable address of each family of %s", s, sp)
+		}
+		out = append(out, a)
+	}
+	return out, nil
+}
+
 // restState is what the API server says once everything has settled.
 type restState struct {
 	vms      []vmipamv1.VirtualMachine
@@ -509,7 +566,7 @@ type restState struct {
 // status counts equal to the VMs and to the blocks' claims; no pending, no
 // cooldown; Ready, no DuplicateAddress; every live address claimed by
 // vmipam; no cooldown deadline still ahead.
-func readRest(ctx context.Context, c client.Client, ns string, prefix netip.Prefix, usable int, holders []string) restState {
+func readRest(ctx context.Context, c client.Client, ns string, sp space, usable int, holders []string) restState {
 	var r restState
 	var l vmipamv1.VirtualMachineList
 	if err := c.List(ctx, &l, client.InNamespace(ns)); err != nil {
@@ -524,19 +581,17 @@ func readRest(ctx context.Context, c client.Client, ns string, prefix netip.Pref
 		if vm.DeletionTimestamp != nil {
 			r.problems = append(r.problems, fmt.Sprintf("%s is still being deleted", vm.Name))
 		}
-		if len(vm.Spec.Addresses) != 1 {
-			r.noAddr = append(r.noAddr, fmt.Sprintf("%s has addresses %v", vm.Name, vm.Spec.Addresses))
+		addrs, err := sp.addresses(vm)
+		if err != nil {
+			r.noAddr = append(r.noAddr, fmt.Sprintf("%s has %v", vm.Name, err))
 			continue
 		}
-		a, err := netip.ParseAddr(vm.Spec.Addresses[0])
-		if err != nil || !prefix.Contains(a) || a == prefix.Addr() || a == lastOf(prefix) {
-			r.noAddr = append(r.noAddr, fmt.Sprintf("%s has %q, not a usable address of %s", vm.Name, vm.Spec.Addresses[0], prefix))
-			continue
+		for _, a := range addrs {
+			if other, dup := byAddr[a]; dup {
+				r.dups = append(r.dups, fmt.Sprintf("%s on %s and %s", a, describeVM(other), describeVM(vm)))
+			}
+			live[a], byAddr[a] = vm.Name, vm
 		}
-		if other, dup := byAddr[a]; dup {
-			r.dups = append(r.dups, fmt.Sprintf("%s on %s and %s", a, describeVM(other), describeVM(vm)))
-		}
-		live[a], byAddr[a] = vm.Name, vm
 		if vm.Annotations[vmipamv1.PoolAnnotation] != poolName || vm.Annotations[vmipamv1.TokenAnnotation] == "" || !slices.Contains(vm.Finalizers, vmipamv1.Finalizer) {
 			r.problems = append(r.problems, fmt.Sprintf("%s is not fully stamped: annotations %v, finalizers %v", vm.Name, vm.Annotations, vm.Finalizers))
 		}
@@ -554,10 +609,10 @@ func readRest(ctx context.Context, c client.Client, ns string, prefix netip.Pref
 		return r
 	}
 	st := p.Status
-	if st.ObservedGeneration != p.Generation || st.Usable != int64(usable) || st.Allocated != int64(len(l.Items)) || st.Pending != 0 || st.Cooldown != 0 {
+	if st.ObservedGeneration != p.Generation || st.Usable != int64(usable*sp.fams) || st.Allocated != int64(len(l.Items)*sp.fams) || st.Pending != 0 || st.Cooldown != 0 {
 		r.problems = append(r.problems, fmt.Sprintf(
-			"IPPool status observedGeneration %d usable %d allocated %d pending %d cooldown %d free %d; want generation %d, usable %d, allocated %d (the live VMs), pending 0, cooldown 0",
-			st.ObservedGeneration, st.Usable, st.Allocated, st.Pending, st.Cooldown, st.Free, p.Generation, usable, len(l.Items)))
+			"IPPool status observedGeneration %d usable %d allocated %d pending %d cooldown %d free %d; want generation %d, usable %d, allocated %d (the live VMs' addresses), pending 0, cooldown 0",
+			st.ObservedGeneration, st.Usable, st.Allocated, st.Pending, st.Cooldown, st.Free, p.Generation, usable*sp.fams, len(l.Items)*sp.fams))
 	}
 	if !meta.IsStatusConditionTrue(st.Conditions, vmipamv1.ConditionReady) || !meta.IsStatusConditionFalse(st.Conditions, vmipamv1.ConditionDuplicateAddress) {
 		r.problems = append(r.problems, fmt.Sprintf("IPPool conditions %v; want Ready True and DuplicateAddress False", conds(st.Conditions)))
@@ -585,8 +640,8 @@ func readRest(ctx context.Context, c client.Client, ns string, prefix netip.Pref
 				switch {
 				case !slices.Contains(holders, h):
 					r.problems = append(r.problems, fmt.Sprintf("IPBlock %s: %s claimed by holder %q, want only those running, %q", b.Name, a, h, holders))
-				case !prefix.Contains(a) || a == prefix.Addr() || a == lastOf(prefix):
-					r.problems = append(r.problems, fmt.Sprintf("IPBlock %s: %s claimed but not usable in %s", b.Name, a, prefix))
+				case !sp.ranges.Contains(a):
+					r.problems = append(r.problems, fmt.Sprintf("IPBlock %s: %s claimed but not usable in %s", b.Name, a, sp))
 				}
 				claimed[a] = true
 			}
@@ -626,17 +681,17 @@ func conds(cs []metav1.Condition) string {
 	return strings.Join(out, "; ")
 }
 
-func lastOf(p netip.Prefix) netip.Addr {
-	b := p.Addr().As4()
-	host := uint32(1)<<(32-p.Bits()) - 1
-	v := (uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])) | host
-	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
-}
-
+// addrAt is the address at offset off of block p (of at most 2^16
+// addresses), of either family.
 func addrAt(p netip.Prefix, off int) netip.Addr {
-	b := p.Addr().As4()
-	v := (uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])) + uint32(off)
-	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+	b := p.Addr().As16()
+	v := int(b[14])<<8 | int(b[15]) + off
+	b[14], b[15] = byte(v>>8), byte(v)
+	a := netip.AddrFrom16(b)
+	if p.Addr().Is4() {
+		return a.Unmap()
+	}
+	return a
 }
 
 // fillResult is what filling the pool found.
@@ -670,7 +725,7 @@ func fillPool(ctx context.Context, ld *load, want int) fillResult {
 				mu.Unlock()
 				name := fmt.Sprintf("fill-%d-%04d", w, i)
 				for attempt := 0; ; attempt++ {
-					vm := &vmipamv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: ld.ns, Name: name}, Spec: vmipamv1.VirtualMachineSpec{IPPool: ld.pool}}
+					vm := ld.newVM(name)
 					rec := &vmRecord{name: name, sent: time.Now()}
 					rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 					err := ld.c.Create(rctx, vm)

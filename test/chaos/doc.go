@@ -17,7 +17,10 @@
 // minutes, 12 kills and 3 rolling restarts. CHAOS_CIDR (10.99.0.0/23),
 // CHAOS_THINK, CHAOS_SEED (to replay a schedule), CHAOS_LOGS (a file for
 // vmipam's whole log) and CHAOS_VMIPAM_FLAGS (more flags for vmipam) tune
-// it further.
+// it further. CHAOS_DUAL=1 makes it dual-stack: the pool gets an IPv6
+// range as large as CHAOS_CIDR, every VM is RequireDualStack, and every
+// check below holds for each address of each family (`make chaos
+// CHAOS_DUAL=1`).
 //
 // Everything is checked from the API server, never from vmipam's memory:
 //

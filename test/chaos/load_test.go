@@ -15,6 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
@@ -24,7 +25,6 @@ import (
 type vmRecord struct {
 	name string
 	uid  types.UID
-	addr netip.Addr
 	// sent is when the first create attempt went out, resp when the
 	// successful response (or the Get that found the object after an
 	// ambiguous failure) came back: the address was handed out in between.
@@ -45,7 +45,7 @@ type vmRecord struct {
 // address against the previous one as it arrives.
 type ledger struct {
 	cooldown time.Duration
-	prefix   netip.Prefix
+	space    space
 
 	mu      sync.Mutex
 	byName  map[string]*vmRecord
@@ -59,8 +59,8 @@ type ledger struct {
 	dupAtCreate, earlyReuse, badAddr []string
 }
 
-func newLedger(cooldown time.Duration, prefix netip.Prefix) *ledger {
-	return &ledger{cooldown: cooldown, prefix: prefix, byName: map[string]*vmRecord{}, history: map[netip.Addr][]*vmRecord{}}
+func newLedger(cooldown time.Duration, sp space) *ledger {
+	return &ledger{cooldown: cooldown, space: sp, byName: map[string]*vmRecord{}, history: map[netip.Addr][]*vmRecord{}}
 }
 
 // created records a successful create and checks the address's previous
@@ -72,16 +72,18 @@ func (l *ledger) created(rec *vmRecord, vm *vmipamv1.VirtualMachine) {
 	defer l.mu.Unlock()
 	l.creates++
 	l.byName[rec.name] = rec
-	if len(vm.Spec.Addresses) != 1 {
-		l.badAddr = append(l.badAddr, fmt.Sprintf("%s was created with addresses %v", rec.name, vm.Spec.Addresses))
+	addrs, err := l.space.addresses(vm)
+	if err != nil {
+		l.badAddr = append(l.badAddr, fmt.Sprintf("%s was created with %v", rec.name, err))
 		return
 	}
-	a, err := netip.ParseAddr(vm.Spec.Addresses[0])
-	if err != nil || !l.prefix.Contains(a) {
-		l.badAddr = append(l.badAddr, fmt.Sprintf("%s was created with %q, not an address of %s", rec.name, vm.Spec.Addresses[0], l.prefix))
-		return
+	for _, a := range addrs {
+		l.createdWith(rec, a)
 	}
-	rec.addr = a
+}
+
+// createdWith checks the previous holder of a, given to rec.
+func (l *ledger) createdWith(rec *vmRecord, a netip.Addr) {
 	h := l.history[a]
 	if len(h) > 0 {
 		l.reuses++
@@ -181,7 +183,7 @@ func classify(err error) string {
 		return reasonReservationLost
 	case has("is recovering its state", "still recovering its pools"):
 		return reasonRecovering
-	case has("is exhausted"):
+	case has("is exhausted"), has("address left"):
 		return reasonExhausted
 	case has("denied the request") && has("write block", "IPBlock"):
 		return reasonStoreDown
@@ -296,6 +298,20 @@ type load struct {
 	// base bounds single requests: requests are not cut by the end of the
 	// load, so that a create in flight is not left ambiguous.
 	base context.Context
+	// dual: every VM asks for an address of each family (RequireDualStack).
+	dual bool
+}
+
+// newVM is the VirtualMachine a client creates.
+func (ld *load) newVM(name string) *vmipamv1.VirtualMachine {
+	vm := &vmipamv1.VirtualMachine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ld.ns, Name: name},
+		Spec:       vmipamv1.VirtualMachineSpec{IPPool: ld.pool, Image: "chaos", CPUs: 1},
+	}
+	if ld.dual {
+		vm.Spec.IPFamilyPolicy = ptr.To(vmipamv1.RequireDualStack)
+	}
+	return vm
 }
 
 // client runs one client until ctx ends: it creates VMs and deletes random
@@ -327,10 +343,7 @@ func (ld *load) create(ctx context.Context, name string) *vmRecord {
 	wasAmbiguous := false
 	for attempt := 0; ; attempt++ {
 		phase := ld.phases.now()
-		vm := &vmipamv1.VirtualMachine{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ld.ns, Name: name},
-			Spec:       vmipamv1.VirtualMachineSpec{IPPool: ld.pool, Image: "chaos", CPUs: 1},
-		}
+		vm := ld.newVM(name)
 		rctx, cancel := context.WithTimeout(ld.base, 20*time.Second)
 		err := ld.c.Create(rctx, vm)
 		cancel()

@@ -199,7 +199,7 @@ func (t *tracker) goneAt(name string) (goneTime, bool) {
 type scanner struct {
 	c        client.Client
 	ns, pool string
-	prefix   netip.Prefix
+	space    space
 	// restarts returns the periods around vmipam restarts.
 	restarts func() []period
 
@@ -214,8 +214,8 @@ type scanner struct {
 // period is a span of time.
 type period struct{ from, to time.Time }
 
-func newScanner(c client.Client, ns, pool string, prefix netip.Prefix, restarts func() []period) *scanner {
-	return &scanner{c: c, ns: ns, pool: pool, prefix: prefix, restarts: restarts, dups: map[string]string{}, terminating: map[string]string{},
+func newScanner(c client.Client, ns, pool string, sp space, restarts func() []period) *scanner {
+	return &scanner{c: c, ns: ns, pool: pool, space: sp, restarts: restarts, dups: map[string]string{}, terminating: map[string]string{},
 		noAddr: map[string]string{}, liveCooling: map[string]string{}}
 }
 
@@ -257,20 +257,22 @@ func (s *scanner) check(vms []vmipamv1.VirtualMachine, cooling map[netip.Addr]ti
 	holders := map[string][]*vmipamv1.VirtualMachine{}
 	for i := range vms {
 		vm := &vms[i]
-		if len(vm.Spec.Addresses) != 1 {
+		addrs, err := s.space.addresses(vm)
+		if err != nil {
 			if vm.DeletionTimestamp == nil {
-				s.noAddr[vm.Name] = fmt.Sprintf("snapshot at %s: VirtualMachine %s (uid %s, created %s) has addresses %v",
-					at.Format(time.RFC3339Nano), vm.Name, vm.UID, vm.CreationTimestamp.Format(time.RFC3339), vm.Spec.Addresses)
+				s.noAddr[vm.Name] = fmt.Sprintf("snapshot at %s: VirtualMachine %s (uid %s, created %s) has %v",
+					at.Format(time.RFC3339Nano), vm.Name, vm.UID, vm.CreationTimestamp.Format(time.RFC3339), err)
 			}
 			continue
 		}
-		holders[vm.Spec.Addresses[0]] = append(holders[vm.Spec.Addresses[0]], vm)
-		a, err := netip.ParseAddr(vm.Spec.Addresses[0])
-		if until, ok := cooling[a]; err == nil && ok && vm.DeletionTimestamp == nil && until.After(at.Add(time.Second)) && !nearRestart(vm.CreationTimestamp.Time, restarts) {
-			key := a.String() + "/" + string(vm.UID)
-			if _, known := s.liveCooling[key]; !known {
-				s.liveCooling[key] = fmt.Sprintf("snapshot at %s: %s cools down until %s in the IPBlock while the live VM %s (uid %s, created %s) holds it",
-					at.Format(stamp), a, until.Format(stamp), vm.Name, vm.UID, vm.CreationTimestamp.Format(time.RFC3339))
+		for _, a := range addrs {
+			holders[a.String()] = append(holders[a.String()], vm)
+			if until, ok := cooling[a]; ok && vm.DeletionTimestamp == nil && until.After(at.Add(time.Second)) && !nearRestart(vm.CreationTimestamp.Time, restarts) {
+				key := a.String() + "/" + string(vm.UID)
+				if _, known := s.liveCooling[key]; !known {
+					s.liveCooling[key] = fmt.Sprintf("snapshot at %s: %s cools down until %s in the IPBlock while the live VM %s (uid %s, created %s) holds it",
+						at.Format(stamp), a, until.Format(stamp), vm.Name, vm.UID, vm.CreationTimestamp.Format(time.RFC3339))
+				}
 			}
 		}
 	}

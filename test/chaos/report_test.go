@@ -40,7 +40,11 @@ func (f *figures) table(s settings, usable int) string {
 	noAddr := len(f.endNoAddr) + len(f.badAddr) + len(f.runNoAddr)
 	b.WriteString("### vmipam chaos run\n\n| figure | value |\n|---|---|\n")
 	row("seed", s.seed)
-	row("pool", fmt.Sprintf("%s, %d usable, cooldown %s, pendingTTL %s", s.cidr, usable, cooldown, pendingTTL))
+	pool := fmt.Sprintf("%s, %d usable", s.cidr, usable)
+	if s.dual {
+		pool = fmt.Sprintf("dual-stack, every VM RequireDualStack: %s and %s, %d usable of each family", s.cidr, s.ranges()[1].First+"-"+s.ranges()[1].Last, usable)
+	}
+	row("pool", fmt.Sprintf("%s, cooldown %s, pendingTTL %s", pool, cooldown, pendingTTL))
 	row("clients (max live VMs each)", fmt.Sprintf("%d (%d)", s.clients, s.maxOwn))
 	row("load duration", f.loadDuration.Round(time.Second))
 	row("operations (creates + deletes accepted)", f.creates+f.deletes)
