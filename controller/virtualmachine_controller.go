@@ -265,6 +265,9 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 		return ctrl.Result{RequeueAfter: time.Second}, nil
 	}
 	owner := ipam.Owner{Token: ann[vmipamv1.TokenAnnotation], UID: string(obj.GetUID()), Ref: pools.Ref(obj.GetNamespace(), obj.GetName())}
+	if len(addrs) > 1 && !pool.Held(addr) {
+		r.holdSecond(ctx, obj, pool, addrs[1:], owner)
+	}
 	// With several replicas, each object is looked after by the one that
 	// holds its address; one no replica holds, by the replica chosen for
 	// its UID among the live ones.
@@ -376,6 +379,32 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 	return ctrl.Result{}, nil
 }
 
+// holdSecond looks after the addresses of obj after its first that this
+// replica holds while another replica holds the first (the object bypassed
+// the webhook, or a takeover moved one family only): it adopts them, so
+// that it does not hand them out again, and releases them once the object
+// goes; the holder of the first looks after the rest, and the finalizer.
+// Its resync does the same for the objects whose events it does not see.
+func (r *VMReconciler) holdSecond(ctx context.Context, obj *unstructured.Unstructured, pool *pools.Pool, addrs []netip.Addr, owner ipam.Owner) {
+	for _, a := range addrs {
+		if !pool.Held(a) {
+			continue
+		}
+		var err error
+		switch st, o, _ := pool.Lookup(a); {
+		case obj.GetDeletionTimestamp() != nil:
+			if target.HasFinalizer(obj) {
+				err = pool.Release(ctx, a, owner)
+			}
+		case st != ipam.StateAllocated || o.UID != owner.UID:
+			err = pool.Adopt(ctx, a, owner)
+		}
+		if err != nil {
+			logf.FromContext(ctx).V(1).Info("Holding an address of an object another replica looks after", "address", a, "pool", pool.Name(), "error", err.Error())
+		}
+	}
+}
+
 // hold makes addr allocated to obj, which carries it: bound under its
 // token, or adopted. done reports that it is, so that the object's next
 // address may be looked at.
@@ -426,8 +455,34 @@ func (r *VMReconciler) hold(ctx context.Context, obj *unstructured.Unstructured,
 // a failed patch reserves the same address again.
 func (r *VMReconciler) assign(ctx context.Context, obj *unstructured.Unstructured, pool *pools.Pool) (ctrl.Result, error) {
 	token := "uid-" + string(obj.GetUID())
-	a, err := pool.Allocate(ctx, ipam.Reservation{Token: token, Namespace: obj.GetNamespace(), Ref: pools.Ref(obj.GetNamespace(), obj.GetName())})
-	if err != nil {
+	res := ipam.Reservation{Token: token, Namespace: obj.GetNamespace(), Ref: pools.Ref(obj.GetNamespace(), obj.GetName())}
+	// The families it asks for, as the webhook would have planned them.
+	var policy string
+	var families []string
+	if p := r.Target.FamilyPolicyField; len(p) > 0 {
+		policy, _, _ = unstructured.NestedString(obj.Object, p...)
+	}
+	if p := r.Target.FamiliesField; len(p) > 0 {
+		families, _, _ = unstructured.NestedStringSlice(obj.Object, p...)
+	}
+	fams, require := pool.FamiliesFor(policy, families)
+	var addrs []netip.Addr
+	var strs []string
+	var err error
+	for _, f := range fams {
+		var a netip.Addr
+		if a, err = pool.AllocateFamily(ctx, res, f); err == nil {
+			addrs, strs = append(addrs, a), append(strs, a.String())
+			continue
+		}
+		if require || len(fams) == 1 || !errors.Is(err, ipam.ErrExhausted) {
+			// Nothing half-assigned: what this try reserved goes back.
+			pool.Cancel(token)
+			addrs = nil
+			break
+		}
+	}
+	if len(addrs) == 0 {
 		r.event(obj, corev1.EventTypeWarning, "NoAddress", "Assign", "%v", err)
 		if errors.Is(err, ipam.ErrExhausted) {
 			return ctrl.Result{RequeueAfter: 30 * time.Second}, nil
@@ -435,7 +490,7 @@ func (r *VMReconciler) assign(ctx context.Context, obj *unstructured.Unstructure
 		return ctrl.Result{}, fmt.Errorf("allocate for %s: %w", client.ObjectKeyFromObject(obj), err)
 	}
 	base := obj.DeepCopy()
-	if err := r.Target.Stamp(obj, target.Stamp{Addrs: []string{a.String()}, Pool: pool.Name(), Token: token, Holder: r.Registry.HolderLabel(), Network: pool.Network(a)}); err != nil {
+	if err := r.Target.Stamp(obj, target.Stamp{Addrs: strs, Pool: pool.Name(), Token: token, Holder: r.Registry.HolderLabel(), Network: pool.Network(addrs...)}); err != nil {
 		return ctrl.Result{}, err
 	}
 	if err := r.Client.Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {

@@ -64,6 +64,15 @@ type span struct {
 	is4         bool
 	start, end  int
 	subnet      Subnet
+	// hops are the range's routers (gateway and next hops), with the
+	// fields that name them.
+	hops []hop
+}
+
+// hop is a router address of a range and the field naming it.
+type hop struct {
+	addr netip.Addr
+	path Path
 }
 
 // Ranges is a validated, immutable set of address ranges. It is never
@@ -75,6 +84,8 @@ type Ranges struct {
 	// subnets holds each range's Subnet, by its index in the specs
 	// (ival.rng).
 	subnets []Subnet
+	// routers are the ranges' gateways and next hops.
+	routers []netip.Addr
 }
 
 // mapped4 is ::ffff:0:0/96, the IPv4-mapped block of IPv6. No IPv6 range
@@ -144,6 +155,20 @@ func ParseRanges(specs []RangeSpec) (*Ranges, error) {
 	}
 	for _, iv := range r.ivs {
 		r.size = addSat(r.size, iv.size())
+	}
+	// A router is never handed out: not by its own range (it is excluded
+	// there), nor by another range of the pool over the same subnet.
+	for _, sp := range spans {
+		for _, h := range sp.hops {
+			r.routers = append(r.routers, h.addr)
+			if k, ok := r.rangeOf(h.addr); ok {
+				errs = append(errs, &FieldError{Path: h.path, Value: h.addr.String(),
+					Detail: fmt.Sprintf("is handed out by %s: a router must not be given to a VM; exclude it there", root.Index(k))})
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errs
 	}
 	if r.size == 0 {
 		return nil, FieldErrors{{Path: root, Detail: "the pool has no usable address: every address is excluded or reserved (network/broadcast); widen a range or remove exclusions"}}
@@ -290,8 +315,9 @@ func parseSpan(path Path, index int, s RangeSpec, scratch [][2]u128, errs *Field
 	hops, good := parseSubnet(path, s, &sp, lo, hi, fail)
 	ok = ok && good
 	for _, h := range hops {
-		exclude = append(exclude, [2]u128{toU128(h), toU128(h)})
+		exclude = append(exclude, [2]u128{toU128(h.addr), toU128(h.addr)})
 	}
+	sp.hops = hops
 	if !ok {
 		return span{}, nil, false
 	}
@@ -531,11 +557,11 @@ func minU128(a, b u128) u128 {
 // parseSubnet validates the gateway and the routes of range s, whose
 // hosts are [lo, hi] of sp.cidr, into sp.subnet, and returns the next hops
 // (the gateway and every route's via), which the range must not hand out.
-func parseSubnet(path Path, s RangeSpec, sp *span, lo, hi u128, fail func(p Path, value, format string, args ...any)) ([]netip.Addr, bool) {
+func parseSubnet(path Path, s RangeSpec, sp *span, lo, hi u128, fail func(p Path, value, format string, args ...any)) ([]hop, bool) {
 	p := sp.cidr
 	ok := true
-	// hop parses a router address: a host of the range's subnet.
-	hop := func(fp Path, v string) (netip.Addr, bool) {
+	// parseHop parses a router address: a host of the range's subnet.
+	parseHop := func(fp Path, v string) (netip.Addr, bool) {
 		a, err := netip.ParseAddr(strings.TrimSpace(v))
 		switch {
 		case err != nil:
@@ -552,11 +578,11 @@ func parseSubnet(path Path, s RangeSpec, sp *span, lo, hi u128, fail func(p Path
 		}
 		return netip.Addr{}, false
 	}
-	var hops []netip.Addr
+	var hops []hop
 	if s.Gateway != "" {
-		if g, good := hop(path.Child("gateway"), s.Gateway); good {
+		if g, good := parseHop(path.Child("gateway"), s.Gateway); good {
 			sp.subnet.Gateway = g
-			hops = append(hops, g)
+			hops = append(hops, hop{g, path.Child("gateway")})
 		} else {
 			ok = false
 		}
@@ -602,13 +628,13 @@ func parseSubnet(path Path, s RangeSpec, sp *span, lo, hi u128, fail func(p Path
 		var via netip.Addr
 		switch {
 		case r.Via != "":
-			v, good := hop(rp.Child("via"), r.Via)
+			v, good := parseHop(rp.Child("via"), r.Via)
 			if !good {
 				ok = false
 				continue
 			}
 			via = v
-			hops = append(hops, v)
+			hops = append(hops, hop{v, rp.Child("via")})
 		case s.Gateway == "":
 			fail(rp.Child("via"), "", "the range has no gateway to route through; give the next hop here, or a gateway to the range")
 			ok = false
@@ -636,26 +662,34 @@ func (r *Ranges) Subnet(a netip.Addr) (Subnet, bool) {
 }
 
 // Router reports whether a is the gateway or a route's next hop of one of
-// the ranges: an address inside them that is never handed out.
+// the ranges: an address that is never handed out.
 func (r *Ranges) Router(a netip.Addr) bool {
-	a = Canonical(a)
-	for _, s := range r.subnets {
-		if s.Gateway == a {
-			return true
-		}
-		for _, rt := range s.Routes {
-			if rt.Via == a {
-				return true
-			}
-		}
+	return slices.Contains(r.routers, Canonical(a))
+}
+
+// Routers returns the ranges' gateways and next hops, which no pool may
+// hand out.
+func (r *Ranges) Routers() []netip.Addr { return slices.Clone(r.routers) }
+
+// rangeOf returns the index in the specs of the range that hands out a.
+func (r *Ranges) rangeOf(a netip.Addr) (int, bool) {
+	at := posOf(Canonical(a))
+	k := r.search(at)
+	if k >= len(r.ivs) || r.ivs[k].lop().cmp(at) > 0 {
+		return 0, false
 	}
-	return false
+	return r.ivs[k].rng, true
 }
 
 // Family returns the ranges of one address family (IPv4 when is4, else
 // IPv6), with their subnets, and nil when there is none.
 func (r *Ranges) Family(is4 bool) *Ranges {
 	out := &Ranges{subnets: r.subnets}
+	for _, a := range r.routers {
+		if a.Is4() == is4 {
+			out.routers = append(out.routers, a)
+		}
+	}
 	for _, iv := range r.ivs {
 		if iv.v6 != is4 {
 			out.ivs = append(out.ivs, iv)

@@ -396,6 +396,17 @@ func TestParseRangesInvalid(t *testing.T) {
 			fields: []string{"ranges[0].routes[1].destination"},
 			want:   []string{"repeats ranges[0].routes[0]"},
 		},
+		"gateway handed out by another range": {
+			specs:  []RangeSpec{{CIDR: "10.0.0.0/24", First: "10.0.0.10", Last: "10.0.0.99", Gateway: "10.0.0.1"}, {CIDR: "10.0.0.0/24", First: "10.0.0.1", Last: "10.0.0.9"}},
+			fields: []string{"ranges[0].gateway"},
+			want:   []string{`"10.0.0.1"`, "is handed out by ranges[1]", "exclude it there"},
+		},
+		"next hop handed out by another range": {
+			specs: []RangeSpec{{CIDR: "10.0.0.0/24", First: "10.0.0.1", Last: "10.0.0.9"},
+				{CIDR: "10.0.0.0/24", First: "10.0.0.10", Last: "10.0.0.99", Routes: []RouteSpec{{Destination: "0.0.0.0/0", Via: "10.0.0.5"}}}},
+			fields: []string{"ranges[1].routes[0].via"},
+			want:   []string{"is handed out by ranges[0]"},
+		},
 		"too many routes": {
 			specs:  []RangeSpec{{CIDR: "10.0.0.0/24", Gateway: "10.0.0.1", Routes: make([]RouteSpec, MaxRoutes+1)}},
 			fields: []string{"ranges[0].routes"},

@@ -96,7 +96,7 @@ func (r *Registry) writeStatus(ctx context.Context, p *Pool) error {
 		Free:               int64(c.Free),
 		Cooldown:           int64(c.Cooldown),
 	}
-	claimable := c.Usable - uint64(c.Claimed) - uint64(c.ClaimedElsewhere)
+	claimable := unclaimed(c)
 	// A pool of both families is exhausted when either family is: a
 	// dual-stack VM needs both. Its status counts each family.
 	var out []string
@@ -105,7 +105,7 @@ func (r *Registry) writeStatus(ctx context.Context, p *Pool) error {
 			fc := r.familyCounts(p, f)
 			st.Families = append(st.Families, vmipamv1.FamilyStatus{Family: f, Usable: int64(min(fc.Usable, 1<<63-1)),
 				Allocated: int64(fc.Allocated), Pending: int64(fc.Pending), Free: int64(fc.Free), Cooldown: int64(fc.Cooldown)})
-			if fc.Free == 0 && fc.Usable-uint64(fc.Claimed)-uint64(fc.ClaimedElsewhere) == 0 {
+			if fc.Free == 0 && unclaimed(fc) == 0 {
 				out = append(out, fmt.Sprintf("%s: %d allocated, %d pending, %d cooling down of %d usable", f, fc.Allocated, fc.Pending, fc.Cooldown, fc.Usable))
 			}
 		}
@@ -162,6 +162,18 @@ func (r *Registry) writeStatus(ctx context.Context, p *Pool) error {
 		return fmt.Errorf("patch status of IPPool %s: %w", p.name, err)
 	}
 	return nil
+}
+
+// unclaimed is how many of c's usable addresses no holder claims, as far
+// as this holder knows: never below zero, though the claims seen in other
+// holders' blocks may outnumber them while the replicas rebuild a changed
+// pool at different moments.
+func unclaimed(c ipam.Counts) uint64 {
+	taken := uint64(c.Claimed) + uint64(c.ClaimedElsewhere)
+	if taken >= c.Usable {
+		return 0
+	}
+	return c.Usable - taken
 }
 
 func statusEqual(a, b vmipamv1.IPPoolStatus) bool {

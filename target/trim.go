@@ -64,7 +64,9 @@ func (t Target) Trim(obj any) (any, error) {
 	}
 	out.Object["metadata"] = md
 	loc, _ := t.location()
-	paths := [][]string{t.PoolField}
+	// The family fields: the controller assigns addresses to an object that
+	// bypassed the webhook as its family policy asks.
+	paths := [][]string{t.PoolField, t.FamilyPolicyField, t.FamiliesField}
 	if !t.onMetadata() {
 		paths = append(paths, loc)
 	}

@@ -229,7 +229,7 @@ func TestTrim(t *testing.T) {
 		"metadata":{"name":"a","namespace":"n","uid":"u","resourceVersion":"7","labels":{"l":"`+big+`","vmipam.io/holder":"h1"},
 		"annotations":{"vmipam.io/token":"t","vmipam.io/pool":"p","other":"`+big+`"},"finalizers":["f"],
 		"managedFields":[{"manager":"`+big+`"}],"deletionTimestamp":"2026-01-01T00:00:00Z"},
-		"spec":{"addresses":["10.0.0.1"],"ipPool":"p","image":"`+big+`"},"status":{"conditions":[{"type":"`+big+`"}]}}`), &u.Object); err != nil {
+		"spec":{"addresses":["10.0.0.1"],"ipPool":"p","ipFamilyPolicy":"RequireDualStack","ipFamilies":["IPv6"],"image":"`+big+`"},"status":{"conditions":[{"type":"`+big+`"}]}}`), &u.Object); err != nil {
 		t.Fatal(err)
 	}
 	out, err := VirtualMachine.Trim(u)
@@ -248,6 +248,12 @@ func TestTrim(t *testing.T) {
 		len(tr.GetFinalizers()) != 1 || tr.GetAnnotations()[vmipamv1.TokenAnnotation] != "t" || !reflect.DeepEqual(addrs, []string{"10.0.0.1"}) || pool != "p" ||
 		tr.GetLabels()[vmipamv1.HolderLabel] != "h1" {
 		t.Fatalf("trimmed object lost what vmipam reads: %s", got)
+	}
+	if policy, _, _ := unstructured.NestedString(tr.Object, "spec", "ipFamilyPolicy"); policy != "RequireDualStack" {
+		t.Errorf("trimmed object lost its family policy: %s", got)
+	}
+	if fams, _, _ := unstructured.NestedStringSlice(tr.Object, "spec", "ipFamilies"); !reflect.DeepEqual(fams, []string{"IPv6"}) {
+		t.Errorf("trimmed object lost its families: %s", got)
 	}
 	if other, _ := VirtualMachine.Trim("a tombstone"); other != "a tombstone" {
 		t.Errorf("Trim changed a non-object: %v", other)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -379,6 +380,7 @@ func ippoolValidateOverlaps(d *ippoolDeadline, path *field.Path, pool *vmipamv1.
 	}
 	var listed []*ippoolShared
 	var unlisted ippoolShared
+	var routerErrs field.ErrorList
 	more := 0
 	for _, other := range sorted {
 		steps := 1
@@ -392,6 +394,7 @@ func ippoolValidateOverlaps(d *ippoolDeadline, path *field.Path, pool *vmipamv1.
 		if err != nil {
 			continue
 		}
+		routerErrs = append(routerErrs, ippoolValidateRouters(path, pool, ranges, other, or)...)
 		for _, part := range parts {
 			var cur *ippoolShared
 			// The runs one pair of ranges shares come one after another:
@@ -430,6 +433,41 @@ func ippoolValidateOverlaps(d *ippoolDeadline, path *field.Path, pool *vmipamv1.
 	if more > 0 {
 		errs = append(errs, field.Invalid(path, field.OmitValueType{},
 			fmt.Sprintf("and %d more pairs of a range of this pool and a range of another IPPool share addresses, not listed", more)))
+	}
+	return append(errs, routerErrs...)
+}
+
+// ippoolValidateRouters refuses a gateway or next hop of pool that other
+// hands out, and a pool that would hand out one of other's: a router is
+// never given to a VM, whichever pool splits its subnet.
+func ippoolValidateRouters(path *field.Path, pool *vmipamv1.IPPool, ranges *ipam.Ranges, other *vmipamv1.IPPool, or *ipam.Ranges) field.ErrorList {
+	var errs field.ErrorList
+	for i, r := range pool.Spec.Ranges {
+		hops := []struct {
+			p *field.Path
+			v string
+		}{{path.Index(i).Child("gateway"), r.Gateway}}
+		for j, rt := range r.Routes {
+			hops = append(hops, struct {
+				p *field.Path
+				v string
+			}{path.Index(i).Child("routes").Index(j).Child("via"), rt.Via})
+		}
+		for _, h := range hops {
+			if a, err := netip.ParseAddr(h.v); err == nil && or.Contains(a) {
+				errs = append(errs, field.Invalid(h.p, h.v, fmt.Sprintf(
+					"IPPool %q hands it out: a router must not be given to a VM; exclude it from that pool", other.Name)))
+			}
+		}
+	}
+	if ranges == nil {
+		return errs
+	}
+	for _, a := range or.Routers() {
+		if ranges.Contains(a) {
+			errs = append(errs, field.Invalid(path, a.String(), fmt.Sprintf(
+				"is a gateway or next hop of IPPool %q, and this pool would hand it out; exclude it", other.Name)))
+		}
 	}
 	return errs
 }

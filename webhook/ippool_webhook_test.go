@@ -179,6 +179,21 @@ func TestValidateIPPoolOthers(t *testing.T) {
 			others: []vmipamv1.IPPool{ippoolTestPool("b", ippoolCIDR("fd00::/48"))},
 			want:   []ippoolWantErr{{"spec.ranges[0].cidr", `overlaps range fd00::/48 of IPPool "b"`}},
 		},
+		"a gateway the other pool hands out": {
+			pool:   ippoolTestPool("a", vmipamv1.IPRange{CIDR: "10.0.0.0/24", Last: "10.0.0.127", Gateway: "10.0.0.200"}),
+			others: []vmipamv1.IPPool{ippoolTestPool("b", vmipamv1.IPRange{CIDR: "10.0.0.0/24", First: "10.0.0.128"})},
+			want:   []ippoolWantErr{{"spec.ranges[0].gateway", `IPPool "b" hands it out: a router must not be given to a VM`}},
+		},
+		"a pool that would hand out another's next hop": {
+			pool: ippoolTestPool("a", vmipamv1.IPRange{CIDR: "10.0.0.0/24", Last: "10.0.0.127"}),
+			others: []vmipamv1.IPPool{ippoolTestPool("b", vmipamv1.IPRange{CIDR: "10.0.0.0/24", First: "10.0.0.128", Gateway: "10.0.0.129",
+				Routes: []vmipamv1.Route{{Destination: "0.0.0.0/0", Via: "10.0.0.1"}}})},
+			want: []ippoolWantErr{{"spec.ranges", `"10.0.0.1": is a gateway or next hop of IPPool "b", and this pool would hand it out`}},
+		},
+		"one subnet split, one gateway outside both": {
+			pool:   ippoolTestPool("a", vmipamv1.IPRange{CIDR: "10.0.0.0/24", First: "10.0.0.2", Last: "10.0.0.127", Gateway: "10.0.0.1"}),
+			others: []vmipamv1.IPPool{ippoolTestPool("b", vmipamv1.IPRange{CIDR: "10.0.0.0/24", First: "10.0.0.128", Gateway: "10.0.0.1"})},
+		},
 		"one subnet split with first and last": {
 			pool: ippoolTestPool("a", vmipamv1.IPRange{CIDR: "10.0.0.0/24", Last: "10.0.0.127"}),
 			others: []vmipamv1.IPPool{

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clocktesting "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
@@ -97,6 +98,7 @@ func TestRepairs(t *testing.T) {
 	v := startVMIPAM(t, clk)
 	ns := namespace(t)
 	newPool(t, v, "repair", []vmipamv1.IPRange{{CIDR: "10.80.0.0/24"}})
+	newPool(t, v, "repair-dual", []vmipamv1.IPRange{{CIDR: "10.82.0.0/24"}, {CIDR: "fd00:82::/120"}})
 	ctx := t.Context()
 	m := v.reg.Get("repair")
 
@@ -137,6 +139,29 @@ func TestRepairs(t *testing.T) {
 				return fmt.Errorf("addresses %v finalizers %v", obj.Spec.Addresses, obj.Finalizers)
 			}
 			return wantState(m, netip.MustParseAddr(obj.Spec.Addresses[0]), ipam.StateAllocated)
+		})
+	})
+	t.Run("a dual-stack object created without the webhook gets both families", func(t *testing.T) {
+		obj := vm(ns, "bypassed-dual", "repair-dual")
+		obj.Spec.IPFamilyPolicy = ptr.To(vmipamv1.RequireDualStack)
+		obj.Spec.IPFamilies = []vmipamv1.IPFamily{vmipamv1.IPv6}
+		if err := k8sClient.Create(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
+		dual := v.reg.Get("repair-dual")
+		harness.Eventually(t, 15*time.Second, "the controller to assign both addresses", func() error {
+			if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
+				return err
+			}
+			if len(obj.Spec.Addresses) != 2 || !netip.MustParseAddr(obj.Spec.Addresses[0]).Is6() || !netip.MustParseAddr(obj.Spec.Addresses[1]).Is4() {
+				return fmt.Errorf("addresses %v, want IPv6 then IPv4", obj.Spec.Addresses)
+			}
+			for _, s := range obj.Spec.Addresses {
+				if err := wantState(dual, netip.MustParseAddr(s), ipam.StateAllocated); err != nil {
+					return err
+				}
+			}
+			return nil
 		})
 	})
 	t.Run("two live objects on one address are reported, never papered over", func(t *testing.T) {
