@@ -751,9 +751,12 @@ func (m *Manager) load(ctx context.Context, p netip.Prefix) error {
 			// predate what the Manager knows. Keep that, if it has it;
 			// else read again, so that the caller never takes a block
 			// it has not read for one nobody claims anything in.
+			// Under the lock: a failed write elsewhere may mark it
+			// unloaded meanwhile (reload).
 			bs := m.blocks[p]
+			loaded := bs != nil && bs.loaded
 			m.mu.Unlock()
-			if bs != nil && bs.loaded {
+			if loaded {
 				return nil
 			}
 			if attempt == 3 {
