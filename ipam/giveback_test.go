@@ -430,3 +430,46 @@ func TestSurplusGivenBackInBatches(t *testing.T) {
 		})
 	}
 }
+
+// conflictStore loses every Put's compare-and-swap.
+type conflictStore struct{ Store }
+
+func (s *conflictStore) Put(context.Context, Block) (string, error) { return "", ErrStoreConflict }
+
+// TestStoreFailuresCounted: a write the store refuses or does not answer
+// counts in StoreFailures (vmipam_store_write_failures_total, which an
+// alert watches), a lost compare-and-swap in StoreConflicts only.
+func TestStoreFailuresCounted(t *testing.T) {
+	for name, tt := range map[string]struct {
+		store               func(Store) Store
+		failures, conflicts uint64
+	}{
+		"refused":      {func(s Store) Store { return &failStore{Store: s, fail: true} }, 1, 0},
+		"lost the CAS": {func(s Store) Store { return &conflictStore{Store: s} }, 0, 1},
+	} {
+		t.Run(name, func(t *testing.T) {
+			m := newRecovered(t, NewMemoryStore(), newFakeClock(), time.Minute)
+			if _, err := m.claim(t.Context(), 6); err != nil {
+				t.Fatal(err)
+			}
+			if err := m.Flush(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			before := m.Stats()
+			m.cfg.Store = tt.store(m.cfg.Store)
+			// A lost compare-and-swap is retried until the deadline.
+			ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+			defer cancel()
+			if err := m.Rebalance(ctx); err == nil {
+				t.Fatal("a rebalance through a failing store succeeded")
+			}
+			after := m.Stats()
+			if got := after.StoreFailures - before.StoreFailures; got < tt.failures || tt.failures == 0 && got != 0 {
+				t.Errorf("StoreFailures +%d, want %s", got, map[bool]string{true: "at least 1", false: "0"}[tt.failures > 0])
+			}
+			if got := after.StoreConflicts - before.StoreConflicts; got < tt.conflicts || tt.conflicts == 0 && got != 0 {
+				t.Errorf("StoreConflicts +%d, want %s", got, map[bool]string{true: "at least 1", false: "0"}[tt.conflicts > 0])
+			}
+		})
+	}
+}

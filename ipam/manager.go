@@ -236,6 +236,10 @@ type Counts struct {
 type Stats struct {
 	Allocations, Releases, Exhausted, Conflicts, ExpiredPendings uint64
 	Rebalances, RebalanceFailures, StoreConflicts, StoreWrites   uint64
+	// StoreFailures counts block writes that failed for another reason
+	// than a lost compare-and-swap (the API server refused or did not
+	// answer); they are retried.
+	StoreFailures uint64
 	// PendingLimited counts reservations refused by the bound per
 	// namespace; Unused, lapsed reservations returned without a cooldown
 	// because no object was stored with it.
@@ -257,6 +261,7 @@ func (s Stats) Add(o Stats) Stats {
 	s.RebalanceFailures += o.RebalanceFailures
 	s.StoreConflicts += o.StoreConflicts
 	s.StoreWrites += o.StoreWrites
+	s.StoreFailures += o.StoreFailures
 	s.PendingLimited += o.PendingLimited
 	s.Unused += o.Unused
 	s.Granted += o.Granted
@@ -268,6 +273,7 @@ func (s Stats) Add(o Stats) Stats {
 type stats struct {
 	allocations, releases, exhausted, conflicts, expired  atomic.Uint64
 	rebalances, rebalanceFailures, storeConflicts, writes atomic.Uint64
+	storeFailures                                         atomic.Uint64
 	pendingLimited, unused                                atomic.Uint64
 	granted, received, takenOver                          atomic.Uint64
 }
@@ -1290,7 +1296,7 @@ func (m *Manager) Stats() Stats {
 	return Stats{
 		Allocations: s.allocations.Load(), Releases: s.releases.Load(), Exhausted: s.exhausted.Load(),
 		Conflicts: s.conflicts.Load(), ExpiredPendings: s.expired.Load(), Rebalances: s.rebalances.Load(),
-		RebalanceFailures: s.rebalanceFailures.Load(), StoreConflicts: s.storeConflicts.Load(), StoreWrites: s.writes.Load(),
+		RebalanceFailures: s.rebalanceFailures.Load(), StoreConflicts: s.storeConflicts.Load(), StoreWrites: s.writes.Load(), StoreFailures: s.storeFailures.Load(),
 		PendingLimited: s.pendingLimited.Load(), Unused: s.unused.Load(),
 		Granted: s.granted.Load(), Received: s.received.Load(), TakenOver: s.takenOver.Load(),
 	}

@@ -1018,6 +1018,7 @@ func (m *Manager) writeFailed(ctx context.Context, p netip.Prefix, err error) er
 	// Any other failure may have landed all the same (a reply lost after
 	// the commit): read the block again before trusting what it shows, at
 	// once if the store answers, so that what landed is known.
+	m.stats.storeFailures.Add(1)
 	m.mu.Lock()
 	bs := m.blocks[p]
 	returning := bs != nil && bs.returning

@@ -114,6 +114,7 @@ var (
 		{prometheus.NewDesc("vmipam_expired_pendings_total", "Reservations whose object never appeared, expired into cooldown.", []string{"pool"}, nil), func(s ipam.Stats) uint64 { return s.ExpiredPendings }},
 		{prometheus.NewDesc("vmipam_store_conflicts_total", "Block writes that lost a compare-and-swap and were retried.", []string{"pool"}, nil), func(s ipam.Stats) uint64 { return s.StoreConflicts }},
 		{prometheus.NewDesc("vmipam_store_writes_total", "Block writes to the API server.", []string{"pool"}, nil), func(s ipam.Stats) uint64 { return s.StoreWrites }},
+		{prometheus.NewDesc("vmipam_store_write_failures_total", "Block writes that failed for another reason than a lost compare-and-swap (the API server refused or did not answer), and were retried.", []string{"pool"}, nil), func(s ipam.Stats) uint64 { return s.StoreFailures }},
 		{prometheus.NewDesc("vmipam_rebalances_total", "Free-list rebalances (claims or returns).", []string{"pool"}, nil), func(s ipam.Stats) uint64 { return s.Rebalances }},
 		{prometheus.NewDesc("vmipam_rebalance_failures_total", "Rebalances that failed.", []string{"pool"}, nil), func(s ipam.Stats) uint64 { return s.RebalanceFailures }},
 		{prometheus.NewDesc("vmipam_pending_limited_total", "Reservations refused because their namespace held as many pending reservations as the pool allows.", []string{"pool"}, nil), func(s ipam.Stats) uint64 { return s.PendingLimited }},

@@ -34,6 +34,7 @@ var (
 		"vmipam_duplicates_found_total":               {"pool"},
 		"vmipam_store_conflicts_total":                {"pool"},
 		"vmipam_store_writes_total":                   {"pool"},
+		"vmipam_store_write_failures_total":           {"pool"},
 		"vmipam_rebalances_total":                     {"pool"},
 		"vmipam_rebalance_failures_total":             {"pool"},
 		"vmipam_allocation_duration_seconds":          {"pool"},
