@@ -52,6 +52,8 @@ type bench struct {
 	// vmipam is what runs vmipam now; logFile gets its output.
 	vmipam  stopper
 	logFile io.Writer
+	// vmipamPprof is where vmipam serves pprof, with -profile.
+	vmipamPprof string
 }
 
 // opsResult is what one batch of operations gave.
@@ -154,7 +156,14 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 		return nil, err
 	}
 	defer func() { _ = logFile.Close() }()
-	p, err := cl.StartVMIPAM(ctx, logFile, strings.Fields(o.vmipamArgs)...)
+	args := strings.Fields(o.vmipamArgs)
+	if o.profile > 0 {
+		if b.vmipamPprof, err = freeLocalAddr(); err != nil {
+			return nil, err
+		}
+		args = append(args, "--pprof-bind-address="+b.vmipamPprof)
+	}
+	p, err := cl.StartVMIPAM(ctx, logFile, args...)
 	if err != nil {
 		return nil, fmt.Errorf("%w (logs in %s)", err, logPath)
 	}
@@ -277,7 +286,7 @@ func (b *bench) measureCreates(ctx context.Context, rep *report) error {
 			logf("round %d/%d %s: creating %d", r+1, o.rounds, m, k)
 			wait := func() {}
 			if o.profile > 0 && r == 0 {
-				wait = b.profileAPIServer(ctx, "e2e-bench-apiserver-"+m.prefix()+".pprof", o.profile)
+				wait = b.profile(ctx, m.prefix(), o.profile)
 			}
 			c0 := sampleCPU()
 			res := b.runOps(ctx, k, b.createOp(m, m.prefix(), offsets[m]))
@@ -488,7 +497,7 @@ func (b *bench) measureDeletes(ctx context.Context, rep *report) error {
 		}
 		wait := func() {}
 		if b.opts.profile > 0 {
-			wait = b.profileAPIServer(ctx, "e2e-bench-apiserver-delete-"+m.prefix()+".pprof", b.opts.profile)
+			wait = b.profile(ctx, "delete-"+m.prefix(), b.opts.profile)
 		}
 		c0 := sampleCPU()
 		d, err := b.deleteNames(ctx, m, names)

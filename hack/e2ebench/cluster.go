@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	admissionregv1 "k8s.io/api/admissionregistration/v1"
@@ -330,23 +332,60 @@ func (b *bench) apiserverGet(ctx context.Context, path string) ([]byte, error) {
 	return buf, nil
 }
 
-// profileAPIServer starts a CPU profile of the API server for d and
-// writes it to the results folder as name; the returned function waits for
-// it.
-func (b *bench) profileAPIServer(ctx context.Context, name string, d time.Duration) func() {
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		buf, err := b.apiserverGet(ctx, fmt.Sprintf("/debug/pprof/profile?seconds=%d", int(d.Seconds())))
-		if err != nil {
-			logf("profile the API server: %v", err)
-			return
-		}
-		if err := os.WriteFile(filepath.Join(b.results, name), buf, 0o644); err != nil {
-			logf("profile the API server: %v", err)
-		}
-	}()
-	return func() { <-done }
+// profile starts CPU profiles of the API server and of vmipam (when it
+// serves pprof) for d, written to the results folder as
+// e2e-bench-apiserver-<name>.pprof and e2e-bench-vmipam-<name>.pprof; the
+// returned function waits for them.
+func (b *bench) profile(ctx context.Context, name string, d time.Duration) func() {
+	path := fmt.Sprintf("/debug/pprof/profile?seconds=%d", int(d.Seconds()))
+	var wg sync.WaitGroup
+	take := func(file string, get func() ([]byte, error)) {
+		wg.Go(func() {
+			buf, err := get()
+			if err == nil {
+				err = os.WriteFile(filepath.Join(b.results, file), buf, 0o644)
+			}
+			if err != nil {
+				logf("profile for %s: %v", file, err)
+			}
+		})
+	}
+	take("e2e-bench-apiserver-"+name+".pprof", func() ([]byte, error) { return b.apiserverGet(ctx, path) })
+	if b.vmipamPprof != "" {
+		take("e2e-bench-vmipam-"+name+".pprof", func() ([]byte, error) { return httpGet(ctx, "http://"+b.vmipamPprof+path) })
+	}
+	return wg.Wait
+}
+
+// httpGet reads url over plain HTTP.
+func httpGet(ctx context.Context, url string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	buf, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s: %.200s", url, resp.Status, buf)
+	}
+	return buf, nil
+}
+
+// freeLocalAddr returns a loopback address with a port free now.
+func freeLocalAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("find a free port: %w", err)
+	}
+	defer func() { _ = l.Close() }()
+	return l.Addr().String(), nil
 }
 
 // anyVM lists at most one VirtualMachine in ns (and matching opts, such
