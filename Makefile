@@ -10,6 +10,13 @@ GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT := $(BIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 CONTROLLER_GEN_VERSION := v0.23.0
 CONTROLLER_GEN := $(BIN)/controller-gen-$(CONTROLLER_GEN_VERSION)
+# Helm renders and lints the chart (deploy/chart/vmipam); promtool tests its
+# alerting rules. Both are built from the Go module proxy, like the others.
+HELM_VERSION := v3.22.0
+HELM := $(BIN)/helm-$(HELM_VERSION)
+PROMTOOL_VERSION := v0.316.0
+PROMTOOL := $(BIN)/promtool-$(PROMTOOL_VERSION)
+CHART := deploy/chart/vmipam
 # kube-apiserver, etcd and kubectl for envtest, built once from the Go module
 # proxy and cached outside the clone (see hack/envtest-assets.sh).
 ENVTEST_ASSETS = $$(hack/envtest-assets.sh)
@@ -28,9 +35,9 @@ build: ## Build every package.
 	$(GO) build ./...
 
 .PHONY: test
-test: ## Unit, property, fuzz-seed and envtest integration tests under -race.
+test: $(HELM) $(PROMTOOL) ## Unit, property, fuzz-seed and envtest integration tests under -race.
 	$(GO) vet ./...
-	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" $(GO) test -race -count=1 -timeout 15m $$($(GO) list ./... | grep -v -e /test/chaos -e /test/replicas)
+	HELM="$(HELM)" PROMTOOL="$(PROMTOOL)" KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" $(GO) test -race -count=1 -timeout 15m $$($(GO) list ./... | grep -v -e /test/chaos -e /test/replicas)
 	@# The suites that run several vmipam processes each, one after the other
 	@# (-p 1), after the rest: side by side on 2 cores they measure the machine.
 	@# TestRollingRestart is left out: a create lost to a keep-alive
@@ -62,16 +69,34 @@ generate: $(CONTROLLER_GEN) ## Generate deepcopy code.
 	$(CONTROLLER_GEN) object paths=./api/...
 
 .PHONY: manifests
-manifests: $(CONTROLLER_GEN) ## Generate CRDs, RBAC and webhook manifests from markers, and the kinds' wiring from deploy/kinds/kinds.yaml.
+manifests: $(CONTROLLER_GEN) $(HELM) ## Generate CRDs, RBAC and webhook manifests from markers, the kinds' wiring from deploy/kinds/kinds.yaml, and copy them into the chart.
 	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=deploy/crd
 	$(CONTROLLER_GEN) rbac:roleName=vmipam paths=./... output:rbac:artifacts:config=deploy/rbac
 	$(CONTROLLER_GEN) webhook paths=./... output:webhook:artifacts:config=deploy/webhook
 	@# Through a temporary file: a build that fails leaves the wiring as it was, not empty.
 	$(GO) run ./cmd/vmipam manifests --kinds-config deploy/kinds/kinds.yaml > deploy/kinds/wiring.yaml.tmp && mv deploy/kinds/wiring.yaml.tmp deploy/kinds/wiring.yaml
+	@# The chart reads the generated files from its own files/ (Helm reads
+	@# nothing outside the chart): copies, kept fresh here, checked by verify.
+	rm -rf $(CHART)/files && mkdir -p $(CHART)/files/crds
+	cp deploy/crd/vmipam.io_*.yaml $(CHART)/files/crds/
+	cp deploy/rbac/role.yaml $(CHART)/files/role.yaml
+	cp deploy/webhook/manifests.yaml $(CHART)/files/webhook.yaml
+	cp deploy/kinds/kinds.yaml deploy/kinds/wiring.yaml $(CHART)/files/
+	cp deploy/monitoring/grafana-dashboard.json $(CHART)/files/
+	@# The alerting rules go the other way: written in the chart (their
+	@# thresholds are values), rendered for deploy/monitoring.
+	{ echo "# Generated from $(CHART)/templates/prometheusrule.yaml by make manifests: do not edit."; \
+	  $(HELM) template vmipam $(CHART) --namespace vmipam-system --show-only templates/prometheusrule.yaml \
+	    --set monitoring.prometheusRule.enabled=true | grep -v -e '^# Source:' -e '^---$$' \
+	    -e 'app.kubernetes.io/managed-by:' -e 'app.kubernetes.io/instance:' -e 'app.kubernetes.io/version:' -e 'helm.sh/chart:'; \
+	} > deploy/monitoring/prometheus_rule.yaml.tmp && mv deploy/monitoring/prometheus_rule.yaml.tmp deploy/monitoring/prometheus_rule.yaml
 
 .PHONY: verify
-verify: generate manifests ## Fail if generated files are stale.
+verify: generate manifests ## Fail if generated files are stale, or the chart and the kustomize manifests differ.
 	@git diff --exit-code -- api deploy || { echo "generated files are stale: run 'make generate manifests' and commit" >&2; exit 1; }
+	@test -z "$$(git status --porcelain -- api deploy)" || { git status --porcelain -- api deploy; echo "generated files are not committed: run 'make generate manifests' and commit" >&2; exit 1; }
+	@for v in $(CHART)/ci/*-values.yaml; do $(HELM) lint --strict --quiet $(CHART) -f $$v || exit 1; done
+	HELM="$(HELM)" KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" $(GO) test -short -count=1 -run '^TestChartMatchesKustomize$$' ./test/deploy/
 
 # Flags for the end-to-end load generator, e.g. E2E_BENCH_FLAGS='-n 1000 -c 16'
 # (go run ./hack/e2ebench -h lists them).
@@ -101,6 +126,14 @@ $(CONTROLLER_GEN):
 	@mkdir -p $(BIN)
 	GOBIN=$(BIN) $(GO) install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
 	mv $(BIN)/controller-gen $@
+
+# The two large ones are built once and cached outside the clone (CI starts
+# from a clean one), then copied here.
+$(HELM):
+	GO=$(GO) hack/go-tool.sh helm.sh/helm/v3/cmd/helm $(HELM_VERSION) $@
+
+$(PROMTOOL):
+	GO=$(GO) hack/go-tool.sh github.com/prometheus/prometheus/cmd/promtool $(PROMTOOL_VERSION) $@
 
 $(GOLANGCI_LINT):
 	@mkdir -p $(BIN)

@@ -78,6 +78,8 @@ type ClusterOptions struct {
 	KindsConfig string
 	// CRDs are more folders or files of CRDs to install beside vmipam's.
 	CRDs []string
+	// NoCRDs leaves vmipam's CRDs to Install (a Helm chart installs them).
+	NoCRDs bool
 }
 
 // StartWith is Start, changed by o.
@@ -99,8 +101,12 @@ func StartWith(ctx context.Context, root, dir string, o ClusterOptions) (*Cluste
 		}
 	}
 	c.WebhookPort, c.MetricsPort, c.ProbePort = ports[0], ports[1], ports[2]
+	crds := o.CRDs
+	if !o.NoCRDs {
+		crds = append([]string{filepath.Join(root, "deploy", "crd")}, crds...)
+	}
 	env, err := StartEnv(EnvOptions{
-		CRDs: append([]string{filepath.Join(root, "deploy", "crd")}, o.CRDs...),
+		CRDs: crds,
 		// The end-to-end benchmark creates as fast as it can.
 		QPS: 5000, Burst: 10000,
 		Configure: func(e *envtest.Environment) error {
@@ -114,15 +120,16 @@ func StartWith(ctx context.Context, root, dir string, o ClusterOptions) (*Cluste
 		return nil, err
 	}
 	c.Env, c.Config, c.Client = env.Environment, env.Config, env.Client
+	// The kubeconfig first: an Install may run tools that read it.
+	c.Kubeconfig = filepath.Join(dir, "kubeconfig")
+	if err := env.WriteKubeconfig(c.Kubeconfig, "vmipam-harness"); err != nil {
+		return nil, c.stopWith(err)
+	}
 	install := o.Install
 	if install == nil {
 		install = func(ctx context.Context, c *Cluster) error { return c.installWebhooks(ctx, root) }
 	}
 	if err := install(ctx, c); err != nil {
-		return nil, c.stopWith(err)
-	}
-	c.Kubeconfig = filepath.Join(dir, "kubeconfig")
-	if err := env.WriteKubeconfig(c.Kubeconfig, "vmipam-harness"); err != nil {
 		return nil, c.stopWith(err)
 	}
 	return c, nil

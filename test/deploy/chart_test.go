@@ -1,0 +1,416 @@
+package deploy
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/vmipam/vmipam/test/harness"
+)
+
+// chart is the Helm chart, relative to the repository root.
+const chart = "deploy/chart/vmipam"
+
+// helmPath is the helm binary: $HELM, which make test and make verify set
+// to the one they build into bin/.
+func helmPath(t *testing.T) string {
+	t.Helper()
+	p := os.Getenv("HELM")
+	if p == "" {
+		t.Fatal("HELM is not set: run the tests through make test, which builds helm into bin/ and sets it")
+	}
+	return p
+}
+
+// helmTemplate renders the chart into namespace ns with the values files
+// (relative to the chart) and the extra arguments.
+func helmTemplate(t *testing.T, ns string, valuesFiles []string, extra ...string) *rendered {
+	t.Helper()
+	args := []string{"template", "vmipam", filepath.Join(root, chart), "--namespace", ns}
+	for _, f := range valuesFiles {
+		args = append(args, "-f", filepath.Join(root, chart, f))
+	}
+	args = append(args, extra...)
+	cmd := exec.CommandContext(t.Context(), helmPath(t), args...)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("helm %s: %v\n%s", strings.Join(args, " "), err, errOut.String())
+	}
+	objs, err := decode(out.Bytes())
+	if err != nil {
+		t.Fatalf("helm template with %v: %v", valuesFiles, err)
+	}
+	return &rendered{dir: fmt.Sprintf("the chart with %v %v", valuesFiles, extra), objs: objs}
+}
+
+// renderKustomize builds dirs with the envtest kubectl, needing no control
+// plane.
+func renderKustomize(t *testing.T, dirs ...string) *rendered {
+	t.Helper()
+	if kubectlPath == "" {
+		assets, err := harness.Assets()
+		if err != nil {
+			t.Fatal(err)
+		}
+		kubectlPath = filepath.Join(assets, "kubectl")
+	}
+	r := &rendered{dir: strings.Join(dirs, " + ")}
+	for _, d := range dirs {
+		r.objs = append(r.objs, mustRender(t, d).objs...)
+	}
+	return r
+}
+
+// TestChartMatchesKustomize renders the chart with the values that stand
+// for each kustomize install and checks that both give the same objects,
+// field for field, but for what each tool adds of its own: Helm's labels,
+// the kustomize ConfigMap's hash suffix, the chart's keep annotation on the
+// CRDs and its checksum annotation on the pod template. The chart does not
+// create the namespace by default (Helm's --create-namespace does). make
+// verify runs it: the two cannot drift.
+func TestChartMatchesKustomize(t *testing.T) {
+	tests := []struct {
+		kustomize []string
+		values    []string
+	}{
+		{[]string{"deploy/overlays/default"}, []string{"ci/default-values.yaml"}},
+		{[]string{"deploy/overlays/cert-manager"}, []string{"ci/cert-manager-values.yaml"}},
+		{[]string{"deploy/overlays/default", "deploy/monitoring"}, []string{"ci/monitoring-values.yaml"}},
+		{[]string{"deploy/overlays/cert-manager", "deploy/monitoring-cert-manager"}, []string{"ci/cert-manager-values.yaml", "ci/monitoring-values.yaml"}},
+	}
+	for _, tc := range tests {
+		t.Run(strings.Join(tc.kustomize, "+"), func(t *testing.T) {
+			k := normalise(renderKustomize(t, tc.kustomize...).objs)
+			h := normalise(helmTemplate(t, namespace, tc.values).objs)
+			delete(k, "Namespace//"+namespace)
+			for _, key := range sortedKeys(k) {
+				hv, ok := h[key]
+				if !ok {
+					t.Errorf("%s: the chart renders no %s", tc.values, key)
+					continue
+				}
+				if hv != k[key] {
+					t.Errorf("%s differs between kustomize (-) and the chart (+):\n%s", key, lineDiff(k[key], hv))
+				}
+			}
+			for _, key := range sortedKeys(h) {
+				if _, ok := k[key]; !ok {
+					t.Errorf("%s: the chart renders %s, which %v does not", tc.values, key, tc.kustomize)
+				}
+			}
+		})
+	}
+}
+
+// hashSuffix is the content hash kustomize appends to a generated
+// ConfigMap's name.
+var hashSuffix = regexp.MustCompile(`^(vmipam-kinds)-[a-z0-9]{10}$`)
+
+// clusterScopedKinds are the cluster-scoped kinds that kustomize gives a
+// namespace all the same.
+var clusterScopedKinds = map[string]bool{"ValidatingAdmissionPolicy": true, "ValidatingAdmissionPolicyBinding": true}
+
+// normalise returns objs by kind/namespace/name, as YAML, without what
+// Helm or kustomize add of their own.
+func normalise(objs []*unstructured.Unstructured) map[string]string {
+	out := map[string]string{}
+	for _, o := range objs {
+		o = o.DeepCopy()
+		labels := o.GetLabels()
+		for _, l := range []string{"app.kubernetes.io/managed-by", "app.kubernetes.io/instance", "app.kubernetes.io/version", "helm.sh/chart"} {
+			delete(labels, l)
+		}
+		o.SetLabels(labels)
+		ann := o.GetAnnotations()
+		delete(ann, "helm.sh/resource-policy")
+		o.SetAnnotations(ann)
+		if clusterScopedKinds[o.GetKind()] {
+			// kustomize's namespace transformer does not know these kinds
+			// to be cluster-scoped; the API server ignores the namespace.
+			o.SetNamespace("")
+		}
+		if m := hashSuffix.FindStringSubmatch(o.GetName()); m != nil && o.GetKind() == "ConfigMap" {
+			o.SetName(m[1])
+		}
+		if o.GetKind() == "Deployment" {
+			unstructured.RemoveNestedField(o.Object, "spec", "template", "metadata", "annotations", "checksum/kinds")
+			spec, _, _ := unstructured.NestedMap(o.Object, "spec", "template", "spec")
+			vols, _, _ := unstructured.NestedSlice(spec, "volumes")
+			for _, v := range vols {
+				if cm, ok, _ := unstructured.NestedString(v.(map[string]any), "configMap", "name"); ok {
+					if m := hashSuffix.FindStringSubmatch(cm); m != nil {
+						_ = unstructured.SetNestedField(v.(map[string]any), m[1], "configMap", "name")
+					}
+				}
+			}
+			sortByName(vols)
+			_ = unstructured.SetNestedSlice(spec, vols, "volumes")
+			containers, _, _ := unstructured.NestedSlice(spec, "containers")
+			for _, c := range containers {
+				mounts, _, _ := unstructured.NestedSlice(c.(map[string]any), "volumeMounts")
+				sortByName(mounts)
+				_ = unstructured.SetNestedSlice(c.(map[string]any), mounts, "volumeMounts")
+			}
+			_ = unstructured.SetNestedSlice(spec, containers, "containers")
+			_ = unstructured.SetNestedMap(o.Object, spec, "spec", "template", "spec")
+		}
+		b, err := yaml.Marshal(o.Object)
+		if err != nil {
+			panic(err)
+		}
+		out[o.GetKind()+"/"+o.GetNamespace()+"/"+o.GetName()] = string(b)
+	}
+	return out
+}
+
+// sortByName sorts a list of objects by their name (volumes, mounts), an
+// order neither tool promises.
+func sortByName(l []any) {
+	slices.SortFunc(l, func(a, b any) int {
+		an, _ := a.(map[string]any)["name"].(string)
+		bn, _ := b.(map[string]any)["name"].(string)
+		return strings.Compare(an, bn)
+	})
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// lineDiff shows the lines of a and b that the other lacks.
+func lineDiff(a, b string) string {
+	al, bl := strings.Split(a, "\n"), strings.Split(b, "\n")
+	var out []string
+	for _, l := range al {
+		if !slices.Contains(bl, l) {
+			out = append(out, "- "+l)
+		}
+	}
+	for _, l := range bl {
+		if !slices.Contains(al, l) {
+			out = append(out, "+ "+l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// TestChart renders the chart with each values file of its ci/ folder,
+// and with a foreign kind, checks what each choice changes, applies each
+// with a server-side dry-run to the real API server (schemas, strict field
+// validation, the namespace's Pod Security), then applies its RBAC for real
+// and asks the authorizer what vmipam may do.
+func TestChart(t *testing.T) {
+	harness.NeedControlPlane(t)
+	wiring := filepath.Join(t.TempDir(), "kubevirt-wiring.yaml")
+	out, err := exec.CommandContext(t.Context(), "go", "run", filepath.Join(root, "cmd", "vmipam"), "manifests",
+		"--kinds-config", filepath.Join(root, "deploy/kinds/examples/kubevirt.yaml"), "--namespace", "chart-kubevirt").Output()
+	if err != nil {
+		t.Fatalf("vmipam manifests: %v", err)
+	}
+	if err := os.WriteFile(wiring, out, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	type check func(t *testing.T, r *rendered, ns string)
+	tests := []struct {
+		name    string
+		values  []string
+		extra   []string
+		secrets bool
+		checks  []check
+	}{
+		{name: "default", values: []string{"ci/default-values.yaml"}, secrets: true},
+		{name: "cert-manager", values: []string{"ci/cert-manager-values.yaml"}, checks: []check{checkChartCertManager}},
+		{name: "provided", values: []string{"ci/provided-values.yaml"}, checks: []check{checkChartProvided}},
+		{name: "one-replica", values: []string{"ci/one-replica-values.yaml"}, secrets: true, checks: []check{checkChartOneReplica}},
+		{name: "monitoring", values: []string{"ci/monitoring-values.yaml"}, secrets: true},
+		{
+			name: "kubevirt", values: []string{"ci/default-values.yaml"}, secrets: true,
+			extra:  []string{"--set-file", "kinds.config=" + filepath.Join(root, "deploy/kinds/examples/kubevirt.yaml"), "--set-file", "kinds.wiring=" + wiring},
+			checks: []check{checkChartKubeVirt},
+		},
+	}
+	c, err := client.New(cfg, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := "chart-" + tc.name
+			r := helmTemplate(t, ns, tc.values, append([]string{"--set", "namespace.create=true"}, tc.extra...)...)
+			for _, ch := range tc.checks {
+				ch(t, r, ns)
+			}
+			// The namespace first, for real: the dry-run of what is in it
+			// needs it.
+			if stdout, stderr, err := apply(t.Context(), r.ofKind("Namespace"), false); err != nil {
+				t.Fatalf("create namespace %s: %v\n%s%s", ns, err, stdout, stderr)
+			}
+			r.dryRun(t)
+			var rbac []*unstructured.Unstructured
+			for _, o := range r.objs {
+				switch o.GetKind() {
+				case "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding":
+					rbac = append(rbac, o)
+				}
+			}
+			if stdout, stderr, err := apply(t.Context(), rbac, false); err != nil {
+				t.Fatalf("apply the RBAC: %v\n%s%s", err, stdout, stderr)
+			}
+			sa := "system:serviceaccount:" + ns + ":vmipam"
+			can := func(verb, group, resource, where, name string) bool {
+				sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+					User: sa, Groups: []string{"system:serviceaccounts", "system:authenticated"},
+					ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: verb, Group: group, Resource: resource, Namespace: where, Name: name},
+				}}
+				if err := c.Create(t.Context(), sar); err != nil {
+					t.Fatalf("SubjectAccessReview: %v", err)
+				}
+				return sar.Status.Allowed
+			}
+			for _, p := range []struct{ verb, group, resource, ns string }{
+				{"update", "coordination.k8s.io", "leases", ns},
+				{"update", "vmipam.io", "ipblocks", ""},
+				{"update", "vmipam.io", "ippools/status", ""},
+				{"create", "authentication.k8s.io", "tokenreviews", ""},
+				{"patch", "events.k8s.io", "events", "default"},
+			} {
+				if !can(p.verb, p.group, p.resource, p.ns, "") {
+					t.Errorf("%s may not %s %s.%s in %q", sa, p.verb, p.resource, p.group, p.ns)
+				}
+			}
+			if can("update", "coordination.k8s.io", "leases", "kube-system", "") {
+				t.Errorf("%s may update leases outside its namespace", sa)
+			}
+			if got := can("get", "", "secrets", ns, "vmipam-webhook-tls"); got != tc.secrets {
+				t.Errorf("%s may read its certificate Secret: %t, want %t (only where vmipam keeps it: tls.method=self)", sa, got, tc.secrets)
+			}
+			if can("get", "", "secrets", "default", "") {
+				t.Errorf("%s may read Secrets outside its namespace", sa)
+			}
+			if got := can("patch", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "", mutatingName); got != tc.secrets {
+				t.Errorf("%s may patch %s: %t, want %t (only to inject its own CA: tls.method=self)", sa, mutatingName, got, tc.secrets)
+			}
+			kubevirt := tc.name == "kubevirt"
+			if got := can("patch", "kubevirt.io", "virtualmachines", "default", "vm"); got != kubevirt {
+				t.Errorf("%s may patch KubeVirt VirtualMachines: %t, want %t", sa, got, kubevirt)
+			}
+			if got := can("patch", "vmipam.io", "virtualmachines", "default", "vm"); got == kubevirt {
+				t.Errorf("%s may patch vmipam's VirtualMachines: %t, want %t", sa, got, !kubevirt)
+			}
+		})
+	}
+}
+
+// webhooksOf returns the webhooks of the webhook configuration name.
+func webhooksOf(t *testing.T, r *rendered, kind, name string) []map[string]any {
+	t.Helper()
+	o := r.find(kind, "", name)
+	if o == nil {
+		t.Fatalf("%s renders no %s %s", r.dir, kind, name)
+	}
+	l, _, _ := unstructured.NestedSlice(o.Object, "webhooks")
+	var out []map[string]any
+	for _, w := range l {
+		out = append(out, w.(map[string]any))
+	}
+	return out
+}
+
+func checkChartCertManager(t *testing.T, r *rendered, ns string) {
+	for _, kind := range []string{"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"} {
+		o := r.find(kind, "", map[string]string{"MutatingWebhookConfiguration": mutatingName, "ValidatingWebhookConfiguration": validatingName}[kind])
+		if o == nil {
+			t.Fatalf("no %s", kind)
+		}
+		if got, want := o.GetAnnotations()["cert-manager.io/inject-ca-from"], ns+"/vmipam-webhook"; got != want {
+			t.Errorf("%s: inject-ca-from %q, want %q", kind, got, want)
+		}
+	}
+	if r.find("Certificate", ns, "vmipam-webhook") == nil || r.find("Issuer", ns, "vmipam-ca") == nil {
+		t.Errorf("no Certificate vmipam-webhook or Issuer vmipam-ca in %s", ns)
+	}
+	if r.find("RoleBinding", ns, "vmipam-secrets") != nil {
+		t.Error("vmipam is bound to read Secrets, with cert-manager holding the certificate")
+	}
+}
+
+func checkChartProvided(t *testing.T, r *rendered, ns string) {
+	for _, w := range append(webhooksOf(t, r, "MutatingWebhookConfiguration", mutatingName), webhooksOf(t, r, "ValidatingWebhookConfiguration", validatingName)...) {
+		if cb, _, _ := unstructured.NestedString(w, "clientConfig", "caBundle"); cb == "" {
+			t.Errorf("webhook %s has no caBundle with tls.method=provided", w["name"])
+		}
+	}
+	var d appsv1.Deployment
+	r.get(t, "Deployment", ns, "vmipam", &d)
+	found := false
+	for _, v := range d.Spec.Template.Spec.Volumes {
+		found = found || v.Secret != nil && v.Secret.SecretName == "my-vmipam-cert"
+	}
+	if !found {
+		t.Error("the Deployment does not mount the provided Secret my-vmipam-cert")
+	}
+	if len(r.ofKind("Certificate")) > 0 {
+		t.Error("a cert-manager Certificate with tls.method=provided")
+	}
+}
+
+func checkChartOneReplica(t *testing.T, r *rendered, ns string) {
+	var d appsv1.Deployment
+	r.get(t, "Deployment", ns, "vmipam", &d)
+	if *d.Spec.Replicas != 1 || d.Spec.Template.Spec.PriorityClassName != "system-cluster-critical" || len(d.Spec.Template.Spec.TopologySpreadConstraints) != 0 {
+		t.Errorf("Deployment: replicas %d, priorityClassName %q, %d spread constraints; want 1, system-cluster-critical, none",
+			*d.Spec.Replicas, d.Spec.Template.Spec.PriorityClassName, len(d.Spec.Template.Spec.TopologySpreadConstraints))
+	}
+	if r.find("PodDisruptionBudget", ns, "vmipam") != nil {
+		t.Error("a PodDisruptionBudget with podDisruptionBudget.enabled=false")
+	}
+	for _, w := range webhooksOf(t, r, "MutatingWebhookConfiguration", mutatingName) {
+		sel, _ := json.Marshal(w["namespaceSelector"])
+		if fmt.Sprint(w["failurePolicy"]) != "Ignore" || fmt.Sprint(w["timeoutSeconds"]) != "10" || !strings.Contains(string(sel), `"kube-system"`) || !strings.Contains(string(sel), `"`+ns+`"`) {
+			t.Errorf("webhook %s: failurePolicy %v, timeoutSeconds %v, namespaceSelector %s; want Ignore, 10, both %s and kube-system left out",
+				w["name"], w["failurePolicy"], w["timeoutSeconds"], sel, ns)
+		}
+	}
+	np := r.find("NetworkPolicy", ns, "vmipam")
+	if np == nil {
+		t.Fatal("no NetworkPolicy")
+	}
+	if b, _ := json.Marshal(np.Object["spec"]); !strings.Contains(string(b), "192.0.2.0/24") {
+		t.Errorf("the NetworkPolicy does not take the webhook's sources: %s", b)
+	}
+}
+
+func checkChartKubeVirt(t *testing.T, r *rendered, ns string) {
+	hooks := webhooksOf(t, r, "MutatingWebhookConfiguration", mutatingName)
+	if len(hooks) != 1 || hooks[0]["name"] != "virtualmachines.kubevirt.io.vmipam.io" {
+		t.Fatalf("mutating webhooks %v, want KubeVirt's only", hooks)
+	}
+	if svc, _, _ := unstructured.NestedString(hooks[0], "clientConfig", "service", "namespace"); svc != ns {
+		t.Errorf("KubeVirt's webhook calls the Service in %q, want %q", svc, ns)
+	}
+	var cm corev1.ConfigMap
+	r.get(t, "ConfigMap", ns, "vmipam-kinds", &cm)
+	if !strings.Contains(cm.Data["kinds.yaml"], "group: kubevirt.io") {
+		t.Errorf("the kinds ConfigMap does not hold the KubeVirt configuration:\n%s", cm.Data["kinds.yaml"])
+	}
+}
