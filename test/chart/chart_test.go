@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -64,10 +65,11 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
 	chartDir := filepath.Join(root, "deploy", "chart", "vmipam")
-	var url string
+	var url, notes string
 	install := func(ctx context.Context, c *harness.Cluster) error {
 		url = "https://127.0.0.1:" + strconv.Itoa(c.WebhookPort)
-		_, err := helm(ctx, c.Kubeconfig, "install", "vmipam", chartDir, "--namespace", harness.Namespace, "--create-namespace",
+		var err error
+		notes, err = helm(ctx, c.Kubeconfig, "install", "vmipam", chartDir, "--namespace", harness.Namespace, "--create-namespace",
 			"--set", "webhook.url="+url)
 		return err
 	}
@@ -90,6 +92,10 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// The notes say what uninstalling leaves.
+	if !strings.Contains(notes, "leaves vmipam's CRDs") {
+		t.Errorf("helm install's notes do not say that uninstalling leaves the CRDs:\n%s", notes)
+	}
 	// What helm install created.
 	for _, crd := range []string{"virtualmachines.vmipam.io", "ippools.vmipam.io", "ipblocks.vmipam.io"} {
 		harness.Eventually(t, 30*time.Second, "CRD "+crd+" established", func() error {
