@@ -313,23 +313,7 @@ func (b *bench) apiserverGet(ctx context.Context, path string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(b.cl.Config.Host, "/")+path, nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = resp.Body.Close() }()
-	buf, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET %s: %s: %.200s", path, resp.Status, buf)
-	}
-	return buf, nil
+	return get(ctx, hc, strings.TrimSuffix(b.cl.Config.Host, "/")+path)
 }
 
 // profile starts CPU profiles of the API server and of vmipam (when it
@@ -352,18 +336,18 @@ func (b *bench) profile(ctx context.Context, name string, d time.Duration) func(
 	}
 	take("e2e-bench-apiserver-"+name+".pprof", func() ([]byte, error) { return b.apiserverGet(ctx, path) })
 	if b.vmipamPprof != "" {
-		take("e2e-bench-vmipam-"+name+".pprof", func() ([]byte, error) { return httpGet(ctx, "http://"+b.vmipamPprof+path) })
+		take("e2e-bench-vmipam-"+name+".pprof", func() ([]byte, error) { return get(ctx, http.DefaultClient, "http://"+b.vmipamPprof+path) })
 	}
 	return wg.Wait
 }
 
-// httpGet reads url over plain HTTP.
-func httpGet(ctx context.Context, url string) ([]byte, error) {
+// get reads url with hc and fails on any status but 200.
+func get(ctx context.Context, hc *http.Client, url string) ([]byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		return nil, err
 	}
