@@ -145,6 +145,7 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 		}
 	}()
 	b.cl = cl
+	cl.VMIPAMEnv = strings.Fields(o.vmipamEnv)
 	// Before vmipam starts, so nothing races on the configurations; vmipam
 	// then only injects its CA.
 	if err := excludeFromWebhooks(ctx, cl.Client, nsWithout, nsNoop, nsBaseline); err != nil {

@@ -63,6 +63,7 @@ type options struct {
 	repo         string
 	clients      string
 	vmipamArgs   string
+	vmipamEnv    string
 	freeTimeout  time.Duration
 	profile      time.Duration
 	// noop: whether to measure the no-op mutating webhook.
@@ -104,6 +105,7 @@ func main() {
 	flag.IntVar(&o.replicas, "replicas", 3, "After the deletes, compare one vmipam process with this many replicas behind a stand-in for the Service, in alternating rounds; below 2: no such phase.")
 	flag.IntVar(&o.replicasN, "replicas-n", 1500, "VirtualMachines to create with each layout in the replicas phase (see -replicas).")
 	flag.StringVar(&o.vmipamArgs, "vmipam-args", "", "Extra flags for the vmipam binary, space-separated (e.g. --enable-http2).")
+	flag.StringVar(&o.vmipamEnv, "vmipam-env", "", "Extra environment for the vmipam processes only, space-separated NAME=value (e.g. GOGC=400); the control plane and this program keep theirs.")
 	flag.Parse()
 	// The stand-in Service logs through controller-runtime's logger; the
 	// report says what the benchmark needs.

@@ -334,6 +334,10 @@ func (r *report) markdown() string {
 		w("")
 		w("vmipam ran with the extra flags `%s`.", o.vmipamArgs)
 	}
+	if o.vmipamEnv != "" {
+		w("")
+		w("vmipam ran with the extra environment `%s`.", o.vmipamEnv)
+	}
 	w("")
 
 	w("## Goals")

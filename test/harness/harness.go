@@ -14,6 +14,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -51,6 +52,10 @@ type Cluster struct {
 	// StartReplicas, WebhookPort is the proxy's and each Replica has ports
 	// of its own; MetricsPort and ProbePort are then unused.
 	WebhookPort, MetricsPort, ProbePort int
+
+	// VMIPAMEnv is added to the environment of every vmipam process
+	// started from now on (e.g. GOGC=400), and to no other process.
+	VMIPAMEnv []string
 
 	dir string
 	// kindsConfig is the kinds configuration vmipam is started with.
@@ -203,6 +208,9 @@ func (c *Cluster) vmipamArgs(pt ports, holder string) []string {
 func (c *Cluster) startVMIPAM(ctx context.Context, pt ports, holder string, logs io.Writer, extra []string) (*Process, error) {
 	args := append(c.vmipamArgs(pt, holder), extra...)
 	cmd := exec.Command(c.Binary, args...)
+	if len(c.VMIPAMEnv) > 0 {
+		cmd.Env = append(os.Environ(), c.VMIPAMEnv...)
+	}
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start vmipam: %w", err)
