@@ -240,7 +240,7 @@ func TestChart(t *testing.T) {
 	}{
 		{name: "default", values: []string{"ci/default-values.yaml"}, secrets: true},
 		{name: "cert-manager", values: []string{"ci/cert-manager-values.yaml"}, checks: []check{checkChartCertManager}},
-		{name: "provided", values: []string{"ci/provided-values.yaml"}, checks: []check{checkChartProvided}},
+		{name: "provided", values: []string{"ci/provided-values.yaml"}, extra: []string{"--set", "monitoring.serviceMonitor.enabled=true"}, checks: []check{checkChartProvided}},
 		{name: "one-replica", values: []string{"ci/one-replica-values.yaml"}, secrets: true, checks: []check{checkChartOneReplica}},
 		{name: "monitoring", values: []string{"ci/monitoring-values.yaml"}, secrets: true},
 		{
@@ -259,6 +259,14 @@ func TestChart(t *testing.T) {
 			r := helmTemplate(t, ns, tc.values, append([]string{"--set", "namespace.create=true"}, tc.extra...)...)
 			for _, ch := range tc.checks {
 				ch(t, r, ns)
+			}
+			// Nothing of the default namespace is left in a release
+			// elsewhere: not in names, flags, DNS names, RBAC subjects, nor
+			// the admission policies' CEL naming vmipam's ServiceAccount.
+			for _, o := range r.objs {
+				if b, _ := json.Marshal(o.Object); strings.Contains(string(b), namespace) {
+					t.Errorf("%s %s, released into %s, still names %s: %s", o.GetKind(), o.GetName(), ns, namespace, b)
+				}
 			}
 			// The namespace first, for real: the dry-run of what is in it
 			// needs it.
@@ -371,6 +379,24 @@ func checkChartProvided(t *testing.T, r *rendered, ns string) {
 	}
 	if len(r.ofKind("Certificate")) > 0 {
 		t.Error("a cert-manager Certificate with tls.method=provided")
+	}
+	// Prometheus verifies vmipam against the provided CA, which the
+	// provided Secret need not hold.
+	sm := r.find("ServiceMonitor", ns, "vmipam")
+	if sm == nil {
+		t.Fatal("no ServiceMonitor")
+	}
+	eps, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
+	if len(eps) != 1 {
+		t.Fatalf("ServiceMonitor endpoints %v, want one", eps)
+	}
+	if name, _, _ := unstructured.NestedString(eps[0].(map[string]any), "tlsConfig", "ca", "configMap", "name"); name != "vmipam-webhook-ca" {
+		t.Errorf("the ServiceMonitor trusts %v, want the ConfigMap vmipam-webhook-ca", eps[0])
+	}
+	var cm corev1.ConfigMap
+	r.get(t, "ConfigMap", ns, "vmipam-webhook-ca", &cm)
+	if !strings.Contains(cm.Data["ca.crt"], "BEGIN CERTIFICATE") {
+		t.Errorf("ConfigMap vmipam-webhook-ca holds %q, want the provided CA", cm.Data["ca.crt"])
 	}
 }
 

@@ -48,6 +48,9 @@ app.kubernetes.io/component: manager
 {{- if not (has .Values.tls.method (list "self" "cert-manager" "provided")) -}}
 {{- fail (printf "tls.method=%q: use self, cert-manager or provided" .Values.tls.method) -}}
 {{- end -}}
+{{- if and (eq .Values.tls.method "provided") (not (and .Values.tls.provided.secretName .Values.tls.provided.caBundle)) -}}
+{{- fail "tls.method=provided: name the Secret (type kubernetes.io/tls) holding tls.crt and tls.key in tls.provided.secretName, and give the PEM of the CA that signed it in tls.provided.caBundle" -}}
+{{- end -}}
 {{- if and .Values.kinds.config (not .Values.kinds.wiring) -}}
 {{- fail "kinds.config is set but kinds.wiring is not: render the wiring with `vmipam manifests --kinds-config <file> --namespace <release namespace>` and pass it with --set-file kinds.wiring=<file>" -}}
 {{- end -}}
@@ -82,7 +85,9 @@ injection of the certificate method. Argument: (list $ $content).
 {{- $ := index . 0 -}}
 {{- $ns := $.Release.Namespace -}}
 {{- $excluded := include "vmipam.excludedNamespaces" $ | fromYamlArray -}}
-{{- range regexSplit "(?m)^---[ \t]*$" (index . 1) -1 }}
+{{- /* The admission policies name vmipam's ServiceAccount in CEL, as `vmipam manifests --namespace` wrote it. */ -}}
+{{- $content := regexReplaceAll "system:serviceaccount:[a-z0-9.-]+:vmipam\\b" (index . 1) (printf "system:serviceaccount:%s:vmipam" $ns) -}}
+{{- range regexSplit "(?m)^---[ \t]*$" $content -1 }}
 {{- $o := fromYaml . -}}
 {{- if and $o (hasKey $o "kind") }}
 {{- $md := $o.metadata -}}
