@@ -17,10 +17,7 @@ import (
 // on the series it watches. promtool is $PROMTOOL, which make test builds
 // into bin/.
 func TestAlertRules(t *testing.T) {
-	promtool := os.Getenv("PROMTOOL")
-	if promtool == "" {
-		t.Fatal("PROMTOOL is not set: run the tests through make test, which builds promtool into bin/ and sets it")
-	}
+	promtool := tool(t, "PROMTOOL", "promtool")
 	var rule struct {
 		Kind string         `json:"kind"`
 		Spec map[string]any `json:"spec"`

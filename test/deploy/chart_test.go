@@ -29,9 +29,20 @@ const chart = "deploy/chart/vmipam"
 // to the one they build into bin/.
 func helmPath(t *testing.T) string {
 	t.Helper()
-	p := os.Getenv("HELM")
+	return tool(t, "HELM", "helm")
+}
+
+// tool returns the path in the environment variable env. Without it the
+// test fails, but under -short (make test-unit, which builds no tools) it
+// is skipped.
+func tool(t *testing.T, env, name string) string {
+	t.Helper()
+	p := os.Getenv(env)
 	if p == "" {
-		t.Fatal("HELM is not set: run the tests through make test, which builds helm into bin/ and sets it")
+		if testing.Short() {
+			t.Skipf("%s is not set: needs %s, which make test and make verify build into bin/", env, name)
+		}
+		t.Fatalf("%s is not set: run the tests through make test, which builds %s into bin/ and sets it", env, name)
 	}
 	return p
 }
@@ -64,6 +75,9 @@ func renderKustomize(t *testing.T, dirs ...string) *rendered {
 	t.Helper()
 	if kubectlPath == "" {
 		assets, err := harness.Assets()
+		if err != nil && testing.Short() {
+			t.Skipf("needs kubectl's kustomize: %v", err)
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -438,5 +452,43 @@ func checkChartKubeVirt(t *testing.T, r *rendered, ns string) {
 	r.get(t, "ConfigMap", ns, "vmipam-kinds", &cm)
 	if !strings.Contains(cm.Data["kinds.yaml"], "group: kubevirt.io") {
 		t.Errorf("the kinds ConfigMap does not hold the KubeVirt configuration:\n%s", cm.Data["kinds.yaml"])
+	}
+}
+
+// TestChartRefusesBadValues renders the chart with values a user gets
+// wrong and checks that helm refuses each with a message that names the
+// value (the chart's values.schema.json, and its own checks of values that
+// only work together).
+func TestChartRefusesBadValues(t *testing.T) {
+	helm := helmPath(t)
+	tests := []struct {
+		set  []string
+		want string
+	}{
+		{[]string{"replicas=3"}, "'replicas' not allowed"},
+		{[]string{"webhook.failurePolicy=fail"}, "/webhook/failurePolicy"},
+		{[]string{"webhook.timeoutSeconds=40"}, "/webhook/timeoutSeconds"},
+		{[]string{"tls.method=files"}, "/tls/method"},
+		{[]string{"replicaCount=0"}, "/replicaCount"},
+		{[]string{"monitoring.prometheusRule.forecastWindow=1 hour"}, "/monitoring/prometheusRule/forecastWindow"},
+		{[]string{"tls.method=provided"}, "tls.provided.secretName"},
+		{[]string{"kinds.config=x"}, "kinds.wiring"},
+		{[]string{"kinds.wiring=x"}, "kinds.config"},
+		{[]string{"webhook.clientAuth.enabled=true"}, "webhook.clientAuth.caBundle"},
+	}
+	for _, tc := range tests {
+		t.Run(strings.Join(tc.set, ","), func(t *testing.T) {
+			args := []string{"template", "vmipam", filepath.Join(root, chart)}
+			for _, s := range tc.set {
+				args = append(args, "--set", s)
+			}
+			out, err := exec.CommandContext(t.Context(), helm, args...).CombinedOutput()
+			if err == nil {
+				t.Fatalf("helm template with %v succeeded, want it refused", tc.set)
+			}
+			if !strings.Contains(string(out), tc.want) {
+				t.Errorf("helm template with %v: %s\nwant a message naming %q", tc.set, out, tc.want)
+			}
+		})
 	}
 }
