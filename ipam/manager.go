@@ -232,6 +232,23 @@ type Counts struct {
 	ClaimedElsewhere int
 }
 
+// Add returns the sum of c and o: the counts of several Managers (the
+// families of one pool) as one. Usable saturates, as a Manager's does.
+func (c Counts) Add(o Counts) Counts {
+	if c.Usable+o.Usable < c.Usable {
+		c.Usable = ^uint64(0)
+	} else {
+		c.Usable += o.Usable
+	}
+	c.Claimed += o.Claimed
+	c.Free += o.Free
+	c.Pending += o.Pending
+	c.Allocated += o.Allocated
+	c.Cooldown += o.Cooldown
+	c.ClaimedElsewhere += o.ClaimedElsewhere
+	return c
+}
+
 // Stats are the Manager's monotonic counters.
 type Stats struct {
 	Allocations, Releases, Exhausted, Conflicts, ExpiredPendings uint64

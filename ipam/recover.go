@@ -33,6 +33,19 @@ type RecoveryReport struct {
 	Conflicts []error
 }
 
+// Add returns r and o together: the reports of several Managers (the
+// families of one pool) as one.
+func (r RecoveryReport) Add(o RecoveryReport) RecoveryReport {
+	r.Allocated += o.Allocated
+	r.Cooldown += o.Cooldown
+	r.Free += o.Free
+	r.Dropped += o.Dropped
+	r.OutOfRange = append(r.OutOfRange, o.OutOfRange...)
+	r.Elsewhere = append(r.Elsewhere, o.Elsewhere...)
+	r.Conflicts = append(r.Conflicts, o.Conflicts...)
+	return r
+}
+
 // rest is how long an address a crash may have left in use rests: it may
 // have been handed out to a machine not stored yet (which can appear for
 // the pending TTL, and never ran), or released since the last write (which
@@ -226,6 +239,17 @@ type TakeoverReport struct {
 	Blocks int
 }
 
+// Add returns the sum of r and o: the takeovers of several Managers (the
+// families of one pool), or of several blocks, as one.
+func (r TakeoverReport) Add(o TakeoverReport) TakeoverReport {
+	r.Allocated += o.Allocated
+	r.Cooldown += o.Cooldown
+	r.Free += o.Free
+	r.Dropped += o.Dropped
+	r.Blocks += o.Blocks
+	return r
+}
+
 // Takeover moves the claims of holder from, which has left (its lease
 // lapsed, or it released it after sealing), to this Manager, block by
 // block, each a compare-and-swap that clears the other holder's claims as
@@ -324,11 +348,8 @@ func (m *Manager) Takeover(ctx context.Context, from string, live []Holding) (Ta
 		}
 		m.pushCoolingLocked(cooling)
 		m.mu.Unlock()
-		rep.Allocated += moved.Allocated
-		rep.Cooldown += moved.Cooldown
-		rep.Free += moved.Free
-		rep.Dropped += moved.Dropped
-		rep.Blocks++
+		moved.Blocks = 1 // this one, rewritten
+		rep = rep.Add(moved)
 		m.stats.takenOver.Add(uint64(moved.Allocated + moved.Cooldown + moved.Free))
 	}
 	m.Kick()
@@ -388,6 +409,17 @@ type ResyncReport struct {
 	Settled int
 	// Conflicts lists live addresses held by two machines.
 	Conflicts []error
+}
+
+// Add returns r and o together: the resyncs of several Managers (the
+// families of one pool) as one.
+func (r ResyncReport) Add(o ResyncReport) ResyncReport {
+	r.Released += o.Released
+	r.Adopted += o.Adopted
+	r.Deferred += o.Deferred
+	r.Settled += o.Settled
+	r.Conflicts = append(r.Conflicts, o.Conflicts...)
+	return r
 }
 
 // Resync reconciles the Manager with a full list of the live machines, taken

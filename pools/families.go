@@ -78,13 +78,7 @@ func (p *Pool) recover(ctx context.Context, live []ipam.Holding) (ipam.RecoveryR
 	lacking := p.each(live, func(m *ipam.Manager, hs []ipam.Holding) {
 		r, err := m.Recover(ctx, hs)
 		errs = append(errs, err)
-		rep.Allocated += r.Allocated
-		rep.Cooldown += r.Cooldown
-		rep.Free += r.Free
-		rep.Dropped += r.Dropped
-		rep.OutOfRange = append(rep.OutOfRange, r.OutOfRange...)
-		rep.Elsewhere = append(rep.Elsewhere, r.Elsewhere...)
-		rep.Conflicts = append(rep.Conflicts, r.Conflicts...)
+		rep = rep.Add(r)
 	})
 	rep.OutOfRange = append(rep.OutOfRange, lacking...)
 	return rep, errors.Join(errs...)
@@ -97,11 +91,7 @@ func (p *Pool) takeover(ctx context.Context, from string, live []ipam.Holding) (
 	p.each(live, func(m *ipam.Manager, hs []ipam.Holding) {
 		r, err := m.Takeover(ctx, from, hs)
 		errs = append(errs, err)
-		rep.Allocated += r.Allocated
-		rep.Cooldown += r.Cooldown
-		rep.Free += r.Free
-		rep.Dropped += r.Dropped
-		rep.Blocks += r.Blocks
+		rep = rep.Add(r)
 	})
 	return rep, errors.Join(errs...)
 }
@@ -125,12 +115,7 @@ func (p *Pool) resync(live []ipam.Holding, marks []uint64) ipam.ResyncReport {
 		if m == p.v6 && p.v4 != nil {
 			i = 1
 		}
-		r := m.Resync(hs, marks[i])
-		rep.Released += r.Released
-		rep.Adopted += r.Adopted
-		rep.Deferred += r.Deferred
-		rep.Settled += r.Settled
-		rep.Conflicts = append(rep.Conflicts, r.Conflicts...)
+		rep = rep.Add(m.Resync(hs, marks[i]))
 	})
 	return rep
 }

@@ -326,7 +326,7 @@ func (p *Pool) Lookup(addr netip.Addr) (ipam.State, ipam.Owner, time.Time) {
 func (p *Pool) Snapshot() ipam.Counts {
 	var c ipam.Counts
 	for _, m := range p.ms {
-		c = addCounts(c, m.Snapshot())
+		c = c.Add(m.Snapshot())
 	}
 	return c
 }
@@ -338,21 +338,6 @@ func (p *Pool) FamilySnapshot(f vmipamv1.IPFamily) (ipam.Counts, bool) {
 		return m.Snapshot(), true
 	}
 	return ipam.Counts{}, false
-}
-
-func addCounts(a, b ipam.Counts) ipam.Counts {
-	if a.Usable+b.Usable < a.Usable {
-		a.Usable = ^uint64(0) // saturated, as a Manager's
-	} else {
-		a.Usable += b.Usable
-	}
-	a.Claimed += b.Claimed
-	a.Free += b.Free
-	a.Pending += b.Pending
-	a.Allocated += b.Allocated
-	a.Cooldown += b.Cooldown
-	a.ClaimedElsewhere += b.ClaimedElsewhere
-	return a
 }
 
 // Settles returns when the pool's last pending reservation and cooldown of
