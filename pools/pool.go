@@ -214,9 +214,9 @@ func (p *Pool) Cancel(token string) []netip.Addr {
 
 // Reserve reserves addr, a static request, for r.
 func (p *Pool) Reserve(ctx context.Context, r ipam.Reservation, addr netip.Addr) error {
-	m := p.of(addr)
-	if m == nil {
-		return fmt.Errorf("reserve %s in pool %q (usable: %s): %w", addr, p.name, p.ranges, ipam.ErrOutOfRange)
+	m, err := p.reserver(addr)
+	if err != nil {
+		return err
 	}
 	return m.Reserve(ctx, r, addr)
 }
@@ -224,11 +224,21 @@ func (p *Pool) Reserve(ctx context.Context, r ipam.Reservation, addr netip.Addr)
 // CanReserve says whether Reserve of addr would be refused, changing
 // nothing: for a dry run.
 func (p *Pool) CanReserve(addr netip.Addr) error {
-	m := p.of(addr)
-	if m == nil {
-		return fmt.Errorf("reserve %s in pool %q (usable: %s): %w", addr, p.name, p.ranges, ipam.ErrOutOfRange)
+	m, err := p.reserver(addr)
+	if err != nil {
+		return err
 	}
 	return m.CanReserve(addr)
+}
+
+// reserver returns the allocator that would reserve addr, or the error a
+// reservation of it gets when the pool has no range of its family.
+func (p *Pool) reserver(addr netip.Addr) (*ipam.Manager, error) {
+	m := p.of(addr)
+	if m == nil {
+		return nil, fmt.Errorf("reserve %s in pool %q (usable: %s): %w", addr, p.name, p.ranges, ipam.ErrOutOfRange)
+	}
+	return m, nil
 }
 
 // Holding says how the pool holds addr for an object with the given token
