@@ -443,6 +443,11 @@ func (r *VMReconciler) hold(ctx context.Context, obj *unstructured.Unstructured,
 	case errors.Is(err, ipam.ErrInUse), errors.Is(err, ipam.ErrCoolingDown):
 		// Another replica claimed it meanwhile: it adopts the object.
 		return ctrl.Result{RequeueAfter: time.Minute}, false, nil
+	case errors.Is(err, ipam.ErrNoAnswer):
+		// Another replica claims it and did not answer, or is gone and
+		// its claims are taken over within the lease duration: look again
+		// soon, the takeover may adopt the object meanwhile.
+		return ctrl.Result{RequeueAfter: 5 * time.Second}, false, nil
 	default:
 		r.event(obj, corev1.EventTypeWarning, "AddressNotManaged", "Assign", "%v", err)
 	}

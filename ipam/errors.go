@@ -28,6 +28,11 @@ var (
 	ErrStoreConflict = errors.New("store version conflict")
 	// ErrInvalid marks a configuration error; see FieldErrors.
 	ErrInvalid = errors.New("invalid configuration")
+	// ErrNoAnswer means another holder claims the address asked for and
+	// did not hand it over in time, or is not running; see HolderError.
+	// Retrying is the remedy: a live holder answers, and a dead one's
+	// claims are taken over within the lease duration.
+	ErrNoAnswer = errors.New("no answer from the holder of the address")
 	// ErrTooManyPending means a namespace holds as many pending
 	// reservations as the pool allows it; see PendingLimitError.
 	ErrTooManyPending = errors.New("too many pending reservations")
@@ -129,3 +134,25 @@ func (e *PendingLimitError) Error() string {
 
 // Is reports whether target is ErrTooManyPending.
 func (e *PendingLimitError) Is(target error) bool { return target == ErrTooManyPending }
+
+// HolderError says that an address is claimed by another holder (another
+// replica) that could not be asked for it: it did not answer in time, or
+// it is not running and its claims are not taken over yet. The address
+// may well be free there; the request should be retried.
+type HolderError struct {
+	Addr   netip.Addr
+	Holder string
+	// Live: the holder runs, and did not answer before the deadline.
+	Live bool
+}
+
+func (e *HolderError) Error() string {
+	if e.Live {
+		return fmt.Sprintf("address %s is held by vmipam replica %s, which did not hand it over in time; retry", e.Addr, e.Holder)
+	}
+	return fmt.Sprintf("address %s is held by vmipam replica %s, which is not running; "+
+		"another replica takes its addresses over once its lease lapses: retry in a few seconds", e.Addr, e.Holder)
+}
+
+// Is reports whether target is ErrNoAnswer.
+func (e *HolderError) Is(target error) bool { return target == ErrNoAnswer }

@@ -791,7 +791,16 @@ func (m *Manager) CanReserve(addr netip.Addr) error {
 	e := m.entries[addr]
 	if e == nil {
 		if bs := m.blocks[BlockOf(addr)]; bs != nil && bs.loaded {
-			return elsewhereState(&bs.persisted, addr, m.cfg.Holder, m.clock.Now())
+			// Another holder's: a real request asks it, and only it knows.
+			// A dry run goes by the cooldown the store shows, which only a
+			// proof of an unused reservation can have cut short.
+			h, _ := bs.persisted.holderOf(blockOffset(addr))
+			if err := storedCooldown(&bs.persisted, addr, h, m.clock.Now()); err != nil {
+				return err
+			}
+			if err := m.elsewhereLocked(&bs.persisted, addr); !errors.Is(err, errAskHolder) {
+				return err
+			}
 		}
 		return nil
 	}

@@ -411,6 +411,27 @@ func (h *harness) handedOut(i int, tok, ns string, a netip.Addr) error {
 	return nil
 }
 
+// rightRefusal checks a static request of a that member i refused as in
+// use or cooling down: a live holder of a must agree that it is not free.
+// An address another live holder holds free is handed over, never refused
+// (while no store write fails, which can leave the answer unread).
+func (h *harness) rightRefusal(i int, a netip.Addr, err error, failing bool) error {
+	if failing || !errors.Is(err, ErrInUse) && !errors.Is(err, ErrCoolingDown) {
+		return nil
+	}
+	j := h.holderOf(a)
+	if j < 0 {
+		if !h.claimedInStore(a) {
+			return fmt.Errorf("WRONG REFUSAL: %s refused %s, which no holder claims: %v", h.members[i].holder, a, err)
+		}
+		return nil // claimed by a holder that died: out of reach until taken over
+	}
+	if st, _, _ := h.members[j].m.Lookup(a); st == StateFree {
+		return fmt.Errorf("WRONG REFUSAL: %s refused %s, which %s holds free: %v", h.members[i].holder, a, h.members[j].holder, err)
+	}
+	return nil
+}
+
 // holderOf returns the live member that holds a, or -1.
 func (h *harness) holderOf(a netip.Addr) int {
 	for _, i := range h.alive() {
@@ -425,7 +446,8 @@ func (h *harness) holderOf(a netip.Addr) int {
 // a full pool may cause.
 func tolerable(err error) bool {
 	return errors.Is(err, ErrExhausted) || errors.Is(err, errInjected) || errors.Is(err, ErrStoreConflict) ||
-		errors.Is(err, ErrTooManyPending) || errors.Is(err, ErrInUse) || errors.Is(err, ErrCoolingDown)
+		errors.Is(err, ErrTooManyPending) || errors.Is(err, ErrInUse) || errors.Is(err, ErrCoolingDown) ||
+		errors.Is(err, ErrNoAnswer)
 }
 
 // step applies one operation chosen by op, with arg as its parameter.
@@ -504,8 +526,12 @@ func (h *harness) step(op byte, arg uint32) error {
 		a := h.usable[int(arg)%len(h.usable)]
 		ns := fmt.Sprintf("ns%d", arg>>8%2)
 		sp := spell(a, arg>>4)
+		failing := h.faulty.failPuts > 0
 		err := mb.m.Reserve(ctx, Reservation{Token: tok, Namespace: ns}, sp)
 		h.logf("%s reserve %s %s in %s -> %v", mb.holder, tok, sp, ns, err)
+		if err := h.rightRefusal(i, a, err, failing); err != nil {
+			return err
+		}
 		if errors.Is(err, ErrTooManyPending) || err == nil {
 			if err := h.limited(i, ns, err); err != nil {
 				return err
@@ -840,7 +866,8 @@ func (h *harness) bypass(i int, arg uint32) error {
 	err := h.members[j].m.Adopt(context.Background(), spell(a, arg>>5), Owner{UID: uid})
 	h.logf("bypass: %s adopt %s %s -> %v", h.members[j].holder, a, uid, err)
 	if err != nil {
-		if errors.Is(err, errInjected) || errors.Is(err, ErrStoreConflict) || errors.Is(err, ErrInUse) || errors.Is(err, ErrCoolingDown) {
+		if errors.Is(err, errInjected) || errors.Is(err, ErrStoreConflict) || errors.Is(err, ErrInUse) || errors.Is(err, ErrCoolingDown) ||
+			errors.Is(err, ErrNoAnswer) {
 			return nil
 		}
 		return fmt.Errorf("adopt of bypassing machine %s on %s: %w", uid, a, err)

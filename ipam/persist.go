@@ -367,12 +367,8 @@ func (m *Manager) claimAddr(ctx context.Context, a netip.Addr) error {
 				m.mu.Unlock()
 				return fmt.Errorf("block %s of pool %q changed while it was read: %w", p, m.cfg.Pool, ErrStoreConflict)
 			}
-			if h, ok := bs.persisted.holderOf(blockOffset(a)); ok && h != m.cfg.Holder {
-				err := elsewhereState(&bs.persisted, a, m.cfg.Holder, m.clock.Now())
+			if err := m.elsewhereLocked(&bs.persisted, a); err != nil {
 				m.mu.Unlock()
-				if err == nil {
-					return errAskHolder
-				}
 				return err
 			}
 			m.mu.Unlock()
@@ -397,24 +393,36 @@ func (m *Manager) claimAddr(ctx context.Context, a netip.Addr) error {
 	return err
 }
 
-// errAskHolder: another holder claims the address and the store shows it
-// free there; ask that holder for it.
+// errAskHolder: another live holder claims the address; ask that holder
+// for it.
 var errAskHolder = errors.New("ask the holder")
 
-// elsewhereState says why an address another holder claims cannot be had,
-// by what the store last showed: in use or armed there (it may have been
-// handed out), or cooling down; nil when it showed it free.
-func elsewhereState(b *Block, a netip.Addr, self string, now time.Time) error {
-	off := blockOffset(a)
-	h, ok := b.holderOf(off)
-	if !ok || h == self {
+// elsewhereLocked says whether an address that the store, as last read,
+// shows claimed by another holder can be asked for: errAskHolder when that
+// holder is live, whatever the store shows of the address there (its in-use
+// bits and cooldowns are as of that holder's last write, which a release or
+// a proof of an unused reservation has overtaken since: only the holder
+// knows); when it is not live, its cooldown if the store shows one, else a
+// HolderError. nil when no other holder claims it.
+func (m *Manager) elsewhereLocked(b *Block, a netip.Addr) error {
+	h, ok := b.holderOf(blockOffset(a))
+	if !ok || h == m.cfg.Holder {
 		return nil
 	}
+	if m.peers == nil || m.peers[h] {
+		return errAskHolder
+	}
+	if err := storedCooldown(b, a, h, m.clock.Now()); err != nil {
+		return err
+	}
+	return &HolderError{Addr: a, Holder: h}
+}
+
+// storedCooldown is the cooldown of a, claimed by holder h, that block b
+// shows at now, or nil.
+func storedCooldown(b *Block, a netip.Addr, h string, now time.Time) error {
 	if d, ok := b.Cooldowns[a]; ok && d.After(now) {
 		return &AddressError{Addr: a, Reason: ErrCoolingDown, State: StateCooldown, Until: d, Holder: h}
-	}
-	if !b.Exact || has(b.InUse, h, off) {
-		return &AddressError{Addr: a, Reason: ErrInUse, State: StateAllocated, Holder: h}
 	}
 	return nil
 }

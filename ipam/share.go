@@ -2,6 +2,7 @@ package ipam
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"time"
@@ -153,6 +154,7 @@ func (m *Manager) askFor(ctx context.Context, a netip.Addr) error {
 		// Leave the caller time to answer its own caller.
 		deadline = d.Add(-answerMargin)
 	}
+	answered := false
 	for polls := 0; ; polls++ {
 		select {
 		case <-ctx.Done():
@@ -162,17 +164,22 @@ func (m *Manager) askFor(ctx context.Context, a netip.Addr) error {
 		if err := m.load(ctx, p); err != nil {
 			return err
 		}
-		got, answered := m.received(p, a)
+		var got int
+		got, answered = m.received(p, a)
 		if got > 0 {
 			return m.absorb(ctx, p)
 		}
 		if answered {
 			break
 		}
-		if !m.clock.Now().Before(deadline) || polls >= int(grantWait/grantPoll) {
-			// Nobody could hand anything over: withdraw the request.
+		if a.IsValid() && m.mineOrUnclaimed(a) || !m.clock.Now().Before(deadline) || polls >= int(grantWait/grantPoll) {
+			// Given back meanwhile, or nobody could hand anything over:
+			// withdraw the request, so that nobody hands it over later.
 			m.io.Lock()
-			_ = m.retry(ctx, func() error { return m.writeBlock(ctx, p, writePlan{request: &Request{}}) })
+			_ = m.retry(ctx, func() error {
+				r := withdrawn(want(), a)
+				return m.writeBlock(ctx, p, writePlan{request: &r})
+			})
 			m.io.Unlock()
 			break
 		}
@@ -180,14 +187,30 @@ func (m *Manager) askFor(ctx context.Context, a netip.Addr) error {
 	if a.IsValid() {
 		m.mu.Lock()
 		defer m.mu.Unlock()
-		b := &m.blockFor(a).persisted
-		if _, claimed := b.holderOf(blockOffset(a)); !claimed {
-			return nil // given back meanwhile: the caller claims it
+		if m.entries[a] != nil {
+			// Handed over, and taken into the free list meanwhile by the
+			// background work that the watch woke: the caller takes it.
+			return nil
 		}
-		if err := elsewhereState(b, a, m.cfg.Holder, m.clock.Now()); err != nil {
+		b := &m.blockFor(a).persisted
+		h, claimed := b.holderOf(blockOffset(a))
+		if !claimed || h == m.cfg.Holder {
+			// Given back meanwhile, or handed over with no entry yet:
+			// the caller claims it.
+			return nil
+		}
+		if err := m.elsewhereLocked(b, a); !errors.Is(err, errAskHolder) {
 			return err
 		}
-		h, _ := b.holderOf(blockOffset(a))
+		if !answered {
+			return &HolderError{Addr: a, Holder: h, Live: true}
+		}
+		// The holder answered without handing it over, in a write that
+		// shows its cooldowns as they are: cooling down there, or pending
+		// or allocated.
+		if err := storedCooldown(b, a, h, m.clock.Now()); err != nil {
+			return err
+		}
 		return &AddressError{Addr: a, Reason: ErrInUse, State: StatePending, Holder: h}
 	}
 	return nil
@@ -224,6 +247,35 @@ func (m *Manager) livePeersIn(bs *blockState) bool {
 		}
 	}
 	return false
+}
+
+// withdrawn is request r without what askFor(a) added to it: the static
+// request of a, or the count of any.
+func withdrawn(r Request, a netip.Addr) Request {
+	if !a.IsValid() {
+		r.Count = 0
+		return r
+	}
+	if r.Addrs != nil {
+		r.Addrs.Clear(blockOffset(a))
+		if r.Addrs.Empty() {
+			r.Addrs = nil
+		}
+	}
+	return r
+}
+
+// mineOrUnclaimed reports whether this Manager holds a, or the store as
+// last read shows it claimed by nobody or by this holder: a static request
+// then needs no answer from another holder.
+func (m *Manager) mineOrUnclaimed(a netip.Addr) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.entries[a] != nil {
+		return true
+	}
+	h, claimed := m.blockFor(a).persisted.holderOf(blockOffset(a))
+	return !claimed || h == m.cfg.Holder
 }
 
 // received counts the addresses of block p the store shows claimed by
@@ -329,11 +381,14 @@ func (m *Manager) serveRequests(ctx context.Context, p netip.Prefix) error {
 					continue
 				}
 				e := m.entries[blockAddr(p, off)]
-				if e == nil {
-					continue // not ours to answer
+				if e == nil || e.arming || e.state == stateReturning {
+					// Not ours to answer; or ours but in a write under way
+					// (being armed, given back or handed over): answered
+					// once it lands, or by the store showing it unclaimed.
+					continue
 				}
 				left.Clear(off)
-				if (e.state == StateFree || e.state == stateSurplus) && !e.arming {
+				if e.state == StateFree || e.state == stateSurplus {
 					take(e)
 					give[h] = append(give[h], e.addr)
 				}

@@ -212,6 +212,9 @@ func (d *VMDefaulter) refused(ctx context.Context, err error, v *target.View, po
 		return deny(apierrors.NewServiceUnavailable(fmt.Sprintf("IPPool %s is recovering its state; retry in a few seconds", pool.Name())))
 	case errors.Is(err, ipam.ErrExhausted):
 		return deny(apierrors.NewForbidden(gr(d.Target), name(v), errors.New(unwrapMessage(err))))
+	case errors.Is(err, ipam.ErrNoAnswer) && st != nil:
+		// The address may well be free with its replica: a retry asks again.
+		return deny(apierrors.NewServiceUnavailable(fmt.Sprintf("%s: %s", st.path, unwrapMessage(err))))
 	case errors.Is(err, ipam.ErrTooManyPending):
 		return deny(apierrors.NewTooManyRequests(unwrapMessage(err), 5))
 	case st != nil && (errors.Is(err, ipam.ErrInUse) || errors.Is(err, ipam.ErrCoolingDown) || errors.Is(err, ipam.ErrConflict) || errors.Is(err, ipam.ErrOutOfRange)):
@@ -492,6 +495,10 @@ func unwrapMessage(err error) string {
 	var pl *ipam.PendingLimitError
 	if errors.As(err, &pl) {
 		return pl.Error()
+	}
+	var he *ipam.HolderError
+	if errors.As(err, &he) {
+		return he.Error()
 	}
 	return err.Error()
 }

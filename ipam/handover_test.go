@@ -1,0 +1,152 @@
+package ipam
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+)
+
+// watchStore is a MemoryStore that shows every version it writes to every
+// Manager watching it, after the write returns and in the order written,
+// as the IPBlock informer does in vmipam.
+type watchStore struct {
+	*MemoryStore
+	mu       sync.Mutex
+	watchers []*Manager
+	events   chan Block
+	done     chan struct{}
+}
+
+func newWatchStore() *watchStore {
+	s := &watchStore{MemoryStore: NewMemoryStore(), events: make(chan Block, 4096), done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		for b := range s.events {
+			s.mu.Lock()
+			ws := s.watchers
+			s.mu.Unlock()
+			for _, m := range ws {
+				m.Observe(b)
+			}
+		}
+	}()
+	return s
+}
+
+func (s *watchStore) watch(m *Manager) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.watchers = append(s.watchers, m)
+}
+
+func (s *watchStore) close() { close(s.events); <-s.done }
+
+func (s *watchStore) Put(ctx context.Context, b Block) (string, error) {
+	// The lock keeps the events in the order of the versions.
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, err := s.MemoryStore.Put(ctx, b)
+	if err == nil {
+		nb := b.Clone()
+		nb.Version = v
+		s.events <- nb
+	}
+	return v, err
+}
+
+func (s *watchStore) Delete(ctx context.Context, p netip.Prefix, version string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	err := s.MemoryStore.Delete(ctx, p, version)
+	if err == nil {
+		s.events <- Block{Prefix: p}
+	}
+	return err
+}
+
+// livePeers starts n Managers of one pool over st, each under its own
+// holder, knowing each other as live, recovered, and running their
+// background work on the real clock until the test ends.
+func livePeers(t *testing.T, st *watchStore, ranges *Ranges, n int) []*Manager {
+	t.Helper()
+	holders := make([]string, n)
+	for i := range holders {
+		holders[i] = fmt.Sprintf("h%d", i)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait(); st.close() })
+	ms := make([]*Manager, n)
+	for i, h := range holders {
+		m, err := NewManager(Config{Pool: "p", Holder: h, Ranges: ranges, Store: st, Cooldown: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.SetPeers(holders)
+		if _, err := m.Recover(ctx, nil); err != nil {
+			t.Fatal(err)
+		}
+		st.watch(m)
+		ms[i] = m
+		wg.Go(func() { m.Run(ctx, 200*time.Millisecond, nil) })
+	}
+	return ms
+}
+
+// TestStaticHandover: a static request for an address that another live
+// holder holds free, armed or not, is granted by a hand-over, never refused
+// as in use. Each request goes to a holder that does not claim the
+// address, as the Service sends an admission to any replica.
+func TestStaticHandover(t *testing.T) {
+	ranges := mustRanges(t, RangeSpec{CIDR: "10.0.0.0/24"})
+	st := newWatchStore()
+	ms := livePeers(t, st, ranges, 3)
+	// Let each claim and arm its free list.
+	for i, m := range ms {
+		if _, err := m.Allocate(t.Context(), Reservation{Token: fmt.Sprint("warm-", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var waits []time.Duration
+	for round := range 30 {
+		// An address some holder holds free.
+		var a netip.Addr
+		var owner int
+		for i, m := range ms {
+			m.mu.Lock()
+			for e := m.readyList.head; e != nil && !a.IsValid(); e = e.next {
+				a, owner = e.addr, i
+			}
+			if !a.IsValid() {
+				for e := m.free.head; e != nil && !a.IsValid(); e = e.next {
+					a, owner = e.addr, i
+				}
+			}
+			m.mu.Unlock()
+			if a.IsValid() && round%len(ms) <= i {
+				break
+			}
+		}
+		if !a.IsValid() {
+			t.Fatalf("round %d: no holder holds a free address", round)
+		}
+		asker := ms[(owner+1+round%2)%len(ms)]
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		start := time.Now()
+		err := asker.Reserve(ctx, Reservation{Token: fmt.Sprint("static-", round)}, a)
+		cancel()
+		waits = append(waits, time.Since(start))
+		if err != nil {
+			t.Fatalf("round %d: %s asks for %s, free at %s: %v", round, asker.Holder(), a, ms[owner].Holder(), err)
+		}
+		if s, _, _ := asker.Lookup(a); s != StatePending {
+			t.Fatalf("round %d: %s is %v on %s after its reservation, want pending", round, a, s, asker.Holder())
+		}
+	}
+	sort.Slice(waits, func(i, j int) bool { return waits[i] < waits[j] })
+	t.Logf("hand-overs: %d, p50 %v, p99 %v, max %v", len(waits), waits[len(waits)/2], waits[len(waits)*99/100], waits[len(waits)-1])
+}
