@@ -78,7 +78,7 @@ func TestAskWhereOthersHaveFree(t *testing.T) {
 				m.setPersistedLocked(bs, blk)
 				bs.loaded = true
 			}
-			if got := m.askWhereLocked(); got != tt.want {
+			if got := m.askWhereLocked(nil); got != tt.want {
 				t.Errorf("asks in %v, want %v", got, tt.want)
 			}
 		})

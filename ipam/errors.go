@@ -3,6 +3,7 @@ package ipam
 import (
 	"errors"
 	"fmt"
+	"math/bits"
 	"net/netip"
 	"time"
 )
@@ -49,6 +50,68 @@ type ExhaustedError struct {
 	// NextFree is when the next address leaves cooldown; zero when no
 	// address is cooling down or pending.
 	NextFree time.Time
+	// Others is what the store showed of the other holders' addresses
+	// (the other replicas), when they hold any: with Counts, the pool's
+	// state as a whole, not this replica's share.
+	Others *Others
+}
+
+// Others is what the store shows of the addresses that other holders
+// claim, as of their last writes.
+type Others struct {
+	// Holders is how many other holders claim addresses.
+	Holders int
+	// InUse are allocated or pending there (the store does not tell
+	// which); Cooling, cooling down; Free, neither, armed or not.
+	InUse, Cooling, Free int
+	// Unreachable are claimed by holders that are not running; they come
+	// free once another takes their claims over.
+	Unreachable int
+	// NextFree is the earliest cooldown deadline among them.
+	NextFree time.Time
+}
+
+// add counts the other holders' addresses in b; live tells which holders
+// run; holders collects them, for Holders.
+func (o *Others) add(b *Block, self string, live func(string) bool, now time.Time, holders map[string]bool) {
+	cooling := map[string]int{}
+	for a, d := range b.Cooldowns {
+		if !d.After(now) {
+			continue
+		}
+		if h, ok := b.holderOf(blockOffset(a)); ok && h != self && live(h) && !has(b.InUse, h, blockOffset(a)) {
+			cooling[h]++
+			if o.NextFree.IsZero() || d.Before(o.NextFree) {
+				o.NextFree = d
+			}
+		}
+	}
+	for h, bm := range b.Claims {
+		if h == self || bm.Empty() {
+			continue
+		}
+		if !holders[h] {
+			holders[h] = true
+			o.Holders++
+		}
+		n := bm.Count()
+		if !live(h) {
+			o.Unreachable += n
+			continue
+		}
+		used := n
+		if b.Exact {
+			used = 0
+			if u := b.InUse[h]; u != nil {
+				for w, x := range bm {
+					used += bits.OnesCount64(x & u[w])
+				}
+			}
+		}
+		o.InUse += used
+		o.Cooling += cooling[h]
+		o.Free += max(n-used-cooling[h], 0)
+	}
 }
 
 func (e *ExhaustedError) Error() string {
@@ -56,10 +119,26 @@ func (e *ExhaustedError) Error() string {
 	if e.Family != "" {
 		what, of = "has no "+e.Family+" address left", "usable "+e.Family+" addresses"
 	}
-	msg := fmt.Sprintf("pool %q %s: %d of %d %s allocated, %d pending, %d cooling down",
-		e.Pool, what, e.Counts.Allocated, e.Counts.Usable, of, e.Counts.Pending, e.Counts.Cooldown)
-	if e.Counts.ClaimedElsewhere > 0 {
-		msg += fmt.Sprintf(", %d claimed by other holders", e.Counts.ClaimedElsewhere)
+	var msg string
+	if o := e.Others; o != nil && o.Holders > 0 {
+		// Several replicas: the pool as a whole first, then this one.
+		msg = fmt.Sprintf("pool %q %s: of %d %s, %d are allocated or pending, %d cooling down, %d free",
+			e.Pool, what, e.Counts.Usable, of, e.Counts.Allocated+e.Counts.Pending+o.InUse,
+			e.Counts.Cooldown+o.Cooling, e.Counts.Free+o.Free)
+		if o.Unreachable > 0 {
+			msg += fmt.Sprintf(", %d held by vmipam replicas that are not running (free again once their claims are taken over)", o.Unreachable)
+		}
+		if n := int(e.Counts.Usable) - e.Counts.Claimed - e.Counts.ClaimedElsewhere; n > 0 {
+			msg += fmt.Sprintf(", %d unclaimed", n)
+		}
+		msg += fmt.Sprintf(" (this replica: %d allocated, %d pending, %d cooling down; %d other replicas, as the store last showed them)",
+			e.Counts.Allocated, e.Counts.Pending, e.Counts.Cooldown, o.Holders)
+	} else {
+		msg = fmt.Sprintf("pool %q %s: %d of %d %s allocated, %d pending, %d cooling down",
+			e.Pool, what, e.Counts.Allocated, e.Counts.Usable, of, e.Counts.Pending, e.Counts.Cooldown)
+		if e.Counts.ClaimedElsewhere > 0 {
+			msg += fmt.Sprintf(", %d claimed by other holders", e.Counts.ClaimedElsewhere)
+		}
 	}
 	if !e.NextFree.IsZero() {
 		msg += "; the next address frees at " + e.NextFree.UTC().Format(time.RFC3339)

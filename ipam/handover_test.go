@@ -150,3 +150,76 @@ func TestStaticHandover(t *testing.T) {
 	sort.Slice(waits, func(i, j int) bool { return waits[i] < waits[j] })
 	t.Logf("hand-overs: %d, p50 %v, p99 %v, max %v", len(waits), waits[len(waits)/2], waits[len(waits)*99/100], waits[len(waits)-1])
 }
+
+// TestHandoverToNewHolder: a holder that the others' last list of live
+// holders does not name yet (it started since) gets its static request
+// answered once a list names it, not dropped as a dead holder's; a holder
+// that a list taken after its request still leaves out is gone, and its
+// request is dropped.
+func TestHandoverToNewHolder(t *testing.T) {
+	ranges := mustRanges(t, RangeSpec{CIDR: "10.0.0.0/24"})
+	st := newWatchStore()
+	ms := livePeers(t, st, ranges, 2)
+	owner, asker := ms[0], ms[1]
+	if _, err := owner.Allocate(t.Context(), Reservation{Token: "warm"}); err != nil {
+		t.Fatal(err)
+	}
+	owner.mu.Lock()
+	a := owner.readyList.head.addr
+	owner.mu.Unlock()
+	// The owner's last list predates the asker.
+	owner.SetPeers([]string{owner.Holder()})
+	listed := make(chan struct{})
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		owner.SetPeers([]string{owner.Holder(), asker.Holder()})
+		close(listed)
+	}()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	if err := asker.Reserve(ctx, Reservation{Token: "static"}, a); err != nil {
+		t.Fatalf("%s asks for %s, free at %s, whose list names it only later: %v", asker.Holder(), a, owner.Holder(), err)
+	}
+	select {
+	case <-listed:
+	default:
+		t.Fatalf("%s was handed over before the owner's list named the asker", a)
+	}
+
+	// A request of a holder that no list names, seen before a list that
+	// leaves it out, is dropped with the owner's next write.
+	p := BlockOf(a)
+	b, err := st.Get(t.Context(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r Request
+	r.Count = 3
+	b.Requests = map[string]Request{"gone": r}
+	if _, err := st.Put(t.Context(), b); err != nil {
+		t.Fatal(err)
+	}
+	harnessEventually(t, func() bool {
+		owner.SetPeers([]string{owner.Holder(), asker.Holder()})
+		if err := owner.Flush(t.Context()); err != nil {
+			return false
+		}
+		_, _ = owner.Allocate(t.Context(), Reservation{Token: fmt.Sprint("more-", time.Now().UnixNano())})
+		owner.Kick()
+		got, _ := st.Get(t.Context(), p)
+		_, asks := got.Requests["gone"]
+		return !asks
+	})
+}
+
+// harnessEventually polls cond every 20ms for up to 5s.
+func harnessEventually(t *testing.T, cond func() bool) {
+	t.Helper()
+	for range 250 {
+		if cond() {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatal("condition not met in 5s")
+}

@@ -363,6 +363,15 @@ type Manager struct {
 	// peers are the live holders of the pool, this one included; nil
 	// until SetPeers, when every request is served.
 	peers map[string]bool
+	// peersSeq counts the lists of live holders (SetPeers); strangers
+	// holds, for each holder seen in a block but named by no list yet,
+	// peersSeq when it was first seen (see goneLocked).
+	peersSeq  uint64
+	strangers map[string]uint64
+	// persistedSeq counts the versions of blocks recorded; othersCache
+	// keeps othersLocked's sum while nothing it depends on changed.
+	persistedSeq uint64
+	othersCache  othersCache
 	// lost: the store shows another holder on an address this Manager
 	// holds; its claims were taken over, and it serves nothing until it
 	// recovers again.
@@ -560,7 +569,12 @@ func (m *Manager) allocate(ctx context.Context, r Reservation, now time.Time) (n
 	if r.Token == "" {
 		return netip.Addr{}, fmt.Errorf("allocate from pool %q: %w", m.cfg.Pool, errTokenRequired)
 	}
-	asked, refreshed := false, false
+	// asked are the blocks asked for addresses: each at most once, and
+	// another only while the store shows other holders free addresses
+	// (the first asked may have had none to give by the time it read the
+	// request).
+	var asked map[netip.Prefix]bool
+	refreshed, askedAll := false, false
 	for attempt := 0; ; attempt++ {
 		m.mu.Lock()
 		if err := m.servingLocked(now); err != nil {
@@ -593,7 +607,10 @@ func (m *Manager) allocate(ctx context.Context, r Reservation, now time.Time) (n
 		claimable := m.claimableLocked()
 		// Other holders may hold free addresses: the store showed some
 		// that were neither in use nor cooling down there.
-		askable := m.othersFree > 0 && !asked
+		askable := !askedAll && asked == nil && m.othersFree > 0 ||
+			// Cooldowns that the store shows at other holders may have
+			// ended since it was read: those addresses are free there.
+			!askedAll && len(asked) < maxAsks && unarmed == 0 && claimable == 0 && m.elsewhere > 0 && m.othersLocked(now).Free > 0
 		// What other holders claim is known from blocks read earlier: before
 		// calling the pool exhausted, read those again (at most once a
 		// second), since they may have given addresses back since.
@@ -624,6 +641,9 @@ func (m *Manager) allocate(ctx context.Context, r Reservation, now time.Time) (n
 					break
 				}
 			}
+			// A new view: holders it shows with free addresses are
+			// asked, even if the old one had none to ask.
+			askedAll = false
 		case unarmed > 0:
 			// Free addresses, none armed: arm a batch, synchronously.
 			err = m.arm(ctx)
@@ -640,14 +660,22 @@ func (m *Manager) allocate(ctx context.Context, r Reservation, now time.Time) (n
 			}
 		default:
 			// Every address is claimed, some by other holders: ask them.
-			asked = true
-			err = m.askFor(ctx, netip.Addr{})
+			if asked == nil {
+				asked = map[netip.Prefix]bool{}
+			}
+			var p netip.Prefix
+			p, err = m.askIn(ctx, netip.Addr{}, asked)
+			asked[p] = true
+			askedAll = askedAll || !p.IsValid()
 		}
 		if err != nil {
 			return netip.Addr{}, fmt.Errorf("allocate from pool %q: %w", m.cfg.Pool, err)
 		}
 	}
 }
+
+// maxAsks bounds the blocks one allocation asks other holders in.
+const maxAsks = 3
 
 // targets returns the watermarks in force.
 func (m *Manager) targets() (low, target, high int) {
@@ -1329,13 +1357,56 @@ func (m *Manager) Stats() Stats {
 }
 
 func (m *Manager) exhaustedLocked() error {
+	now := m.clock.Now()
 	err := &ExhaustedError{Pool: m.cfg.Pool, Family: m.cfg.Family, Counts: m.countsLocked()}
 	if e := m.cooldown.head; e != nil {
 		err.NextFree = e.at
 	} else if e := m.pending.head; e != nil {
 		err.NextFree = e.at.Add(m.cfg.PendingTTL + m.cfg.Cooldown)
 	}
+	if m.elsewhere > 0 {
+		// Only when refusing: it walks the blocks read.
+		o := m.othersLocked(now)
+		err.Others = &o
+		if !o.NextFree.IsZero() && (err.NextFree.IsZero() || o.NextFree.Before(err.NextFree)) {
+			err.NextFree = o.NextFree
+		}
+	}
 	return err
+}
+
+// othersLocked sums what the blocks read show of the other holders'
+// addresses at now. The sum walks the blocks, so it is kept until a block
+// read or written, a list of live holders, or the end of a cooldown it
+// counted changes it: a storm of creates refused in a full pool walks
+// them once.
+func (m *Manager) othersLocked(now time.Time) Others {
+	c := &m.othersCache
+	if c.valid && c.persisted == m.persistedSeq && c.peers == m.peersSeq && (c.o.NextFree.IsZero() || now.Before(c.o.NextFree)) {
+		return c.o
+	}
+	o := m.sumOthersLocked(now)
+	*c = othersCache{valid: true, persisted: m.persistedSeq, peers: m.peersSeq, o: o}
+	return o
+}
+
+// othersCache is the last sum of othersLocked, and what it depends on.
+type othersCache struct {
+	valid            bool
+	persisted, peers uint64
+	o                Others
+}
+
+func (m *Manager) sumOthersLocked(now time.Time) Others {
+	var o Others
+	holders := map[string]bool{}
+	for _, bs := range m.blocks {
+		if !bs.loaded || bs.elsewhere == 0 {
+			continue
+		}
+		o.add(&bs.persisted, m.cfg.Holder, m.listedLocked, now, holders)
+	}
+	return o
 }
 
 // Run rebalances the free list, arms addresses and answers other holders'

@@ -409,7 +409,7 @@ func (m *Manager) elsewhereLocked(b *Block, a netip.Addr) error {
 	if !ok || h == m.cfg.Holder {
 		return nil
 	}
-	if m.peers == nil || m.peers[h] {
+	if !m.goneLocked(h) {
 		return errAskHolder
 	}
 	if err := storedCooldown(b, a, h, m.clock.Now()); err != nil {
@@ -866,6 +866,7 @@ func (m *Manager) setPersistedLocked(bs *blockState, b Block) {
 	m.elsewhere += n - bs.elsewhere
 	m.othersFree += free - bs.othersFree
 	bs.persisted, bs.elsewhere, bs.othersFree = b, n, free
+	m.persistedSeq++
 	for h := range b.Requests {
 		if h != m.cfg.Holder && bs.ours > 0 {
 			bs.requested = true
@@ -1161,7 +1162,7 @@ func (m *Manager) buildLocked(bs *blockState, plan writePlan) (Block, error) {
 		}
 	}
 	for h, r := range nb.Requests {
-		if r.Count <= 0 && (r.Addrs == nil || r.Addrs.Empty()) || m.peers != nil && !m.peers[h] {
+		if r.Count <= 0 && (r.Addrs == nil || r.Addrs.Empty()) || h != self && m.goneLocked(h) {
 			delete(nb.Requests, h)
 		}
 	}

@@ -24,6 +24,7 @@ func TestProperties(t *testing.T) {
 	if n, err := strconv.Atoi(os.Getenv("IPAM_SEQUENCES")); err == nil && n > 0 {
 		sequences = n
 	}
+	judged, wrong := 0, 0
 	for seed := range uint64(sequences) {
 		if s := os.Getenv("IPAM_SEED"); s != "" && s != fmt.Sprint(seed) {
 			continue
@@ -49,7 +50,11 @@ func TestProperties(t *testing.T) {
 		if err := h.drain(); err != nil {
 			t.Fatalf("seed %d drain: %v\ntrace:\n%s", seed, err, h.trace())
 		}
+		judged, wrong = judged+h.exhaustedJudged, wrong+h.wrongExhausted
 	}
+	// Refusals as exhausted while another live holder held an address
+	// that the store showed free (IPAM_EXHAUSTION=strict fails on one).
+	t.Logf("refusals as exhausted after reading the other holders' blocks: %d, of which wrong: %d", judged, wrong)
 }
 
 // FuzzOperations feeds arbitrary operation sequences to the same model.

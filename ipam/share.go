@@ -28,14 +28,68 @@ const grantPoll = 25 * time.Millisecond
 // included: only their requests are answered (a dead holder's are dropped
 // with the next write of their block), and with several the watermarks
 // shrink so that a small pool is not stranded in their free lists.
+//
+// A holder that a block names but the list does not may have started
+// since the list was taken: it counts as gone only once a list taken after
+// this Manager first saw it still leaves it out (see goneLocked).
 func (m *Manager) SetPeers(holders []string) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	m.peers = make(map[string]bool, len(holders))
 	for _, h := range holders {
 		m.peers[h] = true
 	}
 	m.peers[m.cfg.Holder] = true
+	m.peersSeq++
+	if len(m.strangers) > maxStrangers {
+		m.strangers = nil
+	}
+	for h := range m.strangers {
+		if m.peers[h] {
+			delete(m.strangers, h)
+		}
+	}
+	// Requests of holders this list names for the first time wait for
+	// an answer.
+	kick := false
+	for _, bs := range m.blocks {
+		for h := range bs.persisted.Requests {
+			if h != m.cfg.Holder && bs.ours > 0 {
+				bs.requested, kick = true, true
+			}
+		}
+	}
+	m.mu.Unlock()
+	if kick {
+		m.Kick()
+	}
+}
+
+// listedLocked reports whether the last list of live holders names h (or
+// there is none yet).
+func (m *Manager) listedLocked(h string) bool { return m.peers == nil || m.peers[h] }
+
+// maxStrangers bounds the holders remembered as seen before a list named
+// them; past it they are forgotten, and judged again after the next list.
+const maxStrangers = 1024
+
+// goneLocked reports whether holder h, which the list of live holders does
+// not name, has left: a list taken after this Manager first saw h left it
+// out too. Until then h may be a holder that started after the last list
+// (every replica lists the others once per retry period), whose requests
+// must not be dropped, nor its addresses taken for a dead holder's.
+func (m *Manager) goneLocked(h string) bool {
+	if m.peers == nil || m.peers[h] {
+		return false
+	}
+	first, seen := m.strangers[h]
+	if !seen {
+		if m.strangers == nil {
+			m.strangers = map[string]uint64{}
+		}
+		m.strangers[h] = m.peersSeq
+		return false
+	}
+	return first < m.peersSeq
 }
 
 // Observe tells the Manager of a version of one of its pool's blocks seen
@@ -112,17 +166,30 @@ func (m *Manager) requestedLocked() netip.Prefix {
 // grantWait or ctx's deadline, and takes what they hand over into the free
 // list, armed.
 func (m *Manager) askFor(ctx context.Context, a netip.Addr) error {
+	_, err := m.askIn(ctx, a, nil)
+	return err
+}
+
+// askIn is askFor, asking for any free addresses in a block not in
+// skip; it returns the block asked in, or the zero prefix when none was
+// left to ask.
+func (m *Manager) askIn(ctx context.Context, a netip.Addr, skip map[netip.Prefix]bool) (netip.Prefix, error) {
 	m.mu.Lock()
 	var p netip.Prefix
 	if a.IsValid() {
 		p = BlockOf(a)
 	} else {
-		p = m.askWhereLocked()
+		p = m.askWhereLocked(skip)
 	}
 	m.mu.Unlock()
 	if !p.IsValid() {
-		return nil
+		return p, nil
 	}
+	return p, m.askAt(ctx, p, a)
+}
+
+// askAt asks in block p (see askFor).
+func (m *Manager) askAt(ctx context.Context, p netip.Prefix, a netip.Addr) error {
 	want := func() Request {
 		m.mu.Lock()
 		defer m.mu.Unlock()
@@ -224,14 +291,18 @@ func (m *Manager) askFor(ctx context.Context, a netip.Addr) error {
 // pool filled to the last address, a block whose holder had every address
 // in use, while another holder's block had some free: they were out of
 // reach, and creates were refused with addresses left.
-func (m *Manager) askWhereLocked() netip.Prefix {
+func (m *Manager) askWhereLocked(skip map[netip.Prefix]bool) netip.Prefix {
 	var p netip.Prefix
 	bestFree, best := 0, 0
 	for q, bs := range m.blocks {
-		if !bs.loaded || !m.livePeersIn(bs) {
+		if !bs.loaded || skip[q] || !m.livePeersIn(bs) {
 			continue
 		}
-		free := othersFree(&bs.persisted, func(h string) bool { return h != m.cfg.Holder && (m.peers == nil || m.peers[h]) })
+		// Free there as of now: a cooldown the store shows may have
+		// ended since.
+		var o Others
+		o.add(&bs.persisted, m.cfg.Holder, m.listedLocked, m.clock.Now(), map[string]bool{})
+		free := o.Free
 		if free > bestFree || bestFree == 0 && free == 0 && bs.elsewhere > best {
 			p, bestFree, best = q, free, bs.elsewhere
 		}
@@ -370,7 +441,11 @@ func (m *Manager) serveRequests(ctx context.Context, p netip.Prefix) error {
 			continue
 		}
 		if m.peers != nil && !m.peers[h] {
-			answer[h] = Request{} // a holder that left: drop its request
+			if m.goneLocked(h) {
+				answer[h] = Request{} // a holder that left: drop its request
+			}
+			// Else a holder started since the live ones were last listed:
+			// answered once the next list names it.
 			continue
 		}
 		out := Request{}

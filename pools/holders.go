@@ -38,6 +38,18 @@ func (r *Registry) keepLease(ctx context.Context) {
 		log.Error(err, "Renewing the holder lease", "holder", r.opts.Holder, "stillValid", r.lease.valid())
 		return
 	}
+	r.listPeers(ctx)
+}
+
+// listPeers lists the holder Leases, tells the allocators who the live
+// holders are, and takes over the claims of holders that left.
+func (r *Registry) listPeers(ctx context.Context) {
+	log := logf.FromContext(ctx)
+	select {
+	case <-r.leased:
+	default:
+		return // not one of them yet
+	}
 	peers, err := r.lease.peers(ctx)
 	if err != nil {
 		log.Error(err, "Listing the holder leases")
@@ -59,9 +71,11 @@ func (r *Registry) keepLease(ctx context.Context) {
 	r.mu.Unlock()
 	if changed {
 		log.Info("Live holders", "holders", live)
-		for _, p := range r.list() {
-			p.setPeers(live)
-		}
+	}
+	// Every list, changed or not: an allocator judges a holder it saw in
+	// a block, but no list named, gone only after a list taken since.
+	for _, p := range r.list() {
+		p.setPeers(live)
 	}
 	// Take others over only once this holder has renewed in time for a
 	// whole lease duration: after an outage every holder first gets the
@@ -233,6 +247,7 @@ func (r *Registry) watchBlocks(ctx context.Context) {
 			// Gone: nobody claims anything there any more.
 			b = ipam.Block{Prefix: b.Prefix}
 		}
+		r.noteAskers(b)
 		p.observe(b)
 	}
 	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -240,6 +255,27 @@ func (r *Registry) watchBlocks(ctx context.Context) {
 		UpdateFunc: func(_, obj any) { observe(obj, false) },
 		DeleteFunc: func(obj any) { observe(obj, true) },
 	})
+}
+
+// noteAskers lists the live holders again soon when a block shows a
+// request of a holder the last list did not name: one that started since
+// (its request is answered only once a list names it, and it waits for
+// the answer for a few seconds at most), or one that left.
+func (r *Registry) noteAskers(b ipam.Block) {
+	if len(b.Requests) == 0 {
+		return
+	}
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	for h := range b.Requests {
+		if h != r.opts.Holder && !slices.Contains(r.peers, h) {
+			select {
+			case r.relist <- struct{}{}:
+			default:
+			}
+			return
+		}
+	}
 }
 
 // Holder returns this replica's holder.

@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -107,6 +108,9 @@ type Registry struct {
 	lease       *lease
 	// leased is closed once the holder Lease was first acquired.
 	leased chan struct{}
+	// relist asks for the live holders to be listed again before the
+	// next renewal (see noteAskers).
+	relist chan struct{}
 
 	// servedKinds are the kinds the API server served since the start
 	// (MarkServed).
@@ -115,6 +119,11 @@ type Registry struct {
 
 	mu    sync.RWMutex
 	pools map[string]*Pool
+	// problems are, by IPPool name, why the last Ensure of the pool's
+	// current version failed: a spec that cannot be applied, or a
+	// recovery that failed. Only the creates that draw from that pool
+	// are refused for it (see served).
+	problems map[string]poolProblem
 	// peers are the live holders, as last listed; peerCounts, what the
 	// others among them published of their pools.
 	peers      []string
@@ -154,7 +163,7 @@ func NewRegistry(opts Options) *Registry {
 	}
 	opts.Lease.Holder = opts.Holder
 	r := &Registry{
-		opts: opts, holderLabel: HolderLabelValue(opts.Holder), clock: clk, started: make(chan struct{}), leased: make(chan struct{}), pools: map[string]*Pool{}, takingOver: map[string]bool{},
+		opts: opts, holderLabel: HolderLabelValue(opts.Holder), clock: clk, started: make(chan struct{}), leased: make(chan struct{}), relist: make(chan struct{}, 1), pools: map[string]*Pool{}, problems: map[string]poolProblem{}, takingOver: map[string]bool{},
 		lease: newLease(opts.Client, opts.APIReader, opts.Lease),
 	}
 	r.lease.counts = r.publishedCounts
@@ -197,6 +206,7 @@ func (r *Registry) Start(ctx context.Context) error {
 	}()
 	renew := time.NewTicker(r.lease.opts.RetryPeriod)
 	defer renew.Stop()
+	var relisted time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -206,6 +216,12 @@ func (r *Registry) Start(ctx context.Context) error {
 			return nil
 		case <-renew.C:
 			r.keepLease(ctx)
+		case <-r.relist:
+			// At most one list in relistPace, whatever the blocks show.
+			if time.Since(relisted) >= relistPace {
+				relisted = time.Now()
+				r.listPeers(ctx)
+			}
 		case <-status.C:
 			for _, p := range r.list() {
 				if err := r.writeStatus(ctx, p); err != nil && ctx.Err() == nil {
@@ -239,6 +255,10 @@ func (r *Registry) resyncLoop(ctx context.Context) {
 	}
 }
 
+// relistPace bounds how often the live holders are listed between
+// renewals, on a block that shows a request of a holder no list named.
+const relistPace = 250 * time.Millisecond
+
 // NeedLeaderElection returns false: every replica serves the webhook, so
 // every replica keeps its allocators.
 func (r *Registry) NeedLeaderElection() bool { return false }
@@ -270,6 +290,26 @@ func (r *Registry) Get(name string) *Pool {
 // addresses before the new one recovers, so the two never share a moment.
 // A pool being deleted keeps its allocator but hands out nothing new.
 func (r *Registry) Ensure(ctx context.Context, pool *vmipamv1.IPPool) error {
+	err := r.ensure(ctx, pool)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case err == nil:
+		delete(r.problems, pool.Name)
+	case ctx.Err() == nil:
+		r.problems[pool.Name] = poolProblem{uid: pool.UID, generation: pool.Generation, err: err}
+	}
+	return err
+}
+
+// poolProblem is why an IPPool's version could not be served.
+type poolProblem struct {
+	uid        types.UID
+	generation int64
+	err        error
+}
+
+func (r *Registry) ensure(ctx context.Context, pool *vmipamv1.IPPool) error {
 	select {
 	case <-r.started:
 	case <-ctx.Done():
@@ -349,6 +389,7 @@ func (r *Registry) Remove(ctx context.Context, name string) error {
 	r.mu.Lock()
 	p := r.pools[name]
 	delete(r.pools, name)
+	delete(r.problems, name)
 	r.mu.Unlock()
 	if p == nil {
 		return nil
@@ -442,20 +483,47 @@ func (r *Registry) warn(pool *vmipamv1.IPPool, reason, msg string) {
 }
 
 // Serving is this replica's readiness: it holds its Lease, renewed in
-// time, and every IPPool has been recovered once since it started (or
-// since it last lost its Lease). A pool created or changed later does not
-// make it unready: every replica recovers that pool at about the same
-// moment, and a readiness tied to it would take every replica out of the
-// Service at once, failing every VM create for a moment, where an
-// admission for the new pool alone answers "retry" meanwhile.
+// time, and it has tried every IPPool once since it started (or since it
+// last lost its Lease): recovered it, or found why it cannot (a spec it
+// cannot apply, a recovery that failed and is retried). A pool's trouble
+// stays in that pool: only the creates that draw from it are refused,
+// with its own reason (see Select), while the replica serves every other
+// pool. Nor does a pool created or changed later make it unready: every
+// replica recovers that pool at about the same moment, and a readiness
+// tied to it would take every replica out of the Service at once.
 func (r *Registry) Serving(ctx context.Context) error {
 	if r.recovered.Load() {
 		return r.leaseReady()
 	}
-	if err := r.Ready(ctx); err != nil {
+	if err := r.tried(ctx); err != nil {
 		return err
 	}
 	r.recovered.Store(true)
+	return nil
+}
+
+// tried reports an error until this replica holds its Lease and has
+// recovered, or failed to recover, every IPPool at its current version.
+func (r *Registry) tried(ctx context.Context) error {
+	if err := r.leaseReady(); err != nil {
+		return err
+	}
+	var list vmipamv1.IPPoolList
+	if err := r.opts.Client.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
+		return fmt.Errorf("list IPPools: %w", err)
+	}
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	for i := range list.Items {
+		pool := &list.Items[i]
+		if p := r.pools[pool.Name]; p != nil && p.uid == pool.UID && p.observedGeneration() == pool.Generation && p.Ready() {
+			continue
+		}
+		if pr, ok := r.problems[pool.Name]; ok && pr.uid == pool.UID && pr.generation == pool.Generation {
+			continue
+		}
+		return fmt.Errorf("IPPool %s not recovered yet", pool.Name)
+	}
 	return nil
 }
 

@@ -5,14 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/ipam"
 	"github.com/vmipam/vmipam/target"
 )
 
@@ -22,21 +26,32 @@ var ErrNotAllowed = errors.New("namespace not allowed to use the pool")
 
 // Select picks the pool for an object of namespace ns that names the pool
 // named (empty when it names none): the one it names, else the one whose
-// namespace selector matches ns, else the default pool. A pool that ns may
-// not use, or that is being deleted, is refused with the reason. t is the
-// object's kind, whose pool field the messages name.
+// namespace selector matches ns, else the default pool. The choice is made
+// on the IPPools as the cache holds them now, so a pool that is
+// recovering, being deleted, re-created under its name, or whose spec
+// cannot be applied refuses only the objects that draw from it, with its
+// own reason; ErrNotReady when a retry will do. A pool that ns may not use
+// is refused with the reason. t is the object's kind, whose pool field the
+// messages name.
 func (r *Registry) Select(ctx context.Context, t target.Target, ns, named string) (*Pool, error) {
 	where := "the pool field of the kinds configuration"
 	if p := t.PoolPath(); p != "" {
 		where = p
 	}
+	if err := r.leaseReady(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrNotReady, err)
+	}
 	if named != "" {
-		p := r.Get(named)
-		if p == nil {
-			if err := r.Ready(ctx); err != nil {
-				return nil, fmt.Errorf("%w: %w", ErrNotReady, err)
-			}
+		pool := &vmipamv1.IPPool{}
+		err := r.opts.Client.Get(ctx, client.ObjectKey{Name: named}, pool, &client.GetOptions{UnsafeDisableDeepCopy: ptr.To(true)})
+		if apierrors.IsNotFound(err) {
 			return nil, fmt.Errorf("IPPool %q does not exist; create it or name an existing pool", named)
+		} else if err != nil {
+			return nil, fmt.Errorf("read IPPool %s: %w", named, err)
+		}
+		p, err := r.serving(pool)
+		if err != nil {
+			return nil, err
 		}
 		nsObj, err := r.namespace(ctx, ns)
 		if err != nil {
@@ -44,24 +59,28 @@ func (r *Registry) Select(ctx context.Context, t target.Target, ns, named string
 		}
 		return p, r.usable(p, nsObj)
 	}
-	if err := r.Ready(ctx); err != nil {
-		// A pool that would match may not be loaded yet.
-		return nil, fmt.Errorf("%w: %w", ErrNotReady, err)
-	}
 	nsObj, err := r.namespace(ctx, ns)
 	if err != nil {
 		return nil, err
 	}
+	// Every admission that names no pool lists them: read the cache's
+	// objects in place, not a copy of each.
+	var list vmipamv1.IPPoolList
+	if err := r.opts.Client.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, fmt.Errorf("list IPPools: %w", err)
+	}
+	slices.SortFunc(list.Items, func(a, b vmipamv1.IPPool) int { return strings.Compare(a.Name, b.Name) })
 	var matched []string
-	var chosen, def *Pool
-	for _, p := range r.list() {
-		if p.spec.Default {
-			def = p
+	var chosen, def *vmipamv1.IPPool
+	for i := range list.Items {
+		pool := &list.Items[i]
+		if pool.Spec.Default {
+			def = pool
 		}
-		if p.selector != nil && !p.selector.Empty() && p.selector.Matches(labels.Set(nsObj.Labels)) {
-			matched = append(matched, p.name)
+		if sel := r.selectorOf(pool); sel != nil && !sel.Empty() && sel.Matches(labels.Set(nsObj.Labels)) {
+			matched = append(matched, pool.Name)
 			if chosen == nil {
-				chosen = p
+				chosen = pool
 			}
 		}
 	}
@@ -69,13 +88,57 @@ func (r *Registry) Select(ctx context.Context, t target.Target, ns, named string
 	case len(matched) > 1:
 		return nil, fmt.Errorf("namespace %s matches the namespaceSelector of several IPPools (%s); name one in %s",
 			ns, strings.Join(matched, ", "), where)
-	case chosen != nil:
-		return chosen, r.usable(chosen, nsObj)
-	case def != nil:
-		return def, r.usable(def, nsObj)
+	case chosen == nil && def == nil:
+		return nil, errors.New("no IPPool applies: name one in " + where +
+			", give a pool a namespaceSelector matching namespace " + ns + ", or mark one pool spec.default: true")
+	case chosen == nil:
+		chosen = def
 	}
-	return nil, errors.New("no IPPool applies: name one in " + where +
-		", give a pool a namespaceSelector matching namespace " + ns + ", or mark one pool spec.default: true")
+	p, err := r.serving(chosen)
+	if err != nil {
+		return nil, err
+	}
+	return p, r.usable(p, nsObj)
+}
+
+// serving returns the allocator that serves pool, as the cache holds it
+// now, or why none does: the pool is recovering (ErrNotReady: retry),
+// re-created under its name and not recovered yet (ErrNotReady), or its
+// current version could not be applied (the reason the last try gave).
+// An allocator of an older generation of the same pool serves until its
+// rebuild, as an update of the pool is applied.
+func (r *Registry) serving(pool *vmipamv1.IPPool) (*Pool, error) {
+	r.mu.RLock()
+	p, pr := r.pools[pool.Name], r.problems[pool.Name]
+	r.mu.RUnlock()
+	if p != nil && p.uid == pool.UID && p.Ready() {
+		return p, nil
+	}
+	if pr.err != nil && pr.uid == pool.UID && pr.generation == pool.Generation {
+		if errors.Is(pr.err, ipam.ErrInvalid) {
+			return nil, fmt.Errorf("IPPool %s cannot be served: %w; fix the pool's spec, or name another pool", pool.Name, pr.err)
+		}
+		return nil, fmt.Errorf("%w: IPPool %s could not be recovered (%w), and is tried again", ErrNotReady, pool.Name, pr.err)
+	}
+	return nil, fmt.Errorf("%w: IPPool %s is not recovered yet", ErrNotReady, pool.Name)
+}
+
+// selectorOf is pool's namespace selector: the allocator's, parsed when it
+// was built from this version of the pool, else parsed now (a pool not
+// served yet); nil when it has none or it cannot be parsed (the IPPool
+// webhook refuses such a selector, and the pool cannot be served).
+func (r *Registry) selectorOf(pool *vmipamv1.IPPool) labels.Selector {
+	if pool.Spec.NamespaceSelector == nil {
+		return nil
+	}
+	if p := r.Get(pool.Name); p != nil && p.uid == pool.UID && p.observedGeneration() == pool.Generation {
+		return p.selector
+	}
+	sel, err := metav1.LabelSelectorAsSelector(pool.Spec.NamespaceSelector)
+	if err != nil {
+		return nil
+	}
+	return sel
 }
 
 // usable says why the pool cannot serve the namespace, if it cannot.

@@ -1,0 +1,123 @@
+package pools_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/internal/app"
+	"github.com/vmipam/vmipam/pools"
+	"github.com/vmipam/vmipam/pools/poolstest"
+	"github.com/vmipam/vmipam/target"
+)
+
+// TestPoolTroubleStaysInPool: a pool that is not recovered yet, whose
+// spec cannot be applied, or that was re-created under its name refuses
+// only the objects that draw from it, each with its own reason, while
+// every other pool serves; and the replica's readiness waits only until it
+// has tried every pool once, not until every pool can serve.
+func TestPoolTroubleStaysInPool(t *testing.T) {
+	ctx := t.Context()
+	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	pool := func(name, uid, cidr string, selector map[string]string) *vmipamv1.IPPool {
+		p := &vmipamv1.IPPool{
+			ObjectMeta: metav1.ObjectMeta{Name: name, UID: types.UID(uid), Generation: 1},
+			Spec:       vmipamv1.IPPoolSpec{Ranges: []vmipamv1.IPRange{{CIDR: cidr}}},
+		}
+		if selector == nil {
+			p.Spec.Default = true
+		} else {
+			p.Spec.NamespaceSelector = &metav1.LabelSelector{MatchLabels: selector}
+		}
+		return p
+	}
+	good := pool("good", "uid-good", "10.0.0.0/28", nil)
+	// A spec that bypassed the IPPool webhook: no allocator can be built.
+	broken := pool("broken", "uid-broken", "10.0.1.0/33", map[string]string{"team": "b"})
+	late := pool("late", "uid-late", "10.0.2.0/28", map[string]string{"team": "c"})
+	ns := func(name, team string) *corev1.Namespace {
+		n := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		if team != "" {
+			n.Labels = map[string]string{"team": team}
+		}
+		return n
+	}
+	c := fake.NewClientBuilder().WithScheme(app.Scheme).
+		WithObjects(good.DeepCopy(), broken.DeepCopy(), late.DeepCopy(), ns("team-a", ""), ns("team-b", "b"), ns("team-c", "c")).Build()
+	reg := poolstest.Start(t, c, clk, "vmipam", good)
+	if err := reg.Ensure(ctx, broken); err == nil {
+		t.Fatal("Ensure of a pool whose range is 10.0.1.0/33 succeeded")
+	}
+	vm := target.VirtualMachine
+	if err := reg.Serving(ctx); err == nil || !strings.Contains(err.Error(), "late") {
+		t.Errorf("Serving before the pool late was tried: %v, want it not ready for late", err)
+	}
+
+	tests := map[string]struct {
+		ns, named string
+		want      string // the pool chosen, or "" for a refusal
+		notReady  bool   // the refusal is ErrNotReady (retry)
+		says      string // what the refusal names
+	}{
+		"default pool, beside a broken and a late one": {ns: "team-a", want: "good"},
+		"the good pool named":                          {ns: "team-b", named: "good", want: "good"},
+		"selected by a broken pool":                    {ns: "team-b", says: "IPPool broken cannot be served"},
+		"naming the broken pool":                       {ns: "team-a", named: "broken", says: "IPPool broken cannot be served"},
+		"selected by a pool not recovered yet":         {ns: "team-c", notReady: true, says: "IPPool late is not recovered yet"},
+		"naming a pool not recovered yet":              {ns: "team-a", named: "late", notReady: true, says: "IPPool late is not recovered yet"},
+		"naming a pool that does not exist":            {ns: "team-a", named: "nope", says: `IPPool "nope" does not exist`},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			p, err := reg.Select(ctx, vm, tc.ns, tc.named)
+			if tc.want != "" {
+				if err != nil || p == nil || p.Name() != tc.want {
+					t.Fatalf("Select = %v, %v; want pool %s", p, err, tc.want)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("Select chose %s, want a refusal saying %q", p.Name(), tc.says)
+			}
+			if errors.Is(err, pools.ErrNotReady) != tc.notReady {
+				t.Errorf("Select: %v; ErrNotReady %v, want %v", err, errors.Is(err, pools.ErrNotReady), tc.notReady)
+			}
+			if !strings.Contains(err.Error(), tc.says) {
+				t.Errorf("Select: %v; want it to say %q", err, tc.says)
+			}
+		})
+	}
+
+	// Tried every pool: ready, though broken cannot serve.
+	if err := reg.Ensure(ctx, late); err != nil {
+		t.Fatal(err)
+	}
+	if err := reg.Serving(ctx); err != nil {
+		t.Errorf("Serving once every pool was tried, broken failing: %v", err)
+	}
+
+	// good deleted and created again under its name: the old allocator
+	// serves nothing of the new pool.
+	if err := c.Delete(ctx, good); err != nil {
+		t.Fatal(err)
+	}
+	again := pool("good", "uid-good-2", "10.0.0.0/28", nil)
+	if err := c.Create(ctx, again); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reg.Select(context.Background(), vm, "team-a", ""); !errors.Is(err, pools.ErrNotReady) || !strings.Contains(err.Error(), "IPPool good") {
+		t.Errorf("Select of a pool re-created under its name, not recovered yet: %v, want ErrNotReady naming good", err)
+	}
+	if p, err := reg.Select(ctx, vm, "team-c", ""); err != nil || p.Name() != "late" {
+		t.Errorf("Select of another pool meanwhile: %v, %v; want late", p, err)
+	}
+}
