@@ -504,10 +504,17 @@ func (r *Registry) Serving(ctx context.Context) error {
 
 // tried reports an error until this replica holds its Lease and has
 // recovered, or failed to recover, every IPPool at its current version.
-func (r *Registry) tried(ctx context.Context) error {
+func (r *Registry) tried(ctx context.Context) error { return r.everyPool(ctx, true) }
+
+// everyPool reports an error until this replica holds its Lease and has
+// recovered every IPPool in the cluster at its current version, or, with
+// triedIsEnough, failed to (see problems).
+func (r *Registry) everyPool(ctx context.Context, triedIsEnough bool) error {
 	if err := r.leaseReady(); err != nil {
 		return err
 	}
+	// Read the cache's objects in place (only names, UIDs and
+	// generations), not a copy of each.
 	var list vmipamv1.IPPoolList
 	if err := r.opts.Client.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
 		return fmt.Errorf("list IPPools: %w", err)
@@ -519,7 +526,7 @@ func (r *Registry) tried(ctx context.Context) error {
 		if p := r.pools[pool.Name]; p != nil && p.uid == pool.UID && p.observedGeneration() == pool.Generation && p.Ready() {
 			continue
 		}
-		if pr, ok := r.problems[pool.Name]; ok && pr.uid == pool.UID && pr.generation == pool.Generation {
+		if pr, ok := r.problems[pool.Name]; triedIsEnough && ok && pr.uid == pool.UID && pr.generation == pool.Generation {
 			continue
 		}
 		return fmt.Errorf("IPPool %s not recovered yet", pool.Name)
@@ -547,21 +554,4 @@ func (r *Registry) leaseReady() error {
 // Ready reports an error until this replica holds its Lease and every
 // IPPool in the cluster has a recovered allocator at its current
 // generation.
-func (r *Registry) Ready(ctx context.Context) error {
-	if err := r.leaseReady(); err != nil {
-		return err
-	}
-	// Every admission that names no pool asks: read the cache's objects
-	// in place (only names and generations), not a copy of each.
-	var list vmipamv1.IPPoolList
-	if err := r.opts.Client.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
-		return fmt.Errorf("list IPPools: %w", err)
-	}
-	for _, pool := range list.Items {
-		p := r.Get(pool.Name)
-		if p == nil || p.observedGeneration() != pool.Generation || !p.Ready() {
-			return fmt.Errorf("IPPool %s not recovered yet", pool.Name)
-		}
-	}
-	return nil
-}
+func (r *Registry) Ready(ctx context.Context) error { return r.everyPool(ctx, false) }

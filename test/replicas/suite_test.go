@@ -20,6 +20,10 @@
 //     and creates succeed again soon after the API server answers.
 //   - TestFencingPausedReplica: a replica paused (SIGSTOP) until it was
 //     taken over hands out no address when it resumes.
+//   - TestSamplesThreeReplicas: three fresh replicas started as `make
+//     local-up REPLICAS=3` starts them, and deploy/samples applied at
+//     once, 20 times: the sample VM's static address is handed over by
+//     whichever replica holds it, every time.
 //   - TestHolderLabelRepaired: a VM whose holder label was removed or
 //     changed, which no replica's watch then delivers, is labelled again
 //     by the replica that holds its address, and goes when deleted.
