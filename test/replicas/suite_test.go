@@ -24,6 +24,11 @@
 //     local-up REPLICAS=3` starts them, and deploy/samples applied at
 //     once, 20 times: the sample VM's static address is handed over by
 //     whichever replica holds it, every time.
+//   - TestStaticFromAnotherReplica: a static request for an address
+//     another replica holds free, armed or not, is handed over; timed.
+//   - TestChurnOneSmallPool: clients churning VMs on one /26 through three
+//     replicas are never refused below the pool's size, and above it
+//     only when the test's own ledger says the pool was full.
 //   - TestHolderLabelRepaired: a VM whose holder label was removed or
 //     changed, which no replica's watch then delivers, is labelled again
 //     by the replica that holds its address, and goes when deleted.

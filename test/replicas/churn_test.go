@@ -1,0 +1,158 @@
+package replicas
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/vmipam/vmipam/internal/app"
+)
+
+// TestChurnOneSmallPool runs clients that create and delete VMs through
+// three replicas on one /26 (62 usable addresses), for REPLICAS_CHURN
+// (30s) each row, and checks that the replicas behave as one pool:
+//
+//   - below the pool (4 clients keeping at most 8 VMs each, cooldown 2s):
+//     no create is refused at all;
+//   - above it (6 clients keeping at most 12, cooldown 8s, 72 wanted):
+//     every refusal as exhausted is checked against the test's own
+//     ledger: at the moment of the refusal, the VMs that may have held an
+//     address (created or being created, and not gone for a cooldown
+//     since) must account for every usable address.
+//
+// Refusals are printed by cause.
+func TestChurnOneSmallPool(t *testing.T) {
+	s := newSuite(t)
+	s.startReplicas(3)
+	d := time.Duration(envInt(t, "REPLICAS_CHURN", 30, 1)) * time.Second
+	wc, err := client.NewWithWatch(s.cl.Config, client.Options{Scheme: app.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, row := range []struct {
+		name            string
+		cidr            string
+		clients, maxOwn int
+		cooldown        time.Duration
+		refusalsAllowed bool
+	}{
+		{name: "below", cidr: "10.60.0.0/26", clients: 4, maxOwn: 8, cooldown: 2 * time.Second},
+		{name: "above", cidr: "10.60.1.0/26", clients: 6, maxOwn: 12, cooldown: 8 * time.Second, refusalsAllowed: true},
+	} {
+		pool := "churn-" + row.name
+		prefix, usable := s.createPool(poolSpec{name: pool, cidr: row.cidr, cooldown: row.cooldown, pendingTTL: 30 * time.Second})
+		led := newLedger(row.cooldown, prefix)
+		tr := newTracker(wc, s.ns)
+		tctx, stopTracker := context.WithCancel(s.ctx)
+		var trDone sync.WaitGroup
+		trDone.Go(func() { tr.run(tctx) })
+		st := &storm{s: s, pool: pool, prefix: pool, led: led, maxOwn: row.maxOwn, deleteP: 0.4}
+		began := time.Now()
+		stop := st.start(row.clients)
+		time.Sleep(d)
+		stop()
+		creates, deletes, _ := led.counts()
+		fails := led.failures("create")
+		causes := map[string]int{}
+		var wrong []string
+		judged := 0
+		for _, f := range fails {
+			causes[refusalCause(f.err)]++
+			if !isExhausted(f.err) {
+				continue
+			}
+			judged++
+			if busy := led.maybeBusy(f.sent, f.at, tr.goneAt, time.Second); busy < usable {
+				wrong = append(wrong, fmt.Sprintf("%s at %+.3fs: at most %d of %d usable addresses could have been held: %v",
+					f.name, f.at.Sub(began).Seconds(), busy, usable, f.err))
+			}
+		}
+		var lines []string
+		for c, n := range causes {
+			lines = append(lines, fmt.Sprintf("| %s | %d |", c, n))
+		}
+		sort.Strings(lines)
+		t.Logf("row %s: %d clients keeping at most %d VMs on %s (%d usable), cooldown %s, for %s: %d creates, %d deletes, %d creates refused, %d deletes failed; exhausted refusals checked against the ledger: %d, wrong: %d\n| refused because | creates |\n|---|---|\n%s",
+			row.name, row.clients, row.maxOwn, row.cidr, usable, row.cooldown, d, creates, deletes, len(fails), len(led.failures("delete")), judged, len(wrong), strings.Join(lines, "\n"))
+		if p := led.problems(); len(p) > 0 {
+			t.Errorf("row %s: %d violations:\n%s", row.name, len(p), summarize(p, 10))
+		}
+		if !row.refusalsAllowed && len(fails) > 0 {
+			t.Errorf("row %s: %d creates refused while the clients want fewer addresses than the pool has:\n%s",
+				row.name, len(fails), strings.Join(failureLines(fails, began, 10), "\n"))
+		}
+		if len(wrong) > 0 {
+			t.Errorf("row %s: %d refusals as exhausted while the pool had addresses left:\n%s", row.name, len(wrong), summarize(wrong, 10))
+		}
+		if fs := led.failures("delete"); len(fs) > 0 {
+			t.Errorf("row %s: %d deletes failed:\n%s", row.name, len(fs), strings.Join(failureLines(fs, began, 10), "\n"))
+		}
+		// The row's VMs go before the next row starts.
+		s.deleteAll(led, 60*time.Second)
+		stopTracker()
+		trDone.Wait()
+	}
+}
+
+// maybeBusy counts the VMs of the ledger that may have held an address at
+// some moment in [from, to]: sent before to, and not seen gone, plus the
+// cooldown and slack, before from. A VM whose create failed held none
+// once the answer came (its reservation is cancelled), so only the
+// successful ones count, with those still in flight at the end counted by
+// the caller's choice of to.
+func (l *ledger) maybeBusy(from, to time.Time, goneAt func(name string) (time.Time, bool), slack time.Duration) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	held := map[netip.Addr]bool{}
+	busy := 0
+	for _, rec := range l.byName {
+		if rec.sent.After(to) {
+			continue
+		}
+		if !rec.deleteIssued.IsZero() && rec.deleteIssued.Before(from) {
+			if at, ok := goneAt(rec.name); ok && at.Add(l.cooldown+slack).Before(from) {
+				continue
+			}
+		}
+		if rec.addr.IsValid() && !held[rec.addr] {
+			held[rec.addr] = true
+			busy++
+		}
+	}
+	// Creates answered with an error after from may have held a
+	// reservation meanwhile; they are not in byName. Count those failing
+	// for another reason than exhaustion generously as one each.
+	for _, f := range l.failed {
+		if f.op == "create" && !f.sent.After(to) && !f.at.Before(from) && !isExhausted(f.err) {
+			busy++
+		}
+	}
+	return busy
+}
+
+// refusalCause names why a create failed, for the table.
+func refusalCause(err error) string {
+	msg := err.Error()
+	switch {
+	case isExhausted(err):
+		return "exhausted"
+	case strings.Contains(msg, "did not hand it over in time"), strings.Contains(msg, "not running"):
+		return "holder did not answer"
+	case strings.Contains(msg, "still recovering"), strings.Contains(msg, "is recovering"):
+		return "not ready"
+	case apierrors.IsTimeout(err), apierrors.IsServerTimeout(err):
+		return "timeout"
+	}
+	if len(msg) > 80 {
+		msg = msg[:80]
+	}
+	return "other: " + msg
+}
