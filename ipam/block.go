@@ -8,6 +8,8 @@ import (
 	"math/bits"
 	"net/netip"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -99,6 +101,59 @@ type Request struct {
 	// Addrs are specific addresses it asks for (static requests); nil when
 	// none.
 	Addrs *Bitmap
+	// Refused says, by offset, why the holder of a specific address asked
+	// for did not hand it over: the answer the requester reads and then
+	// withdraws. At most maxRefusals.
+	Refused map[int]Refusal
+}
+
+// Asks reports whether r asks for anything (a request may hold only
+// refusals, waiting for their reader).
+func (r Request) Asks() bool { return r.Count > 0 || r.Addrs != nil && !r.Addrs.Empty() }
+
+// empty reports whether r holds nothing any more.
+func (r Request) empty() bool { return !r.Asks() && len(r.Refused) == 0 }
+
+// Refusal is why a holder did not hand over an address: pending for, or
+// allocated to, the object Ref names, or cooling down until Until.
+type Refusal struct {
+	State State
+	Ref   string
+	Until time.Time
+}
+
+// maxRefusals bounds the refusals a request holds, and maxRefusalRef the
+// length of a Ref in one (a namespace and a name fit).
+const (
+	maxRefusals   = 64
+	maxRefusalRef = 317
+)
+
+// encode is the persisted form of a refusal: "allocated <ref>", "pending
+// <ref>" or "cooldown <RFC 3339 time>".
+func (f Refusal) encode() string {
+	if f.State == StateCooldown {
+		return "cooldown " + f.Until.UTC().Format(time.RFC3339)
+	}
+	ref := f.Ref
+	if len(ref) > maxRefusalRef {
+		ref = ref[:maxRefusalRef]
+	}
+	return f.State.String() + " " + ref
+}
+
+func decodeRefusal(s string) (Refusal, bool) {
+	word, rest, _ := strings.Cut(s, " ")
+	switch word {
+	case StateCooldown.String():
+		t, err := time.Parse(time.RFC3339, rest)
+		return Refusal{State: StateCooldown, Until: t}, err == nil
+	case StateAllocated.String():
+		return Refusal{State: StateAllocated, Ref: rest}, true
+	case StatePending.String():
+		return Refusal{State: StatePending, Ref: rest}, true
+	}
+	return Refusal{}, false
 }
 
 // Clone returns a deep copy of b.
@@ -115,6 +170,7 @@ func (b Block) Clone() Block {
 				cp := *r.Addrs
 				r.Addrs = &cp
 			}
+			r.Refused = maps.Clone(r.Refused)
 			c.Requests[h] = r
 		}
 	}
@@ -168,10 +224,12 @@ type EncodedBlock struct {
 	Format int `json:"format,omitempty"`
 }
 
-// EncodedRequest is Request in its persisted form.
+// EncodedRequest is Request in its persisted form; Refused is keyed by
+// the offset in decimal.
 type EncodedRequest struct {
-	Count int    `json:"count,omitempty"`
-	Addrs string `json:"addrs,omitempty"`
+	Count   int               `json:"count,omitempty"`
+	Addrs   string            `json:"addrs,omitempty"`
+	Refused map[string]string `json:"refused,omitempty"`
 }
 
 // exactFormat is EncodedBlock.Format for blocks that record InUse and Armed.
@@ -230,7 +288,16 @@ func (b Block) Encode() EncodedBlock {
 		if r.Addrs != nil && !r.Addrs.Empty() {
 			er.Addrs = encodeBitmap(r.Addrs)
 		}
-		if er.Count == 0 && er.Addrs == "" {
+		for off, f := range r.Refused {
+			if f.State != StateAllocated && f.State != StatePending && f.State != StateCooldown {
+				continue // no reason to give
+			}
+			if er.Refused == nil {
+				er.Refused = make(map[string]string, len(r.Refused))
+			}
+			er.Refused[strconv.Itoa(off)] = f.encode()
+		}
+		if er.Count == 0 && er.Addrs == "" && len(er.Refused) == 0 {
 			continue
 		}
 		if e.Requests == nil {
@@ -285,6 +352,19 @@ func (e EncodedBlock) Decode(version string) (Block, error) {
 				return Block{}, fmt.Errorf("decode block %s: request of holder %q: addresses not base64 of at most %d bytes", e.Prefix, h, BlockSize/8)
 			}
 			req.Addrs = bm
+		}
+		for k, v := range r.Refused {
+			// A refusal that cannot be read is only an answer lost: the
+			// requester then says the address is in use, without why.
+			off, err := strconv.Atoi(k)
+			f, ok := decodeRefusal(v)
+			if err != nil || off < 0 || off >= BlockSize || !ok || len(req.Refused) >= maxRefusals {
+				continue
+			}
+			if req.Refused == nil {
+				req.Refused = map[int]Refusal{}
+			}
+			req.Refused[off] = f
 		}
 		if b.Requests == nil {
 			b.Requests = map[string]Request{}

@@ -222,6 +222,14 @@ func TestBlockEncodeDecode(t *testing.T) {
 			block: Block{Prefix: v4, Claims: map[string]*Bitmap{"h1": btFull()}},
 			want:  Block{Prefix: v4, Claims: map[string]*Bitmap{"h1": btFull()}},
 		},
+		"refusals of a request, one unreadable dropped": {
+			block: Block{Prefix: v4, Requests: map[string]Request{"h2": {Refused: map[int]Refusal{
+				3: {State: StateAllocated, Ref: "team-a/db-1"}, 4: {State: StatePending, Ref: "team-a/db-2"},
+				5: {State: StateCooldown, Until: t0}, 6: {State: StateFree}}}}},
+			want: Block{Prefix: v4, Requests: map[string]Request{"h2": {Refused: map[int]Refusal{
+				3: {State: StateAllocated, Ref: "team-a/db-1"}, 4: {State: StatePending, Ref: "team-a/db-2"},
+				5: {State: StateCooldown, Until: t0}}}}},
+		},
 		"cooldowns at first and last offset": {
 			block: Block{Prefix: v4, Cooldowns: map[netip.Addr]time.Time{at(v4, 0): t0, at(v4, BlockSize-1): t0.Add(time.Hour)}},
 			want:  Block{Prefix: v4, Cooldowns: map[netip.Addr]time.Time{at(v4, 0): t0, at(v4, BlockSize-1): t0.Add(time.Hour)}},

@@ -169,6 +169,15 @@ type AddressError struct {
 }
 
 func (e *AddressError) Error() string {
+	if e.Holder != "" && e.Owner.Ref != "" {
+		// As the holder said it.
+		switch e.State {
+		case StateAllocated:
+			return fmt.Sprintf("address %s is allocated to %s (vmipam replica %s holds it)", e.Addr, e.Owner.Ref, e.Holder)
+		case StatePending:
+			return fmt.Sprintf("address %s is reserved for %s, being created (vmipam replica %s holds it)", e.Addr, e.Owner.Ref, e.Holder)
+		}
+	}
 	if e.Holder != "" {
 		if e.State == StateCooldown {
 			return fmt.Sprintf("address %s was released recently and cools down until %s (held by vmipam replica %s)", e.Addr, e.Until.UTC().Format(time.RFC3339), e.Holder)

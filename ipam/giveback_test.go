@@ -356,7 +356,7 @@ func TestAnswerToWithdrawnRequest(t *testing.T) {
 	m.mu.Lock()
 	bs := m.blockFor(p.Addr())
 	bs.persisted = Block{Prefix: p, Claims: map[string]*Bitmap{}} // no Requests map at all
-	b, err := m.buildLocked(bs, writePlan{answer: map[string]Request{"other": {}}})
+	b, err := m.buildLocked(bs, writePlan{answer: map[string]answer{"other": {countMet: true}}})
 	m.mu.Unlock()
 	if err != nil {
 		t.Fatalf("build = %v", err)

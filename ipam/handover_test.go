@@ -2,9 +2,11 @@ package ipam
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -222,4 +224,60 @@ func harnessEventually(t *testing.T, cond func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	t.Fatal("condition not met in 5s")
+}
+
+// TestStaticRefusedByHolder: a static request for an address that another
+// live holder has pending, allocated or cooling down is refused with what
+// that holder says of it: the object that holds it, or the end of its
+// cooldown; and the refusal does not stay in the block.
+func TestStaticRefusedByHolder(t *testing.T) {
+	ranges := mustRanges(t, RangeSpec{CIDR: "10.0.0.0/24"})
+	st := newWatchStore()
+	ms := livePeers(t, st, ranges, 2)
+	owner, asker := ms[0], ms[1]
+	ctx := t.Context()
+	pending, err := owner.Allocate(ctx, Reservation{Token: "p", Ref: "team-a/db-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	allocated, err := owner.Allocate(ctx, Reservation{Token: "a", Ref: "team-a/db-2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := owner.Bind(Owner{Token: "a", UID: "uid-2", Ref: "team-a/db-2"}); err != nil {
+		t.Fatal(err)
+	}
+	cooling, err := owner.Allocate(ctx, Reservation{Token: "c", Ref: "team-a/db-3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := owner.Bind(Owner{Token: "c", UID: "uid-3"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := owner.ReleaseDurable(ctx, cooling, Owner{Token: "c", UID: "uid-3"}); err != nil {
+		t.Fatal(err)
+	}
+	tests := map[string]struct {
+		a      netip.Addr
+		reason error
+		says   string
+	}{
+		"pending":   {pending, ErrInUse, "reserved for team-a/db-1, being created (vmipam replica h0 holds it)"},
+		"allocated": {allocated, ErrInUse, "allocated to team-a/db-2 (vmipam replica h0 holds it)"},
+		"cooling":   {cooling, ErrCoolingDown, "cools down until"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+			defer cancel()
+			err := asker.Reserve(ctx, Reservation{Token: "static-" + name}, tc.a)
+			if !errors.Is(err, tc.reason) || !strings.Contains(err.Error(), tc.says) {
+				t.Fatalf("Reserve(%s) = %v; want %v saying %q", tc.a, err, tc.reason, tc.says)
+			}
+			b, _ := st.Get(ctx, BlockOf(tc.a))
+			if r, ok := b.Requests[asker.Holder()]; ok && (r.Asks() || len(r.Refused) > 0) {
+				t.Errorf("the block keeps the request %+v after the refusal was read", r)
+			}
+		})
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/bits"
 	"math/rand/v2"
 	"net/netip"
@@ -33,10 +34,56 @@ type writePlan struct {
 	// over: adopt are the entries made of them, not yet in the Manager.
 	takeFrom string
 	adopt    []*entry
-	// request replaces this holder's request; answer replaces other
-	// holders' requests (deleting those that are empty).
+	// request replaces this holder's request; answer changes other
+	// holders' requests (deleting those left empty).
 	request *Request
-	answer  map[string]Request
+	answer  map[string]answer
+}
+
+// answer is what one holder's answer changes in another holder's request,
+// applied to the request as the block shows it at the write: the specific
+// addresses it resolved (handed over or refused, with why in refused),
+// whether it met the count, or that the requester left (drop). Applied as
+// a change, not a whole new request, two holders answering one request
+// from versions of the block one behind the other cannot undo each
+// other's answer.
+type answer struct {
+	resolved Bitmap
+	refused  map[int]Refusal
+	countMet bool
+	drop     bool
+}
+
+// apply returns r with a applied.
+func (a answer) apply(r Request) (Request, bool) {
+	if a.drop {
+		return Request{}, false
+	}
+	if r.Addrs != nil {
+		left := *r.Addrs
+		for w := range left {
+			left[w] &^= a.resolved[w]
+		}
+		r.Addrs = &left
+		if left.Empty() {
+			r.Addrs = nil
+		}
+	}
+	for off, f := range a.refused {
+		if len(r.Refused) >= maxRefusals {
+			break // the requester says "in use" without why
+		}
+		if r.Refused == nil {
+			r.Refused = map[int]Refusal{}
+		} else {
+			r.Refused = maps.Clone(r.Refused)
+		}
+		r.Refused[off] = f
+	}
+	if a.countMet {
+		r.Count = 0
+	}
+	return r, true
 }
 
 // retry runs write until it succeeds, fails with something other than a
@@ -867,8 +914,8 @@ func (m *Manager) setPersistedLocked(bs *blockState, b Block) {
 	m.othersFree += free - bs.othersFree
 	bs.persisted, bs.elsewhere, bs.othersFree = b, n, free
 	m.persistedSeq++
-	for h := range b.Requests {
-		if h != m.cfg.Holder && bs.ours > 0 {
+	for h, r := range b.Requests {
+		if h != m.cfg.Holder && r.Asks() && bs.ours > 0 {
 			bs.requested = true
 		}
 	}
@@ -1154,15 +1201,19 @@ func (m *Manager) buildLocked(bs *blockState, plan writePlan) (Block, error) {
 		}
 		nb.Requests[self] = *plan.request
 	}
-	for h, r := range plan.answer {
+	for h, a := range plan.answer {
 		// Answered only while still asked: the block read for this
 		// attempt may show the request withdrawn, or already answered.
-		if _, asked := nb.Requests[h]; asked {
-			nb.Requests[h] = r
+		if r, asked := nb.Requests[h]; asked {
+			if r, keep := a.apply(r); keep {
+				nb.Requests[h] = r
+			} else {
+				delete(nb.Requests, h)
+			}
 		}
 	}
 	for h, r := range nb.Requests {
-		if r.Count <= 0 && (r.Addrs == nil || r.Addrs.Empty()) || h != self && m.goneLocked(h) {
+		if r.empty() || h != self && m.goneLocked(h) {
 			delete(nb.Requests, h)
 		}
 	}

@@ -3,6 +3,7 @@ package ipam
 import (
 	"context"
 	"errors"
+	"maps"
 	"fmt"
 	"net/netip"
 	"time"
@@ -52,8 +53,8 @@ func (m *Manager) SetPeers(holders []string) {
 	// an answer.
 	kick := false
 	for _, bs := range m.blocks {
-		for h := range bs.persisted.Requests {
-			if h != m.cfg.Holder && bs.ours > 0 {
+		for h, r := range bs.persisted.Requests {
+			if h != m.cfg.Holder && r.Asks() && bs.ours > 0 {
 				bs.requested, kick = true, true
 			}
 		}
@@ -105,8 +106,8 @@ func (m *Manager) goneLocked(h string) bool {
 // block, and they join the free list.
 func (m *Manager) Observe(b Block) {
 	asks := false
-	for h := range b.Requests {
-		asks = asks || h != m.cfg.Holder
+	for h, r := range b.Requests {
+		asks = asks || h != m.cfg.Holder && r.Asks()
 	}
 	var others map[string]*Bitmap
 	for h, bm := range b.Claims {
@@ -222,6 +223,7 @@ func (m *Manager) askAt(ctx context.Context, p netip.Prefix, a netip.Addr) error
 		deadline = d.Add(-answerMargin)
 	}
 	answered := false
+	var refusal *Refusal
 	for polls := 0; ; polls++ {
 		select {
 		case <-ctx.Done():
@@ -237,6 +239,16 @@ func (m *Manager) askAt(ctx context.Context, p netip.Prefix, a netip.Addr) error
 			return m.absorb(ctx, p)
 		}
 		if answered {
+			if f, ok := m.refusalOf(p, a); ok {
+				// Keep the why, then take it out of the block.
+				refusal = &f
+				m.io.Lock()
+				_ = m.retry(ctx, func() error {
+					r := withdrawn(want(), a)
+					return m.writeBlock(ctx, p, writePlan{request: &r})
+				})
+				m.io.Unlock()
+			}
 			break
 		}
 		if a.IsValid() && m.mineOrUnclaimed(a) || !m.clock.Now().Before(deadline) || polls >= int(grantWait/grantPoll) {
@@ -272,9 +284,17 @@ func (m *Manager) askAt(ctx context.Context, p netip.Prefix, a netip.Addr) error
 		if !answered {
 			return &HolderError{Addr: a, Holder: h, Live: true}
 		}
-		// The holder answered without handing it over, in a write that
-		// shows its cooldowns as they are: cooling down there, or pending
-		// or allocated.
+		// The holder answered without handing it over, and said why
+		// (unless its answer was lost, or the request held as many
+		// refusals as it may), in a write that also shows its cooldowns
+		// as they are.
+		if f := refusal; f != nil {
+			reason := ErrInUse
+			if f.State == StateCooldown {
+				reason = ErrCoolingDown
+			}
+			return &AddressError{Addr: a, Reason: reason, State: f.State, Owner: Owner{Ref: f.Ref}, Until: f.Until, Holder: h}
+		}
 		if err := storedCooldown(b, a, h, m.clock.Now()); err != nil {
 			return err
 		}
@@ -333,7 +353,23 @@ func withdrawn(r Request, a netip.Addr) Request {
 			r.Addrs = nil
 		}
 	}
+	if _, ok := r.Refused[blockOffset(a)]; ok {
+		r.Refused = maps.Clone(r.Refused)
+		delete(r.Refused, blockOffset(a))
+	}
 	return r
+}
+
+// refusalOf returns why the holder of a, in block p as last read,
+// refused to hand it over to this holder, if it said.
+func (m *Manager) refusalOf(p netip.Prefix, a netip.Addr) (Refusal, bool) {
+	if !a.IsValid() {
+		return Refusal{}, false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	f, ok := m.blockFor(p.Addr()).persisted.Requests[m.cfg.Holder].Refused[blockOffset(a)]
+	return f, ok
 }
 
 // mineOrUnclaimed reports whether this Manager holds a, or the store as
@@ -424,7 +460,7 @@ func (m *Manager) serveRequests(ctx context.Context, p netip.Prefix) error {
 	bs := m.blockFor(p.Addr())
 	bs.requested = false
 	give := map[string][]netip.Addr{}
-	answer := map[string]Request{}
+	answers := map[string]answer{}
 	var picked []*entry
 	take := func(e *entry) {
 		switch e.state {
@@ -437,20 +473,19 @@ func (m *Manager) serveRequests(ctx context.Context, p netip.Prefix) error {
 		picked = append(picked, e)
 	}
 	for h, r := range bs.persisted.Requests {
-		if h == m.cfg.Holder {
+		if h == m.cfg.Holder || !r.Asks() {
 			continue
 		}
 		if m.peers != nil && !m.peers[h] {
 			if m.goneLocked(h) {
-				answer[h] = Request{} // a holder that left: drop its request
+				answers[h] = answer{drop: true} // a holder that left
 			}
 			// Else a holder started since the live ones were last listed:
 			// answered once the next list names it.
 			continue
 		}
-		out := Request{}
+		var out answer
 		if r.Addrs != nil {
-			left := *r.Addrs
 			for off := range BlockSize {
 				if !r.Addrs.Has(off) {
 					continue
@@ -462,14 +497,18 @@ func (m *Manager) serveRequests(ctx context.Context, p netip.Prefix) error {
 					// once it lands, or by the store showing it unclaimed.
 					continue
 				}
-				left.Clear(off)
-				if e.state == StateFree || e.state == stateSurplus {
+				out.resolved.Set(off)
+				switch e.state {
+				case StateFree, stateSurplus:
 					take(e)
 					give[h] = append(give[h], e.addr)
+				default:
+					// Say why, so that the requester can name the object.
+					if out.refused == nil {
+						out.refused = map[int]Refusal{}
+					}
+					out.refused[off] = Refusal{State: e.state, Ref: e.owner.Ref, Until: e.at}
 				}
-			}
-			if !left.Empty() {
-				out.Addrs = &left
 			}
 		}
 		if r.Count > 0 {
@@ -480,16 +519,10 @@ func (m *Manager) serveRequests(ctx context.Context, p netip.Prefix) error {
 					n++
 				}
 			}
-			if n == 0 {
-				// Nothing to give: leave the request to the block's other
-				// holders.
-				if out.Addrs != nil || r.Addrs != nil {
-					out.Count = r.Count
-					answer[h] = out
-				}
-				continue
-			}
+			// With nothing to give, the count is left to the block's other
+			// holders.
 			n = min(r.Count, (n+1)/2)
+			out.countMet = n > 0
 			for off := 0; off < BlockSize && n > 0; off++ {
 				e := m.entries[blockAddr(p, off)]
 				if e != nil && (e.state == StateFree || e.state == stateSurplus) && !e.arming {
@@ -499,16 +532,18 @@ func (m *Manager) serveRequests(ctx context.Context, p netip.Prefix) error {
 				}
 			}
 		}
-		answer[h] = out
+		if out.countMet || !out.resolved.Empty() {
+			answers[h] = out
+		}
 	}
-	if len(answer) == 0 {
+	if len(answers) == 0 {
 		m.mu.Unlock()
 		return nil
 	}
 	m.returning += len(picked)
 	bs.returning = len(picked) > 0
 	m.mu.Unlock()
-	err := m.retry(ctx, func() error { return m.writeBlock(ctx, p, writePlan{give: give, answer: answer}) })
+	err := m.retry(ctx, func() error { return m.writeBlock(ctx, p, writePlan{give: give, answer: answers}) })
 	m.mu.Lock()
 	m.settleReturningLocked(p, bs, picked, err)
 	m.mu.Unlock()

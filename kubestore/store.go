@@ -251,7 +251,7 @@ func EncodedOf(obj *v1alpha1.IPBlock) ipam.EncodedBlock {
 	if len(obj.Spec.Requests) > 0 {
 		e.Requests = make(map[string]ipam.EncodedRequest, len(obj.Spec.Requests))
 		for h, r := range obj.Spec.Requests {
-			e.Requests[h] = ipam.EncodedRequest{Count: int(r.Count), Addrs: r.Addrs}
+			e.Requests[h] = ipam.EncodedRequest{Count: int(r.Count), Addrs: r.Addrs, Refused: r.Refused}
 		}
 	}
 	return e
@@ -263,7 +263,7 @@ func requestsOf(in map[string]ipam.EncodedRequest) map[string]v1alpha1.IPBlockRe
 	}
 	out := make(map[string]v1alpha1.IPBlockRequest, len(in))
 	for h, r := range in {
-		out[h] = v1alpha1.IPBlockRequest{Count: int32(r.Count), Addrs: r.Addrs}
+		out[h] = v1alpha1.IPBlockRequest{Count: int32(r.Count), Addrs: r.Addrs, Refused: r.Refused}
 	}
 	return out
 }

@@ -51,6 +51,16 @@ type IPBlockRequest struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=1024
 	Addrs string `json:"addrs,omitempty"`
+	// Refused says, by the offset of an address in the block, why its
+	// holder did not hand it over: "allocated <namespace/name>", "pending
+	// <namespace/name>" or "cooldown <RFC 3339 time>". The requester reads
+	// it and takes it out. A replica of an older version drops it when it
+	// writes the block; the requester then says only that the address is
+	// in use.
+	// +optional
+	// +kubebuilder:validation:MaxProperties=64
+	// +kubebuilder:validation:XValidation:rule="self.all(k, self[k].size() <= 400)",message="a refusal is at most 400 characters"
+	Refused map[string]string `json:"refused,omitempty"`
 }
 
 // IPBlock persists the allocator's claims and cooldowns for one block of a

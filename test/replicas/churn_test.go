@@ -18,7 +18,7 @@ import (
 
 // TestChurnOneSmallPool runs clients that create and delete VMs through
 // three replicas on one /26 (62 usable addresses), for REPLICAS_CHURN
-// (30s) each row, and checks that the replicas behave as one pool:
+// seconds (20) each row, and checks that the replicas behave as one pool:
 //
 //   - below the pool (4 clients keeping at most 8 VMs each, cooldown 2s):
 //     no create is refused at all;
@@ -32,7 +32,7 @@ import (
 func TestChurnOneSmallPool(t *testing.T) {
 	s := newSuite(t)
 	s.startReplicas(3)
-	d := time.Duration(envInt(t, "REPLICAS_CHURN", 30, 1)) * time.Second
+	d := time.Duration(envInt(t, "REPLICAS_CHURN", 20, 1)) * time.Second
 	wc, err := client.NewWithWatch(s.cl.Config, client.Options{Scheme: app.Scheme})
 	if err != nil {
 		t.Fatal(err)
@@ -48,7 +48,7 @@ func TestChurnOneSmallPool(t *testing.T) {
 		{name: "above", cidr: "10.60.1.0/26", clients: 6, maxOwn: 12, cooldown: 8 * time.Second, refusalsAllowed: true},
 	} {
 		pool := "churn-" + row.name
-		prefix, usable := s.createPool(poolSpec{name: pool, cidr: row.cidr, cooldown: row.cooldown, pendingTTL: 30 * time.Second})
+		prefix, usable := s.createPool(poolSpec{name: pool, cidr: row.cidr, cooldown: row.cooldown, pendingTTL: time.Minute})
 		led := newLedger(row.cooldown, prefix)
 		tr := newTracker(wc, s.ns)
 		tctx, stopTracker := context.WithCancel(s.ctx)

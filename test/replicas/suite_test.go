@@ -22,7 +22,7 @@
 //     taken over hands out no address when it resumes.
 //   - TestSamplesThreeReplicas: three fresh replicas started as `make
 //     local-up REPLICAS=3` starts them, and deploy/samples applied at
-//     once, 20 times: the sample VM's static address is handed over by
+//     once, REPLICAS_SAMPLES times (10): the sample VM's static address is handed over by
 //     whichever replica holds it, every time.
 //   - TestStaticFromAnotherReplica: a static request for an address
 //     another replica holds free, armed or not, is handed over; timed.
