@@ -3,8 +3,8 @@ package ipam
 import (
 	"context"
 	"errors"
-	"maps"
 	"fmt"
+	"maps"
 	"net/netip"
 	"time"
 )
