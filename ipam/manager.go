@@ -574,7 +574,7 @@ func (m *Manager) allocate(ctx context.Context, r Reservation, now time.Time) (n
 	// (the first asked may have had none to give by the time it read the
 	// request).
 	var asked map[netip.Prefix]bool
-	refreshed, askedAll := false, false
+	refreshed, askedAll, readUnread := false, false, false
 	for attempt := 0; ; attempt++ {
 		m.mu.Lock()
 		if err := m.servingLocked(now); err != nil {
@@ -615,7 +615,11 @@ func (m *Manager) allocate(ctx context.Context, r Reservation, now time.Time) (n
 		// calling the pool exhausted, read those again (at most once a
 		// second), since they may have given addresses back since.
 		refresh := !refreshed && m.elsewhere > 0 && !now.Before(m.refreshAfter)
-		if attempt == maxClaimRounds || unarmed == 0 && claimable == 0 && !askable && !refresh {
+		// A block marked unread (a write to it failed or lost a
+		// compare-and-swap) is read before any refusal, paced or not: what
+		// it shows of others is unknown.
+		unread := !readUnread && unarmed == 0 && claimable == 0 && !askable && m.elsewhere > 0 && m.unreadElsewhereLocked()
+		if attempt == maxClaimRounds || unarmed == 0 && claimable == 0 && !askable && !refresh && !unread {
 			// Nothing is left to claim: say so without scanning, however
 			// large the pool.
 			err := m.exhaustedLocked()
@@ -625,9 +629,12 @@ func (m *Manager) allocate(ctx context.Context, r Reservation, now time.Time) (n
 		}
 		var stale []netip.Prefix
 		if unarmed == 0 && claimable == 0 && !askable {
-			refreshed, m.refreshAfter = true, now.Add(rescanAfter)
+			if refresh {
+				refreshed, m.refreshAfter = true, now.Add(rescanAfter)
+			}
+			readUnread = true
 			for p, bs := range m.blocks {
-				if bs.loaded && bs.elsewhere > 0 {
+				if bs.elsewhere > 0 && (refresh || !bs.loaded) {
 					stale = append(stale, p)
 				}
 			}
@@ -672,6 +679,17 @@ func (m *Manager) allocate(ctx context.Context, r Reservation, now time.Time) (n
 			return netip.Addr{}, fmt.Errorf("allocate from pool %q: %w", m.cfg.Pool, err)
 		}
 	}
+}
+
+// unreadElsewhereLocked reports whether a block where other holders claim
+// addresses is marked to be read again before it is trusted.
+func (m *Manager) unreadElsewhereLocked() bool {
+	for _, bs := range m.blocks {
+		if !bs.loaded && bs.elsewhere > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // maxAsks bounds the blocks one allocation asks other holders in.
