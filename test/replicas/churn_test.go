@@ -70,10 +70,14 @@ func TestChurnOneSmallPool(t *testing.T) {
 		creates, deletes, _ := led.counts()
 		fails := led.failures("create")
 		causes := map[string]int{}
+		first := map[string]string{}
 		var wrong []string
 		judged := 0
 		for _, f := range fails {
-			causes[refusalCause(f.err)]++
+			c := refusalCause(f.err)
+			if causes[c]++; causes[c] == 1 {
+				first[c] = fmt.Sprintf("%s at %+.3fs", f.err, f.at.Sub(began).Seconds())
+			}
 			if !isExhausted(f.err) {
 				continue
 			}
@@ -85,10 +89,10 @@ func TestChurnOneSmallPool(t *testing.T) {
 		}
 		var lines []string
 		for c, n := range causes {
-			lines = append(lines, fmt.Sprintf("| %s | %d |", c, n))
+			lines = append(lines, fmt.Sprintf("| %s | %d | %s |", c, n, first[c]))
 		}
 		sort.Strings(lines)
-		t.Logf("row %s: %d clients keeping at most %d VMs on %s (%d usable), cooldown %s, for %s: %d creates, %d deletes, %d creates refused, %d deletes failed; exhausted refusals checked against the ledger: %d, wrong: %d\n| refused because | creates |\n|---|---|\n%s",
+		t.Logf("row %s: %d clients keeping at most %d VMs on %s (%d usable), cooldown %s, for %s: %d creates, %d deletes, %d creates refused, %d deletes failed; exhausted refusals checked against the ledger: %d, wrong: %d\n| refused because | creates | first |\n|---|---|---|\n%s",
 			row.name, row.clients, row.maxOwn, row.cidr, usable, row.cooldown, d, creates, deletes, len(fails), len(led.failures("delete")), judged, len(wrong), strings.Join(lines, "\n"))
 		if p := led.problems(); len(p) > 0 {
 			t.Errorf("row %s: %d violations:\n%s", row.name, len(p), summarize(p, 10))
