@@ -426,12 +426,12 @@ func (h *harness) rightRefusal(i int, a netip.Addr, err error, failing bool) err
 	j := h.holderOf(a)
 	if j < 0 {
 		if !h.claimedInStore(a) {
-			return fmt.Errorf("WRONG REFUSAL: %s refused %s, which no holder claims: %v", h.members[i].holder, a, err)
+			return fmt.Errorf("WRONG REFUSAL: %s refused %s, which no holder claims: %w", h.members[i].holder, a, err)
 		}
 		return nil // claimed by a holder that died: out of reach until taken over
 	}
 	if st, _, _ := h.members[j].m.Lookup(a); st == StateFree {
-		return fmt.Errorf("WRONG REFUSAL: %s refused %s, which %s holds free: %v", h.members[i].holder, a, h.members[j].holder, err)
+		return fmt.Errorf("WRONG REFUSAL: %s refused %s, which %s holds free: %w", h.members[i].holder, a, h.members[j].holder, err)
 	}
 	return nil
 }
@@ -457,7 +457,7 @@ func (h *harness) rightExhaustion(i int, err error, skip bool) error {
 		b, _ := h.store.Get(context.Background(), BlockOf(a))
 		owner, claimed := b.holderOf(blockOffset(a))
 		if !claimed {
-			return fmt.Errorf("WRONG EXHAUSTION: %s refused an allocation while %s is unclaimed: %v", h.members[i].holder, a, err)
+			return fmt.Errorf("WRONG EXHAUSTION: %s refused an allocation while %s is unclaimed: %w", h.members[i].holder, a, err)
 		}
 		j := h.holderOf(a)
 		if j < 0 || j == i || h.members[j].holder != owner || has(b.InUse, owner, blockOffset(a)) {
@@ -467,7 +467,7 @@ func (h *harness) rightExhaustion(i int, err error, skip bool) error {
 			continue
 		}
 		if st, _, _ := h.members[j].m.Lookup(a); st == StateFree {
-			return fmt.Errorf("WRONG EXHAUSTION: %s refused an allocation while %s holds %s free, as the store shows: %v", h.members[i].holder, owner, a, err)
+			return fmt.Errorf("WRONG EXHAUSTION: %s refused an allocation while %s holds %s free, as the store shows: %w", h.members[i].holder, owner, a, err)
 		}
 	}
 	return nil

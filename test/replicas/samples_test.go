@@ -154,7 +154,7 @@ func decodeAll[T any](t *testing.T, path string) []T {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	dec := utilyaml.NewYAMLOrJSONDecoder(f, 4096)
 	var out []T
 	for {
