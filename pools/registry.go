@@ -519,14 +519,16 @@ func (r *Registry) everyPool(ctx context.Context, triedIsEnough bool) error {
 	if err := r.opts.Client.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
 		return fmt.Errorf("list IPPools: %w", err)
 	}
-	r.mu.RLock()
-	defer r.mu.RUnlock()
 	for i := range list.Items {
 		pool := &list.Items[i]
-		if p := r.pools[pool.Name]; p != nil && p.uid == pool.UID && p.observedGeneration() == pool.Generation && p.Ready() {
+		// The allocators' locks are taken outside the registry's.
+		r.mu.RLock()
+		p, pr := r.pools[pool.Name], r.problems[pool.Name]
+		r.mu.RUnlock()
+		if p != nil && p.uid == pool.UID && p.observedGeneration() == pool.Generation && p.Ready() {
 			continue
 		}
-		if pr, ok := r.problems[pool.Name]; triedIsEnough && ok && pr.uid == pool.UID && pr.generation == pool.Generation {
+		if triedIsEnough && pr.err != nil && pr.uid == pool.UID && pr.generation == pool.Generation {
 			continue
 		}
 		return fmt.Errorf("IPPool %s not recovered yet", pool.Name)
