@@ -496,6 +496,16 @@ func (m *Manager) Close() {
 	m.ready = false
 }
 
+// Lost reports whether the store showed another holder on an address
+// this Manager held: its claims were taken over, it serves and writes
+// nothing more, and only a new Manager recovered from the store serves
+// the pool again.
+func (m *Manager) Lost() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.lost
+}
+
 // Ready reports whether the Manager has recovered and can allocate: not
 // closed, not fenced, its claims not lost.
 func (m *Manager) Ready() bool {

@@ -129,6 +129,17 @@ func (p *Pool) flush(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// lost reports whether another holder took over the claims of one of
+// the families' allocators (see ipam.Manager.Lost).
+func (p *Pool) lost() bool {
+	for _, m := range p.ms {
+		if m.Lost() {
+			return true
+		}
+	}
+	return false
+}
+
 // seal writes each family's exact state with nothing armed.
 func (p *Pool) seal(ctx context.Context) error {
 	var errs []error

@@ -341,9 +341,15 @@ func (r *Registry) ensure(ctx context.Context, pool *vmipamv1.IPPool) error {
 		old.stop()
 		// Releases not written yet carry cooldown deadlines that the new
 		// allocator's recovery must read: a shortened cooldown only
-		// applies to addresses released after the change.
-		if err := old.flush(ctx); err != nil {
-			return fmt.Errorf("persist pool %s before rebuilding its allocator: %w", pool.Name, err)
+		// applies to addresses released after the change. An allocator
+		// whose claims another holder took over has nothing left to
+		// write, and could write nothing: its rebuild (a recovery from
+		// the store) is how it serves again, and waiting for its flush
+		// kept the pool unserved for good.
+		if !old.lost() {
+			if err := old.flush(ctx); err != nil {
+				return fmt.Errorf("persist pool %s before rebuilding its allocator: %w", pool.Name, err)
+			}
 		}
 	}
 	live, err := r.liveHoldings(ctx, p.name, p.ranges)

@@ -3,6 +3,7 @@ package pools_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/internal/app"
+	"github.com/vmipam/vmipam/ipam"
 	"github.com/vmipam/vmipam/pools"
 	"github.com/vmipam/vmipam/pools/poolstest"
 	"github.com/vmipam/vmipam/target"
@@ -119,5 +121,58 @@ func TestPoolTroubleStaysInPool(t *testing.T) {
 	}
 	if p, err := reg.Select(ctx, vm, "team-c", ""); err != nil || p.Name() != "late" {
 		t.Errorf("Select of another pool meanwhile: %v, %v; want late", p, err)
+	}
+}
+
+// TestLostAllocatorRebuilt: an allocator whose claims another holder took
+// over (the store shows that holder on an address it held) serves nothing
+// and can write nothing; the next Ensure of its pool rebuilds it from the
+// store. Before, the rebuild first tried to flush the lost allocator,
+// failed, and left the pool unserved at every retry.
+func TestLostAllocatorRebuilt(t *testing.T) {
+	ctx := t.Context()
+	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	pool := &vmipamv1.IPPool{
+		ObjectMeta: metav1.ObjectMeta{Name: "p", UID: "uid-p", Generation: 1},
+		Spec:       vmipamv1.IPPoolSpec{Ranges: []vmipamv1.IPRange{{CIDR: "10.0.0.0/28"}}, Default: true},
+	}
+	c := fake.NewClientBuilder().WithScheme(app.Scheme).WithObjects(pool.DeepCopy()).Build()
+	reg := poolstest.Start(t, c, clk, "vmipam", pool)
+	p := reg.Get("p")
+	a, err := p.Allocate(ctx, ipam.Reservation{Token: "t1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Released: its cooldown waits for the next flush (the block is
+	// dirty), since the store already protects it.
+	if err := p.Release(ctx, a, ipam.Owner{Token: "t1"}); err != nil {
+		t.Fatal(err)
+	}
+	// Another holder takes every claim of the block over, as a takeover
+	// of a holder judged gone does.
+	var blocks vmipamv1.IPBlockList
+	if err := c.List(ctx, &blocks); err != nil || len(blocks.Items) != 1 {
+		t.Fatalf("IPBlocks: %v, %v", blocks.Items, err)
+	}
+	blk := &blocks.Items[0]
+	blk.Spec.Claims = map[string]string{"taker": blk.Spec.Claims["vmipam"]}
+	blk.Spec.InUse = map[string]string{"taker": blk.Spec.InUse["vmipam"]}
+	blk.Spec.Armed = nil
+	if err := c.Update(ctx, blk); err != nil {
+		t.Fatal(err)
+	}
+	// The allocator's next write (the arming or claim of an allocation
+	// once its ready list runs dry) finds the takeover.
+	for i := 0; p.Ready(); i++ {
+		if i == 20 {
+			t.Fatalf("20 allocations after the takeover of its claims (the first %s), and the allocator still serves", a)
+		}
+		_, _ = p.Allocate(ctx, ipam.Reservation{Token: fmt.Sprint("more-", i)})
+	}
+	if err := reg.Ensure(ctx, pool); err != nil {
+		t.Fatalf("Ensure of a pool whose allocator was taken over: %v", err)
+	}
+	if q := reg.Get("p"); q == p || !q.Ready() {
+		t.Errorf("after Ensure the pool's allocator is the lost one (%v) or not ready (%v)", q == p, q.Ready())
 	}
 }
