@@ -141,9 +141,14 @@ func (m *Manager) Rebalance(ctx context.Context) error {
 	m.mu.Unlock()
 	var err error
 	switch {
-	case requested.IsValid():
+	case len(requested) > 0:
+		// Every block asked in, not one a round: a request nothing can
+		// meet stays in its block, and picking one block a round could
+		// pick it again and again while another block's request waited.
 		m.stats.rebalances.Add(1)
-		err = m.serveRequests(ctx, requested)
+		for _, p := range requested {
+			err = errors.Join(err, m.serveRequests(ctx, p))
+		}
 		m.Kick()
 	case n < low && m.claimable() > 0:
 		m.stats.rebalances.Add(1)

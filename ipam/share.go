@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"net/netip"
+	"slices"
 	"time"
 )
 
@@ -150,15 +151,17 @@ func (m *Manager) Observe(b Block) {
 	}
 }
 
-// requestedLocked returns a block where another holder may ask for
-// addresses, or the zero prefix.
-func (m *Manager) requestedLocked() netip.Prefix {
+// requestedLocked returns the blocks where another holder may ask for
+// addresses, in order.
+func (m *Manager) requestedLocked() []netip.Prefix {
+	var out []netip.Prefix
 	for p, bs := range m.blocks {
 		if bs.requested {
-			return p
+			out = append(out, p)
 		}
 	}
-	return netip.Prefix{}
+	slices.SortFunc(out, netip.Prefix.Compare)
+	return out
 }
 
 // askFor asks the other holders for addresses: the specific a when valid

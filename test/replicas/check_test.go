@@ -263,11 +263,20 @@ func usableOf(p netip.Prefix) int {
 	return 1<<(32-p.Bits()) - 2
 }
 
-// addrAt returns the address at offset off of an IPv4 prefix.
+// addrAt returns the address at offset off of a prefix of either family.
 func addrAt(p netip.Prefix, off int) netip.Addr {
-	b := p.Addr().As4()
-	v := (uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])) + uint32(off)
-	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+	if p.Addr().Is4() {
+		b := p.Addr().As4()
+		v := (uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])) + uint32(off)
+		return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+	}
+	b := p.Addr().As16()
+	carry := uint(off)
+	for i := 15; i >= 0 && carry > 0; i-- {
+		sum := uint(b[i]) + carry
+		b[i], carry = byte(sum), sum>>8
+	}
+	return netip.AddrFrom16(b)
 }
 
 // checkLabels fails the test unless, within 15s, every VM of pool carries

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -87,13 +88,23 @@ func TestChurnOneSmallPool(t *testing.T) {
 					f.name, f.at.Sub(began).Seconds(), busy, usable, f.err))
 			}
 		}
+		// How long the refused admissions took: an exhausted refusal may
+		// wait for other replicas to answer, within the API server's
+		// deadline.
+		var waits []time.Duration
+		for _, f := range fails {
+			if isExhausted(f.err) {
+				waits = append(waits, f.at.Sub(f.sent))
+			}
+		}
 		var lines []string
 		for c, n := range causes {
 			lines = append(lines, fmt.Sprintf("| %s | %d | %s |", c, n, first[c]))
 		}
 		sort.Strings(lines)
-		t.Logf("row %s: %d clients keeping at most %d VMs on %s (%d usable), cooldown %s, for %s: %d creates, %d deletes, %d creates refused, %d deletes failed; exhausted refusals checked against the ledger: %d, wrong: %d\n| refused because | creates | first |\n|---|---|---|\n%s",
-			row.name, row.clients, row.maxOwn, row.cidr, usable, row.cooldown, d, creates, deletes, len(fails), len(led.failures("delete")), judged, len(wrong), strings.Join(lines, "\n"))
+		t.Logf("row %s: %d clients keeping at most %d VMs on %s (%d usable), cooldown %s, for %s: %d creates, %d deletes, %d creates refused, %d deletes failed; exhausted refusals checked against the ledger: %d, wrong: %d; their answers took p50 %v, p99 %v, max %v\n| refused because | creates | first |\n|---|---|---|\n%s",
+			row.name, row.clients, row.maxOwn, row.cidr, usable, row.cooldown, d, creates, deletes, len(fails), len(led.failures("delete")), judged, len(wrong),
+			quantile(waits, 50), quantile(waits, 99), quantile(waits, 100), strings.Join(lines, "\n"))
 		if p := led.problems(); len(p) > 0 {
 			t.Errorf("row %s: %d violations:\n%s", row.name, len(p), summarize(p, 10))
 		}
@@ -167,4 +178,13 @@ func refusalCause(err error) string {
 		msg = msg[:80]
 	}
 	return "other: " + msg
+}
+
+// quantile returns the p-th percentile of ds (which it sorts), rounded.
+func quantile(ds []time.Duration, p int) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	slices.Sort(ds)
+	return ds[min(len(ds)-1, len(ds)*p/100)].Round(100 * time.Microsecond)
 }

@@ -4,10 +4,12 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/ipam"
@@ -18,67 +20,104 @@ import (
 // static address that the IPBlocks show claimed by some replica, not
 // cooling down, and that no VM holds (free there, armed or not; armed
 // every other time when it can), through the proxy, which sends the
-// create to any replica: every request is granted,
+// create to any replica, in a pool of IPv4 and in one of both families
+// (a RequireDualStack VM asking for one address of each, which may sit
+// with two replicas): every request is granted,
 // and those that another replica answered (the VM's holder label names
 // the replica that stamped it) are hand-overs, timed.
 func TestStaticFromAnotherReplica(t *testing.T) {
 	s := newSuite(t)
 	s.startReplicas(3)
 	n := envInt(t, "REPLICAS_STATICS", 40, 1)
-	prefix, _ := s.createPool(poolSpec{name: "static", cidr: "10.70.0.0/24", cooldown: time.Minute, pendingTTL: time.Minute})
-	// Let every replica claim its share. Nothing else allocates in the
-	// pool: the addresses of these and of the test's own VMs are the only
-	// ones in use, whatever the blocks' last writes show.
-	used := map[netip.Addr]bool{}
-	for i := range 6 {
-		vm, err := s.create(s.ctx, fmt.Sprintf("warm-%d", i), "static")
-		if err != nil {
-			t.Fatal(err)
+	var rows []string
+	for _, row := range []struct {
+		name     string
+		prefixes []netip.Prefix // the pool's ranges; two: a VM of both families
+	}{
+		{name: "IPv4", prefixes: []netip.Prefix{netip.MustParsePrefix("10.70.0.0/24")}},
+		{name: "dual-stack", prefixes: []netip.Prefix{netip.MustParsePrefix("10.71.0.0/24"), netip.MustParsePrefix("fd00:71::/120")}},
+	} {
+		pool := "static-" + strings.ToLower(strings.ReplaceAll(row.name, "-", ""))
+		spec := vmipamv1.IPPoolSpec{Cooldown: &metav1.Duration{Duration: time.Minute}, PendingTTL: &metav1.Duration{Duration: time.Minute}}
+		for _, p := range row.prefixes {
+			spec.Ranges = append(spec.Ranges, vmipamv1.IPRange{CIDR: p.String()})
 		}
-		used[netip.MustParseAddr(vm.Spec.Addresses[0])] = true
+		if err := s.c.Create(s.ctx, &vmipamv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: pool}, Spec: spec}); err != nil {
+			t.Fatalf("create IPPool %s: %v", pool, err)
+		}
+		s.pools = append(s.pools, pool)
+		s.waitServing(pool, 60*time.Second)
+		vmOf := func(name string, addrs []string) *vmipamv1.VirtualMachine {
+			vm := &vmipamv1.VirtualMachine{
+				ObjectMeta: metav1.ObjectMeta{Namespace: s.ns, Name: name},
+				Spec:       vmipamv1.VirtualMachineSpec{IPPool: pool, Image: "replicas", CPUs: 1, Addresses: addrs},
+			}
+			if len(row.prefixes) > 1 {
+				vm.Spec.IPFamilyPolicy = ptr.To(vmipamv1.RequireDualStack)
+			}
+			return vm
+		}
+		// Let every replica claim its share. Nothing else allocates in
+		// the pool: the addresses of these and of the test's own VMs are
+		// the only ones in use, whatever the blocks' last writes show.
+		used := map[netip.Addr]bool{}
+		for i := range 6 {
+			vm := vmOf(fmt.Sprintf("%s-warm-%d", pool, i), nil)
+			if err := s.c.Create(s.ctx, vm); err != nil {
+				t.Fatal(err)
+			}
+			for _, a := range vm.Spec.Addresses {
+				used[netip.MustParseAddr(a)] = true
+			}
+		}
+		var handovers, local []time.Duration
+		for i := range n {
+			bs, err := s.blocks(s.ctx, pool)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var addrs, holders, where []string
+			for _, prefix := range row.prefixes {
+				a, holder, armed := freeIn(bs, prefix, used, i)
+				if !a.IsValid() {
+					t.Fatalf("%s request %d: the blocks show no address of %s free at any replica", row.name, i, prefix)
+				}
+				used[a] = true
+				addrs = append(addrs, a.String())
+				holders = append(holders, holder)
+				where = append(where, fmt.Sprintf("%s (armed %v)", holder, armed))
+			}
+			vm := vmOf(fmt.Sprintf("%s-%03d", pool, i), addrs)
+			began := time.Now()
+			if err := s.c.Create(s.ctx, vm); err != nil {
+				t.Errorf("%s request %d: %v, free at %v: %v", row.name, i, addrs, where, err)
+				continue
+			}
+			took := time.Since(began)
+			if !slices.Equal(vm.Spec.Addresses, addrs) {
+				t.Errorf("%s request %d: asked for %v, got %v", row.name, i, addrs, vm.Spec.Addresses)
+			}
+			// Handed over when the replica that answered holds none of
+			// them (dual-stack: not both).
+			answeredBy := vm.Labels[vmipamv1.HolderLabel]
+			own := true
+			for _, h := range holders {
+				own = own && pools.HolderLabelValue(h) == answeredBy
+			}
+			if own {
+				local = append(local, took)
+			} else {
+				handovers = append(handovers, took)
+			}
+		}
+		rows = append(rows, fmt.Sprintf("| %s | %d | %d | %v | %v | %d | %v | %v |", row.name,
+			n, len(local), quantile(local, 50), quantile(local, 99), len(handovers), quantile(handovers, 50), quantile(handovers, 99)))
+		if len(handovers) == 0 {
+			t.Errorf("%s: no request was answered by a replica other than the addresses' holders: nothing was handed over", row.name)
+		}
 	}
-	var handovers, local []time.Duration
-	for i := range n {
-		bs, err := s.blocks(s.ctx, "static")
-		if err != nil {
-			t.Fatal(err)
-		}
-		a, holder, armed := freeIn(bs, prefix, used, i)
-		if !a.IsValid() {
-			t.Fatalf("request %d: the blocks show no address free at any replica", i)
-		}
-		used[a] = true
-		vm := &vmipamv1.VirtualMachine{
-			ObjectMeta: metav1.ObjectMeta{Namespace: s.ns, Name: fmt.Sprintf("static-%03d", i)},
-			Spec:       vmipamv1.VirtualMachineSpec{IPPool: "static", Image: "replicas", CPUs: 1, Addresses: []string{a.String()}},
-		}
-		began := time.Now()
-		if err := s.c.Create(s.ctx, vm); err != nil {
-			t.Errorf("request %d: %s, free at %s (armed %v): %v", i, a, holder, armed, err)
-			continue
-		}
-		took := time.Since(began)
-		if got := vm.Spec.Addresses; len(got) != 1 || got[0] != a.String() {
-			t.Errorf("request %d: asked for %s, got %v", i, a, got)
-		}
-		if vm.Labels[vmipamv1.HolderLabel] == pools.HolderLabelValue(holder) {
-			local = append(local, took)
-		} else {
-			handovers = append(handovers, took)
-		}
-	}
-	pct := func(d []time.Duration, p int) time.Duration {
-		if len(d) == 0 {
-			return 0
-		}
-		slices.Sort(d)
-		return d[min(len(d)-1, len(d)*p/100)].Round(100 * time.Microsecond)
-	}
-	t.Logf("| static creates | answered by the holder | p50 | p99 | handed over by another replica | p50 | p99 |\n|---|---|---|---|---|---|---|\n| %d | %d | %v | %v | %d | %v | %v |",
-		n, len(local), pct(local, 50), pct(local, 99), len(handovers), pct(handovers, 50), pct(handovers, 99))
-	if len(handovers) == 0 {
-		t.Error("no request was answered by a replica other than the address's holder: nothing was handed over")
-	}
+	t.Logf("| pool | static creates | answered by the holder | p50 | p99 | handed over by another replica | p50 | p99 |\n|---|---|---|---|---|---|---|---|\n%s",
+		strings.Join(rows, "\n"))
 }
 
 // freeIn picks an address of the blocks that a holder claims, not in used
