@@ -476,6 +476,7 @@ func (m *Manager) reset(n int) {
 	m.cursor = m.cfg.Ranges.First()
 	m.noClaimableUntil = time.Time{}
 	m.lost = false
+	m.othersCache = othersCache{}
 }
 
 // Pool returns the pool's name.
