@@ -206,6 +206,12 @@ func (m *Manager) askAt(ctx context.Context, p netip.Prefix, a netip.Addr) error
 				r.Addrs = &cp
 			}
 			r.Addrs.Set(blockOffset(a))
+			// A reason left from an earlier ask of a (one that gave up
+			// before it came) is not this ask's answer.
+			if _, ok := r.Refused[blockOffset(a)]; ok {
+				r.Refused = maps.Clone(r.Refused)
+				delete(r.Refused, blockOffset(a))
+			}
 		} else {
 			r.Count = max(r.Count, m.cfg.ArmBatch)
 		}
