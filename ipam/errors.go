@@ -72,7 +72,8 @@ type Others struct {
 }
 
 // add counts the other holders' addresses in b; live tells which holders
-// run; holders collects them, for Holders.
+// run; a cooldown counts if it ends after now; holders, if not nil,
+// collects the holders, for Holders.
 func (o *Others) add(b *Block, self string, live func(string) bool, now time.Time, holders map[string]bool) {
 	cooling := map[string]int{}
 	for a, d := range b.Cooldowns {
@@ -90,7 +91,7 @@ func (o *Others) add(b *Block, self string, live func(string) bool, now time.Tim
 		if h == self || bm.Empty() {
 			continue
 		}
-		if !holders[h] {
+		if holders != nil && !holders[h] {
 			holders[h] = true
 			o.Holders++
 		}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"math/bits"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
@@ -914,7 +913,12 @@ func (m *Manager) setPersistedLocked(bs *blockState, b Block) {
 			n += bm.Count()
 		}
 	}
-	free := othersFree(&b, func(h string) bool { return h != m.cfg.Holder })
+	// The free addresses of the other holders, as a hint of where to ask:
+	// every cooldown the store shows counts, ended or not (the zero time),
+	// since the hint is kept until the block is read again.
+	var o Others
+	o.add(&b, m.cfg.Holder, func(string) bool { return true }, time.Time{}, nil)
+	free := o.Free
 	m.elsewhere += n - bs.elsewhere
 	m.othersFree += free - bs.othersFree
 	bs.persisted, bs.elsewhere, bs.othersFree = b, n, free
@@ -924,36 +928,6 @@ func (m *Manager) setPersistedLocked(bs *blockState, b Block) {
 			bs.requested = true
 		}
 	}
-}
-
-// othersFree counts the addresses b shows claimed by the holders that of
-// selects, neither in use nor cooling down there: free, or armed. A block
-// written before vmipam recorded what is in use shows none.
-func othersFree(b *Block, of func(holder string) bool) int {
-	if !b.Exact {
-		return 0
-	}
-	free := 0
-	for h, bm := range b.Claims {
-		if !of(h) {
-			continue
-		}
-		u := b.InUse[h]
-		for w, x := range bm {
-			if u != nil {
-				x &^= u[w]
-			}
-			free += bits.OnesCount64(x)
-		}
-	}
-	if free > 0 {
-		for a := range b.Cooldowns {
-			if h, ok := b.holderOf(blockOffset(a)); ok && of(h) && !has(b.InUse, h, blockOffset(a)) {
-				free--
-			}
-		}
-	}
-	return free
 }
 
 // forgetIfIdleLocked drops the state of a block that holds nothing and has

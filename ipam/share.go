@@ -330,7 +330,7 @@ func (m *Manager) askWhereLocked(skip map[netip.Prefix]bool) netip.Prefix {
 		// Free there as of now: a cooldown the store shows may have
 		// ended since.
 		var o Others
-		o.add(&bs.persisted, m.cfg.Holder, m.listedLocked, m.clock.Now(), map[string]bool{})
+		o.add(&bs.persisted, m.cfg.Holder, m.listedLocked, m.clock.Now(), nil)
 		free := o.Free
 		if free > bestFree || bestFree == 0 && free == 0 && bs.elsewhere > best {
 			p, bestFree, best = q, free, bs.elsewhere
