@@ -130,16 +130,16 @@ const (
 )
 
 // encode is the persisted form of a refusal: "allocated <ref>", "pending
-// <ref>" or "cooldown <RFC 3339 time>".
-func (f Refusal) encode() string {
-	if f.State == StateCooldown {
-		return "cooldown " + f.Until.UTC().Format(time.RFC3339)
+// <ref>" or "cooldown <RFC 3339 time>"; false for a state that gives no
+// reason.
+func (f Refusal) encode() (string, bool) {
+	switch f.State {
+	case StateCooldown:
+		return "cooldown " + f.Until.UTC().Format(time.RFC3339), true
+	case StateAllocated, StatePending:
+		return f.State.String() + " " + f.Ref[:min(len(f.Ref), maxRefusalRef)], true
 	}
-	ref := f.Ref
-	if len(ref) > maxRefusalRef {
-		ref = ref[:maxRefusalRef]
-	}
-	return f.State.String() + " " + ref
+	return "", false
 }
 
 func decodeRefusal(s string) (Refusal, bool) {
@@ -289,13 +289,14 @@ func (b Block) Encode() EncodedBlock {
 			er.Addrs = encodeBitmap(r.Addrs)
 		}
 		for off, f := range r.Refused {
-			if f.State != StateAllocated && f.State != StatePending && f.State != StateCooldown {
-				continue // no reason to give
+			v, ok := f.encode()
+			if !ok {
+				continue
 			}
 			if er.Refused == nil {
 				er.Refused = make(map[string]string, len(r.Refused))
 			}
-			er.Refused[strconv.Itoa(off)] = f.encode()
+			er.Refused[strconv.Itoa(off)] = v
 		}
 		if er.Count == 0 && er.Addrs == "" && len(er.Refused) == 0 {
 			continue
