@@ -122,7 +122,7 @@ type Registry struct {
 	// problems are, by IPPool name, why the last Ensure of the pool's
 	// current version failed: a spec that cannot be applied, or a
 	// recovery that failed. Only the creates that draw from that pool
-	// are refused for it (see served).
+	// are refused for it (see serving).
 	problems map[string]poolProblem
 	// peers are the live holders, as last listed; peerCounts, what the
 	// others among them published of their pools.
@@ -527,14 +527,8 @@ func (r *Registry) everyPool(ctx context.Context, triedIsEnough bool) error {
 	}
 	for i := range list.Items {
 		pool := &list.Items[i]
-		// The allocators' locks are taken outside the registry's.
-		r.mu.RLock()
-		p, pr := r.pools[pool.Name], r.problems[pool.Name]
-		r.mu.RUnlock()
-		if p != nil && p.uid == pool.UID && p.observedGeneration() == pool.Generation && p.Ready() {
-			continue
-		}
-		if triedIsEnough && pr.err != nil && pr.uid == pool.UID && pr.generation == pool.Generation {
+		p, problem := r.stateOf(pool)
+		if p != nil && p.observedGeneration() == pool.Generation || triedIsEnough && problem != nil {
 			continue
 		}
 		return fmt.Errorf("IPPool %s not recovered yet", pool.Name)

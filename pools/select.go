@@ -108,19 +108,33 @@ func (r *Registry) Select(ctx context.Context, t target.Target, ns, named string
 // An allocator of an older generation of the same pool serves until its
 // rebuild, as an update of the pool is applied.
 func (r *Registry) serving(pool *vmipamv1.IPPool) (*Pool, error) {
+	p, problem := r.stateOf(pool)
+	switch {
+	case p != nil:
+		return p, nil
+	case errors.Is(problem, ipam.ErrInvalid):
+		return nil, fmt.Errorf("IPPool %s cannot be served: %w; fix the pool's spec, or name another pool", pool.Name, problem)
+	case problem != nil:
+		return nil, fmt.Errorf("%w: IPPool %s could not be recovered (%w), and is tried again", ErrNotReady, pool.Name, problem)
+	}
+	return nil, fmt.Errorf("%w: IPPool %s is not recovered yet", ErrNotReady, pool.Name)
+}
+
+// stateOf returns the ready allocator of pool (this UID, of any
+// generation: an update is applied by a rebuild), or nil; and why the last
+// try to serve this version of pool failed, or nil. The allocator's locks
+// are taken outside the registry's.
+func (r *Registry) stateOf(pool *vmipamv1.IPPool) (*Pool, error) {
 	r.mu.RLock()
 	p, pr := r.pools[pool.Name], r.problems[pool.Name]
 	r.mu.RUnlock()
-	if p != nil && p.uid == pool.UID && p.Ready() {
-		return p, nil
+	if p != nil && (p.uid != pool.UID || !p.Ready()) {
+		p = nil
 	}
-	if pr.err != nil && pr.uid == pool.UID && pr.generation == pool.Generation {
-		if errors.Is(pr.err, ipam.ErrInvalid) {
-			return nil, fmt.Errorf("IPPool %s cannot be served: %w; fix the pool's spec, or name another pool", pool.Name, pr.err)
-		}
-		return nil, fmt.Errorf("%w: IPPool %s could not be recovered (%w), and is tried again", ErrNotReady, pool.Name, pr.err)
+	if pr.uid != pool.UID || pr.generation != pool.Generation {
+		pr.err = nil
 	}
-	return nil, fmt.Errorf("%w: IPPool %s is not recovered yet", ErrNotReady, pool.Name)
+	return p, pr.err
 }
 
 // selectorOf is pool's namespace selector: the allocator's, parsed when it
