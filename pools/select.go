@@ -69,23 +69,23 @@ func (r *Registry) Select(ctx context.Context, t target.Target, ns, named string
 	if err := r.opts.Client.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("list IPPools: %w", err)
 	}
-	slices.SortFunc(list.Items, func(a, b vmipamv1.IPPool) int { return strings.Compare(a.Name, b.Name) })
+	// By name, as the registry's pools were: the last default pool, and
+	// the matching pool (more than one is refused, named in order).
 	var matched []string
 	var chosen, def *vmipamv1.IPPool
 	for i := range list.Items {
 		pool := &list.Items[i]
-		if pool.Spec.Default {
+		if pool.Spec.Default && (def == nil || pool.Name > def.Name) {
 			def = pool
 		}
 		if sel := r.selectorOf(pool); sel != nil && !sel.Empty() && sel.Matches(labels.Set(nsObj.Labels)) {
 			matched = append(matched, pool.Name)
-			if chosen == nil {
-				chosen = pool
-			}
+			chosen = pool
 		}
 	}
 	switch {
 	case len(matched) > 1:
+		slices.Sort(matched)
 		return nil, fmt.Errorf("namespace %s matches the namespaceSelector of several IPPools (%s); name one in %s",
 			ns, strings.Join(matched, ", "), where)
 	case chosen == nil && def == nil:
