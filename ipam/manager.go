@@ -982,6 +982,10 @@ func (m *Manager) Release(addr netip.Addr, owner Owner) error {
 			// As below: the machine of a lapsed reservation was stored.
 			m.usedLocked(addr, owner.Token)
 		}
+		// A change all the same: a resync whose list was taken before it
+		// shows the machine, which is going, and must not adopt its
+		// address back.
+		m.touch(e)
 		if until := now.Add(m.cfg.Cooldown); until.After(e.at) {
 			m.cooldown.remove(e)
 			e.at = until

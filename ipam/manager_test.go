@@ -793,3 +793,32 @@ func TestExhaustedFamily(t *testing.T) {
 		t.Errorf("err = %v; want ErrExhausted saying %q", err, want)
 	}
 }
+
+// TestResyncAfterRetriedRelease: a release made while a resync lists the
+// objects is a change the list cannot show, even when the address was
+// cooling down already (a retried release, or one recovered as made): the
+// resync must not hand the address back to the machine it listed, which
+// is gone by the time the finalizer is removed; and an address a resync
+// adopted for a machine that is gone since goes to cooldown at the next.
+func TestResyncAfterRetriedRelease(t *testing.T) {
+	m, _, _ := newTestManager(t, testPool{cidr: "10.0.0.0/28"})
+	ctx := t.Context()
+	a := mustAllocate(t, m, "a")
+	owner := Owner{Token: "a", UID: "uid-a"}
+	if _, err := m.Bind(owner); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.ReleaseDurable(ctx, a, owner); err != nil {
+		t.Fatal(err)
+	}
+	// The resync marks, then lists the machine (being deleted, its
+	// finalizer still on); the controller releases again meanwhile.
+	asOf := m.Mark()
+	if err := m.ReleaseDurable(ctx, a, owner); err != nil {
+		t.Fatal(err)
+	}
+	rep := m.Resync([]Holding{{Addr: a, Owner: owner}}, asOf)
+	if st, _, _ := m.Lookup(a); st != StateCooldown || rep.Adopted != 0 {
+		t.Fatalf("after a resync whose list predates the retried release: %s, report %+v; want it cooling down, nothing adopted", st, rep)
+	}
+}
