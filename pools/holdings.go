@@ -242,6 +242,8 @@ func (r *Registry) resync(ctx context.Context, ps []*Pool) error {
 			// saying on which machine, that are on none and now rest.
 			logf.FromContext(ctx).Info("Resynced pool", "pool", p.name, "released", rep.Released, "adopted", rep.Adopted,
 				"settled", rep.Settled, "deferred", rep.Deferred, "conflicts", len(rep.Conflicts))
+		} else if rep.Deferred > 0 {
+			logf.FromContext(ctx).V(1).Info("Resync deferred releases until their blocks are written", "pool", p.name, "deferred", rep.Deferred)
 		}
 		for _, c := range rep.Conflicts {
 			r.warn(&vmipamv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: p.name, UID: p.uid}}, "DuplicateAddress", c.Error())

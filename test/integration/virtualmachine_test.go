@@ -20,6 +20,7 @@ import (
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/ipam"
+	"github.com/vmipam/vmipam/pools"
 	"github.com/vmipam/vmipam/test/harness"
 )
 
@@ -444,13 +445,38 @@ func TestRestart(t *testing.T) {
 	vms := listVMs(t, ns)
 	checkDistinct(t, vms, netip.MustParsePrefix("10.70.0.0/19"))
 	harness.Eventually(t, 30*time.Second, "the allocator to match the cluster", func() error {
-		c := v.reg.Get("restart").Snapshot()
-		if c.Allocated != len(vms) {
-			return fmt.Errorf("allocated %d, %d live VMs", c.Allocated, len(vms))
+		p := v.reg.Get("restart")
+		if c := p.Snapshot(); c.Allocated != len(vms) {
+			return fmt.Errorf("allocated %d, %d live VMs; %s", c.Allocated, len(vms), strangeAllocations(p, vms, netip.MustParsePrefix("10.70.0.0/19")))
 		}
 		return nil
 	})
 	t.Logf("%d creates, %d live after 2 restarts", len(everHanded), len(vms))
+}
+
+// strangeAllocations names the addresses of prefix that the pool's
+// allocator holds allocated to an object other than the live VM carrying
+// the address, so that a failure says which ones and to whom.
+func strangeAllocations(p *pools.Pool, vms []vmipamv1.VirtualMachine, prefix netip.Prefix) string {
+	uidAt := map[netip.Addr]string{}
+	for _, vm := range vms {
+		for _, s := range vm.Spec.Addresses {
+			if a, err := netip.ParseAddr(s); err == nil {
+				uidAt[a] = string(vm.UID)
+			}
+		}
+	}
+	var out []string
+	byState := map[ipam.State]int{}
+	for a := prefix.Addr(); prefix.Contains(a); a = a.Next() {
+		st, o, at := p.Lookup(a)
+		byState[st]++
+		if st == ipam.StateAllocated && o.UID != uidAt[a] {
+			out = append(out, fmt.Sprintf("%s allocated to %s (uid %q, since %s) but carried by uid %q", a, o.Ref, o.UID, at.Format(time.RFC3339Nano), uidAt[a]))
+		}
+	}
+	out = append(out, fmt.Sprintf("looked up one by one: %v; counted: %+v", byState, p.Snapshot()))
+	return strings.Join(out, "; ")
 }
 
 var errDenied = errors.New("denied by the test's policy")
