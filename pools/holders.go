@@ -3,11 +3,14 @@ package pools
 import (
 	"context"
 	"errors"
+	"fmt"
 	"hash/fnv"
 	"slices"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	"k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
@@ -39,6 +42,42 @@ func (r *Registry) keepLease(ctx context.Context) {
 		return
 	}
 	r.listPeers(ctx)
+	// A lost allocator whose write went unheard (one that found the
+	// takeover while it had nothing to write) is rebuilt here at the
+	// latest.
+	r.rebuildLost(ctx)
+}
+
+// rebuildLost rebuilds, off the renewal loop, the allocator of every pool
+// whose claims another holder took over (see ipam.Manager.Lost): it can
+// write nothing more, and nothing else would rebuild it until the IPPool
+// changed. The rebuild recovers the pool from the store and the objects,
+// as a restart would.
+func (r *Registry) rebuildLost(ctx context.Context) {
+	var lost []string
+	for _, p := range r.list() {
+		if p.lost() {
+			lost = append(lost, p.name)
+		}
+	}
+	if len(lost) == 0 || !r.rebuilding.CompareAndSwap(false, true) {
+		return
+	}
+	r.tasks.Go(func() {
+		defer r.rebuilding.Store(false)
+		log := logf.FromContext(ctx)
+		for _, name := range lost {
+			pool := &vmipamv1.IPPool{}
+			if err := r.opts.Client.Get(ctx, client.ObjectKey{Name: name}, pool); err != nil {
+				log.Error(err, "Reading a pool to rebuild its allocator", "pool", name)
+				continue
+			}
+			log.Info("Another holder took over claims this replica held: rebuilding the pool's allocator", "pool", name)
+			if err := r.Ensure(ctx, pool); err != nil && ctx.Err() == nil {
+				log.Error(err, "Rebuilding a pool's allocator", "pool", name)
+			}
+		}
+	})
 }
 
 // listPeers lists the holder Leases, tells the allocators who the live
@@ -121,9 +160,18 @@ func (r *Registry) listPeers(ctx context.Context) {
 // pool, and deletes its Lease once all of them moved.
 func (r *Registry) takeover(ctx context.Context, p peer) {
 	log := logf.FromContext(ctx)
-	if err := r.lease.claimTakeover(ctx, p); err != nil {
+	mark, err := r.lease.claimTakeover(ctx, p)
+	if err != nil {
 		log.V(1).Info("Another holder takes it over", "holder", p.holder, "reason", err.Error())
 		return
+	}
+	// Every write of the takeover stops once the mark is not held.
+	markCtx, stop := context.WithCancelCause(ctx)
+	held := make(chan *coordinationv1.Lease, 1)
+	go func() { held <- r.lease.holdTakeover(markCtx, mark, stop) }()
+	release := func() *coordinationv1.Lease {
+		stop(nil)
+		return <-held
 	}
 	log.Info("Taking over a holder that left", "holder", p.holder)
 	all := r.list()
@@ -131,32 +179,41 @@ func (r *Registry) takeover(ctx context.Context, p peer) {
 	for _, pool := range all {
 		ranges[pool.name] = pool.ranges
 	}
-	by, err := r.liveIn(ctx, ranges)
+	by, err := r.liveIn(markCtx, ranges)
 	if err != nil {
+		release()
 		log.Error(err, "Taking over a holder's claims", "holder", p.holder)
 		return
 	}
 	done := true
+	var moved []*Pool
 	for _, pool := range all {
-		rep, err := pool.takeover(ctx, p.holder, by[pool.name].holdings)
+		rep, err := pool.takeover(markCtx, p.holder, by[pool.name].holdings)
 		if rep.Blocks > 0 {
 			log.Info("Took over a holder's claims", "holder", p.holder, "pool", pool.name,
 				"allocated", rep.Allocated, "free", rep.Free, "cooldown", rep.Cooldown, "blocks", rep.Blocks)
 		}
 		if err != nil {
 			done = false
+			if cause := context.Cause(markCtx); cause != nil && ctx.Err() == nil {
+				err = fmt.Errorf("%w (stopped: %w)", err, cause)
+			}
 			log.Error(err, "Taking over a holder's claims", "holder", p.holder, "pool", pool.name)
+			continue
 		}
+		moved = append(moved, pool)
 	}
-	if done {
-		if err := r.lease.finishTakeover(ctx, p.holder); err != nil {
+	last := release()
+	if done && context.Cause(markCtx) == context.Canceled {
+		if err := r.lease.finishTakeover(ctx, last); err != nil {
 			log.Error(err, "Deleting the lease of a holder taken over", "holder", p.holder)
 		}
 	}
 	// The objects it looked after are this replica's now, but only once
 	// labelled does this replica's watch see them. A deletion of one waits
-	// for its finalizer until then.
-	for _, pool := range all {
+	// for its finalizer until then. A pool not taken over whole is left to
+	// the next try, or to the holder if it came back.
+	for _, pool := range moved {
 		r.relabel(ctx, pool, by[pool.name].elsewhere)
 	}
 }

@@ -381,23 +381,66 @@ func (l *lease) peers(ctx context.Context) ([]peer, error) {
 }
 
 // claimTakeover writes this holder's takeover mark on a leaving holder's
-// Lease, compare-and-swap: only one holder takes another over.
-func (l *lease) claimTakeover(ctx context.Context, p peer) error {
+// Lease, compare-and-swap: only one holder takes another over. The mark
+// is held as the lease itself is (see holdTakeover).
+func (l *lease) claimTakeover(ctx context.Context, p peer) (*coordinationv1.Lease, error) {
 	obj := p.obj.DeepCopy()
 	obj.Spec.HolderIdentity = ptr.To(takeoverPrefix + l.opts.Holder)
 	obj.Spec.RenewTime = &metav1.MicroTime{Time: time.Now()} //nolint:forbidigo // leases are real time
 	if err := l.c.Update(ctx, obj); err != nil {
-		return fmt.Errorf("mark lease %s taken over: %w", obj.Name, err)
+		return nil, fmt.Errorf("mark lease %s taken over: %w", obj.Name, err)
 	}
-	return nil
+	return obj, nil
 }
 
-// finishTakeover deletes the Lease of a holder whose claims were all taken
-// over.
-func (l *lease) finishTakeover(ctx context.Context, holder string) error {
-	obj := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: l.opts.Namespace, Name: LeaseName(holder)}}
-	if err := l.c.Delete(ctx, obj); client.IgnoreNotFound(err) != nil {
-		return fmt.Errorf("delete lease %s: %w", obj.Name, err)
+// holdTakeover renews the takeover mark obj every retry period until ctx
+// ends, so that neither the holder taken over (restarted under its old
+// name, it waits for the mark to lapse) nor another taker starts while
+// this one still writes the holder's blocks. When a renewal is refused
+// (another process wrote the Lease) or none has landed for the renew
+// deadline, it calls lost, which must stop the takeover's writes: the
+// mark lapses the lease duration after its last renewal, and the renew
+// deadline is shorter, as for a holder's own Lease.
+//
+// It returns the mark as last written.
+func (l *lease) holdTakeover(ctx context.Context, obj *coordinationv1.Lease, lost func(error)) *coordinationv1.Lease {
+	last := obj.Spec.RenewTime.Time
+	tick := time.NewTicker(l.opts.RetryPeriod)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return obj
+		case <-tick.C:
+		}
+		sent := time.Now() //nolint:forbidigo // leases are real time
+		next := obj.DeepCopy()
+		next.Spec.RenewTime = &metav1.MicroTime{Time: sent}
+		callCtx, cancel := context.WithTimeout(ctx, l.opts.RetryPeriod)
+		err := l.c.Update(callCtx, next)
+		cancel()
+		switch {
+		case err == nil:
+			obj, last = next, sent
+		case ctx.Err() != nil:
+			return obj
+		case apierrors.IsConflict(err) || apierrors.IsNotFound(err):
+			lost(fmt.Errorf("the takeover mark on lease %s was overwritten: %w", obj.Name, err))
+			return obj
+		case time.Since(last) > l.opts.RenewDeadline: //nolint:forbidigo // leases are real time
+			lost(fmt.Errorf("the takeover mark on lease %s was last renewed %s ago: %w", obj.Name, time.Since(last).Round(time.Millisecond), err)) //nolint:forbidigo // leases are real time
+			return obj
+		}
+	}
+}
+
+// finishTakeover deletes mark, the Lease of a holder whose claims were
+// all taken over, as this holder last wrote it: a Lease written since (the
+// holder came back after the mark lapsed) stays.
+func (l *lease) finishTakeover(ctx context.Context, mark *coordinationv1.Lease) error {
+	rv := mark.ResourceVersion
+	if err := l.c.Delete(ctx, mark, client.Preconditions{ResourceVersion: &rv}); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("delete lease %s: %w", mark.Name, err)
 	}
 	return nil
 }

@@ -111,6 +111,14 @@ type Registry struct {
 	// relist asks for the live holders to be listed again before the
 	// next renewal (see noteAskers).
 	relist chan struct{}
+	// lostOne says that a write found an allocator's claims taken over
+	// (see rebuildLost); rebuilding is set while a rebuild runs.
+	lostOne    chan struct{}
+	rebuilding atomic.Bool
+	// ensuring serializes the Ensures of one pool (by name): the pool
+	// controller, the recovery after a lost Lease and the rebuild of a
+	// lost allocator may each ask at once.
+	ensuring sync.Map
 
 	// servedKinds are the kinds the API server served since the start
 	// (MarkServed).
@@ -163,7 +171,7 @@ func NewRegistry(opts Options) *Registry {
 	}
 	opts.Lease.Holder = opts.Holder
 	r := &Registry{
-		opts: opts, holderLabel: HolderLabelValue(opts.Holder), clock: clk, started: make(chan struct{}), leased: make(chan struct{}), relist: make(chan struct{}, 1), pools: map[string]*Pool{}, problems: map[string]poolProblem{}, takingOver: map[string]bool{},
+		opts: opts, holderLabel: HolderLabelValue(opts.Holder), clock: clk, started: make(chan struct{}), leased: make(chan struct{}), relist: make(chan struct{}, 1), lostOne: make(chan struct{}, 1), pools: map[string]*Pool{}, problems: map[string]poolProblem{}, takingOver: map[string]bool{},
 		lease: newLease(opts.Client, opts.APIReader, opts.Lease),
 	}
 	r.lease.counts = r.publishedCounts
@@ -216,6 +224,8 @@ func (r *Registry) Start(ctx context.Context) error {
 			return nil
 		case <-renew.C:
 			r.keepLease(ctx)
+		case <-r.lostOne:
+			r.rebuildLost(ctx)
 		case <-r.relist:
 			// At most one list in relistPace, whatever the blocks show.
 			if time.Since(relisted) >= relistPace {
@@ -290,7 +300,10 @@ func (r *Registry) Get(name string) *Pool {
 // addresses before the new one recovers, so the two never share a moment.
 // A pool being deleted keeps its allocator but hands out nothing new.
 func (r *Registry) Ensure(ctx context.Context, pool *vmipamv1.IPPool) error {
+	mu, _ := r.ensuring.LoadOrStore(pool.Name, new(sync.Mutex))
+	mu.(*sync.Mutex).Lock()
 	err := r.ensure(ctx, pool)
+	mu.(*sync.Mutex).Unlock()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	switch {
@@ -376,6 +389,12 @@ func (r *Registry) ensure(ctx context.Context, pool *vmipamv1.IPPool) error {
 		defer close(p.done)
 		p.run(runCtx, r.opts.RunInterval, func(err error) {
 			logf.FromContext(runCtx).Error(err, "Persisting pool state", "pool", p.name)
+			if errors.Is(err, ipam.ErrClaimLost) {
+				select {
+				case r.lostOne <- struct{}{}:
+				default:
+				}
+			}
 		})
 	}()
 	r.mu.Lock()
