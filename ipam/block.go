@@ -192,6 +192,21 @@ func has(m map[string]*Bitmap, h string, off int) bool {
 	return bm != nil && bm.Has(off)
 }
 
+// ClaimedBy returns the holder that claims a in b, if any.
+func (b *Block) ClaimedBy(a netip.Addr) (string, bool) {
+	if !b.Prefix.Contains(a) {
+		return "", false
+	}
+	return b.holderOf(blockOffset(a))
+}
+
+// Intersect clears every bit of b that is not set in o.
+func (b *Bitmap) Intersect(o *Bitmap) {
+	for w := range b {
+		b[w] &= o[w]
+	}
+}
+
 // holderOf returns the holder that claimed offset off, if any.
 func (b *Block) holderOf(off int) (string, bool) {
 	for h, bm := range b.Claims {

@@ -217,6 +217,11 @@ type blockState struct {
 	// issued is the sequence number of the last write sent (see
 	// overtakenLocked).
 	bound, issued uint64
+	// moved: the store showed (Observe) a version of the block other than
+	// persisted's since it was read or written, most likely another
+	// holder's write. A claim reads the block first, rather than lose a
+	// compare-and-swap.
+	moved bool
 }
 
 func (b *blockState) dirty() bool { return b.gen != b.written }
@@ -547,6 +552,15 @@ func (m *Manager) servingLocked(now time.Time) error {
 // addresses out of the others' reach.
 func (m *Manager) marksLocked() (low, target, high int) {
 	low, target, high = m.cfg.LowWatermark, m.cfg.TargetFree, m.cfg.HighWatermark
+	// A stream of allocations claims about four seconds of it at a time,
+	// up to the high watermark, and claims again while half a second of
+	// it is left: each claim writes a block that other holders may be
+	// writing too, and one that comes too late makes allocations wait.
+	m.rollRateLocked(m.clock.Now())
+	if rate := max(m.lastRate, m.rateCount); rate > 0 {
+		target = max(target, min(4*rate, high))
+		low = max(low, min(rate/2, target/2))
+	}
 	if n := len(m.peers); n > 1 {
 		share := int(min(m.cfg.Ranges.Size()/uint64(2*n), uint64(target)))
 		if share < target {

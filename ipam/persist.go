@@ -308,20 +308,26 @@ func (m *Manager) ReleaseDurable(ctx context.Context, addr netip.Addr, owner Own
 
 // claim fills the free list up to target with never-claimed addresses in
 // range order, all from one block so that it is a single write, arming as
-// many as the armed batch lacks. It returns how many addresses the free
-// list then holds: zero means nothing is left.
+// many as the armed batch lacks, unless the list holds the low watermark
+// by then. It returns how many addresses the free list then holds: zero
+// means nothing is left.
 func (m *Manager) claim(ctx context.Context, target int) (int, error) {
 	m.io.Lock()
 	defer m.io.Unlock()
-	conflicts := 0
+	m.mu.Lock()
+	low, _, _ := m.marksLocked()
+	m.mu.Unlock()
+	conflicts, refreshed := 0, false
 	for range maxStoreRetries {
 		m.mu.Lock()
 		if err := m.servingLocked(m.clock.Now()); err != nil {
 			m.mu.Unlock()
 			return 0, err
 		}
-		if n := m.freeLocked(); n >= target {
-			// Another claim filled the list while this one waited.
+		if n := m.freeLocked(); n >= target || n > 0 && n >= low {
+			// Another claim filled the list while this one waited: a
+			// top-up of a few addresses would cost a write of the
+			// block, which the block's other holders write too.
 			m.mu.Unlock()
 			return n, nil
 		}
@@ -330,6 +336,11 @@ func (m *Manager) claim(ctx context.Context, target int) (int, error) {
 			n := m.freeLocked()
 			m.mu.Unlock()
 			return n, nil
+		}
+		if bs := m.blocks[p]; !refreshed && !load && bs != nil && bs.moved {
+			// Another holder wrote the block since: a write now would
+			// lose its compare-and-swap. Read it first, once.
+			refreshed, picks, load = true, nil, true
 		}
 		armN := min(len(picks), max(m.armBatchLocked(m.clock.Now())-m.readyList.n, 0))
 		// Should the write fail, it may have landed all the same; if the
@@ -825,7 +836,7 @@ func (m *Manager) load(ctx context.Context, p netip.Prefix) error {
 		}
 		bs := m.blockFor(p.Addr())
 		m.setPersistedLocked(bs, b)
-		bs.loaded, bs.bound = true, since
+		bs.loaded, bs.bound, bs.moved = true, since, false
 		m.materializeLocked(bs)
 		// New claims elsewhere may have freed or taken addresses.
 		m.noClaimableUntil = time.Time{}
@@ -907,6 +918,12 @@ func (m *Manager) takeWrittenLocked(a netip.Addr) bool {
 // count of addresses claimed elsewhere current, and notes requests of
 // other holders to answer.
 func (m *Manager) setPersistedLocked(bs *blockState, b Block) {
+	if b.Version != bs.persisted.Version {
+		// A read, or a write of the shared block. A write that kept
+		// the version (a store that writes the holder's own part
+		// apart) says nothing of what others wrote since.
+		bs.moved = false
+	}
 	n := 0
 	for h, bm := range b.Claims {
 		if h != m.cfg.Holder {

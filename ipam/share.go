@@ -97,6 +97,8 @@ func (m *Manager) goneLocked(h string) bool {
 // Observe tells the Manager of a version of one of its pool's blocks seen
 // elsewhere (an informer): if another holder asks for addresses there and
 // this Manager holds some, the next rebalance reads the block and answers.
+// A version other than the one the Manager last read or wrote makes its
+// next claim in the block read it first.
 //
 // Observe keeps the other holders' claims it shows as a hint (see
 // SeenHolderOf); a block that was deleted is observed as one without
@@ -121,6 +123,9 @@ func (m *Manager) Observe(b Block) {
 		}
 	}
 	m.mu.Lock()
+	if bs := m.blocks[b.Prefix]; bs != nil && bs.loaded && b.Version != bs.persisted.Version {
+		bs.moved = true
+	}
 	if others != nil {
 		m.seen[b.Prefix] = others
 	} else {
