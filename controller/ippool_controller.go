@@ -29,6 +29,7 @@ import (
 // +kubebuilder:rbac:groups=vmipam.io,resources=ippools,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=vmipam.io,resources=ippools/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=vmipam.io,resources=ipblocks,verbs=get;list;watch;create;update;delete
+// +kubebuilder:rbac:groups=vmipam.io,resources=ipblockshares,verbs=get;list;watch;create;update;delete;deletecollection
 // +kubebuilder:rbac:groups=vmipam.io,resources=ippools/finalizers,verbs=update
 
 // maxNamedHolders bounds the objects an event about a pool being deleted
@@ -192,7 +193,8 @@ func (r *IPPoolReconciler) deleting(ctx context.Context, pool *vmipamv1.IPPool) 
 	return ctrl.Result{}, nil
 }
 
-// deleteBlocks deletes the IPBlocks of a pool being released.
+// deleteBlocks deletes the IPBlocks of a pool being released, and their
+// holders' IPBlockShares.
 func (r *IPPoolReconciler) deleteBlocks(ctx context.Context, pool *vmipamv1.IPPool) error {
 	var blocks vmipamv1.IPBlockList
 	if err := r.APIReader.List(ctx, &blocks, client.MatchingLabels{vmipamv1.PoolLabel: kubestore.PoolLabelValue(pool.Name)}); err != nil {
@@ -205,6 +207,19 @@ func (r *IPPoolReconciler) deleteBlocks(ctx context.Context, pool *vmipamv1.IPPo
 		}
 		if err := r.Client.Delete(ctx, b); client.IgnoreNotFound(err) != nil {
 			return fmt.Errorf("delete IPBlock %s of IPPool %s: %w", b.Name, pool.Name, err)
+		}
+	}
+	var shares vmipamv1.IPBlockShareList
+	if err := r.APIReader.List(ctx, &shares, client.MatchingLabels{vmipamv1.PoolLabel: kubestore.PoolLabelValue(pool.Name)}); err != nil {
+		return fmt.Errorf("list IPBlockShares of IPPool %s: %w", pool.Name, err)
+	}
+	for i := range shares.Items {
+		sh := &shares.Items[i]
+		if sh.Spec.Pool != pool.Name {
+			continue
+		}
+		if err := r.Client.Delete(ctx, sh); client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("delete IPBlockShare %s of IPPool %s: %w", sh.Name, pool.Name, err)
 		}
 	}
 	return nil

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -27,32 +28,56 @@ const hashLen = 10
 // down weighs some 55 KiB.
 const listPageSize = 100
 
-// Store is an ipam.Store for one pool that keeps each block in an IPBlock
-// named by BlockName, labelled with the pool and owned by the IPPool. Put is
-// a compare-and-swap on the object's resourceVersion. It is safe for
-// concurrent use.
+// Store is an ipam.Store for one pool and one holder that keeps each block
+// in an IPBlock named by BlockName, labelled with the pool and owned by the
+// IPPool, and the holder's own part of it (the addresses it has in use or
+// armed, and its cooldowns) in an IPBlockShare named by ShareName that only
+// this holder writes (see shares.go). Put is a compare-and-swap on the
+// objects' resourceVersions. It is safe for concurrent use.
 type Store struct {
 	c      client.Client
 	reader client.Reader
 	pool   string
 	label  string
 	owner  metav1.OwnerReference
+	holder string
+
+	mu sync.Mutex
+	// seen is, by block, the IPBlock's spec at the version this Store
+	// last read or wrote: what Put compares a block against to tell a
+	// write of the holder's share alone from one of the IPBlock.
+	seen map[netip.Prefix]seenBlock
+	// own is, by block, the holder's IPBlockShare as last read or
+	// written.
+	own map[netip.Prefix]ownShare
 }
 
 var _ ipam.Store = (*Store)(nil)
 
-// New returns the Store of pool's blocks. c writes; reader reads and must
-// read from the API server, not a cache: pass mgr.GetAPIReader(). pool must
-// be the IPPool as stored, with its UID, which the blocks' owner reference
-// names; only its name and UID are kept.
-func New(c client.Client, reader client.Reader, pool *v1alpha1.IPPool) *Store {
+// New returns the Store of pool's blocks for holder. c writes; reader reads
+// and must read from the API server, not a cache: pass mgr.GetAPIReader().
+// pool must be the IPPool as stored, with its UID, which the objects' owner
+// reference names; only its name and UID are kept. An empty holder keeps
+// no share: its Puts write what they are given into the IPBlock.
+func New(c client.Client, reader client.Reader, pool *v1alpha1.IPPool, holder string) *Store {
 	return &Store{
 		c:      c,
 		reader: reader,
 		pool:   pool.Name,
 		label:  PoolLabelValue(pool.Name),
 		owner:  *metav1.NewControllerRef(pool, v1alpha1.GroupVersion.WithKind("IPPool")),
+		holder: holder,
+		seen:   map[netip.Prefix]seenBlock{},
+		own:    map[netip.Prefix]ownShare{},
 	}
+}
+
+// Read returns every block of pool as vmipam reads it, each IPBlock
+// merged with the IPBlockShares of its holders: for tools and tests that
+// look at the persisted state without writing it.
+func Read(ctx context.Context, reader client.Reader, pool string) ([]ipam.Block, error) {
+	s := &Store{reader: reader, pool: pool, label: PoolLabelValue(pool), seen: map[netip.Prefix]seenBlock{}, own: map[netip.Prefix]ownShare{}}
+	return s.List(ctx)
 }
 
 // BlockName returns the name of the IPBlock that holds block prefix of pool:
@@ -105,9 +130,27 @@ func shorten(name string, n int) string {
 	return keep + "-" + h
 }
 
-// List implements ipam.Store. IPBlocks carrying the pool's label but naming
-// another pool in spec.pool are skipped.
+// List implements ipam.Store. IPBlocks and IPBlockShares carrying the
+// pool's label but naming another pool are skipped.
 func (s *Store) List(ctx context.Context) ([]ipam.Block, error) {
+	shares := map[shareKey]*v1alpha1.IPBlockShare{}
+	for cont := ""; ; {
+		var list v1alpha1.IPBlockShareList
+		err := s.reader.List(ctx, &list, client.MatchingLabels{v1alpha1.PoolLabel: s.label},
+			client.Limit(listPageSize), client.Continue(cont))
+		if err != nil {
+			return nil, fmt.Errorf("list IPBlockShares of pool %s: %w", s.pool, err)
+		}
+		for i := range list.Items {
+			sh := &list.Items[i]
+			if sh.Spec.Pool == s.pool {
+				shares[shareKey{prefix: sh.Spec.Prefix, holder: sh.Spec.Holder}] = sh
+			}
+		}
+		if cont = list.Continue; cont == "" {
+			break
+		}
+	}
 	var out []ipam.Block
 	for cont := ""; ; {
 		var list v1alpha1.IPBlockList
@@ -121,7 +164,13 @@ func (s *Store) List(ctx context.Context) ([]ipam.Block, error) {
 			if obj.Spec.Pool != s.pool {
 				continue
 			}
-			b, err := s.decode(obj)
+			of := map[string]*v1alpha1.IPBlockShare{}
+			for _, h := range obj.Spec.Shares {
+				if sh := shares[shareKey{prefix: obj.Spec.Prefix, holder: h}]; sh != nil {
+					of[h] = sh
+				}
+			}
+			b, err := s.merge(obj, of)
 			if err != nil {
 				return nil, err
 			}
@@ -144,6 +193,7 @@ func (s *Store) Get(ctx context.Context, prefix netip.Prefix) (ipam.Block, error
 	var obj v1alpha1.IPBlock
 	if err := s.reader.Get(ctx, client.ObjectKey{Name: name}, &obj); err != nil {
 		if apierrors.IsNotFound(err) {
+			s.forget(prefix)
 			return ipam.Block{Prefix: prefix}, nil
 		}
 		return ipam.Block{}, fmt.Errorf("get IPBlock %s: %w", name, err)
@@ -151,7 +201,18 @@ func (s *Store) Get(ctx context.Context, prefix netip.Prefix) (ipam.Block, error
 	if obj.Spec.Pool != s.pool {
 		return ipam.Block{}, fmt.Errorf("get IPBlock %s: it belongs to pool %q, not %q", name, obj.Spec.Pool, s.pool)
 	}
-	return s.decode(&obj)
+	shares := map[string]*v1alpha1.IPBlockShare{}
+	for _, h := range obj.Spec.Shares {
+		sh := &v1alpha1.IPBlockShare{}
+		switch err := s.reader.Get(ctx, client.ObjectKey{Name: ShareName(s.pool, prefix, h)}, sh); {
+		case apierrors.IsNotFound(err):
+		case err != nil:
+			return ipam.Block{}, fmt.Errorf("get IPBlockShare %s of IPBlock %s: %w", ShareName(s.pool, prefix, h), name, err)
+		default:
+			shares[h] = sh
+		}
+	}
+	return s.merge(&obj, shares)
 }
 
 // Put implements ipam.Store. An empty Version creates the IPBlock; any other
@@ -160,6 +221,11 @@ func (s *Store) Get(ctx context.Context, prefix netip.Prefix) (ipam.Block, error
 // ipam.ErrStoreConflict (and the API server's error). An update rewrites the
 // whole object: labels and owner reference are set again, annotations and
 // finalizers others added are dropped.
+//
+// The holder's own part goes to its IPBlockShare first. A Put that changes
+// nothing else (an arming, a flush of allocations and releases) writes the
+// share alone, whatever others wrote to the IPBlock since Version, and
+// returns Version unchanged.
 func (s *Store) Put(ctx context.Context, b ipam.Block) (string, error) {
 	name := BlockName(s.pool, b.Prefix)
 	if err := checkPrefix(b.Prefix); err != nil {
@@ -168,7 +234,19 @@ func (s *Store) Put(ctx context.Context, b ipam.Block) (string, error) {
 	if s.owner.UID == "" {
 		return "", fmt.Errorf("write IPBlock %s: IPPool %s has no UID: build the Store from the IPPool as read from the API server", name, s.pool)
 	}
-	e := b.Encode()
+	prev, err := s.specAt(ctx, b.Prefix, b.Version)
+	if err != nil {
+		return "", err
+	}
+	spec, own := s.split(b, prev)
+	if own != nil {
+		if err := s.putShare(ctx, b.Prefix, *own); err != nil {
+			return "", err
+		}
+	}
+	if prev != nil && sameSpec(prev, &spec) {
+		return b.Version, nil
+	}
 	obj := &v1alpha1.IPBlock{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:            name,
@@ -176,8 +254,7 @@ func (s *Store) Put(ctx context.Context, b ipam.Block) (string, error) {
 			OwnerReferences: []metav1.OwnerReference{s.owner},
 			ResourceVersion: b.Version,
 		},
-		Spec: v1alpha1.IPBlockSpec{Pool: s.pool, Prefix: e.Prefix, Claims: e.Claims, InUse: e.InUse, Armed: e.Armed,
-			Cooldowns: e.Cooldowns, Requests: requestsOf(e.Requests), Format: int32(e.Format)},
+		Spec: spec,
 	}
 	if b.Version == "" {
 		if err := s.c.Create(ctx, obj); err != nil {
@@ -186,9 +263,7 @@ func (s *Store) Put(ctx context.Context, b ipam.Block) (string, error) {
 			}
 			return "", fmt.Errorf("create IPBlock %s: %w", name, err)
 		}
-		return obj.ResourceVersion, nil
-	}
-	if err := s.c.Update(ctx, obj); err != nil {
+	} else if err := s.c.Update(ctx, obj); err != nil {
 		// Gone counts as a conflict too: the caller re-reads, finds no
 		// block and creates it again.
 		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
@@ -196,11 +271,16 @@ func (s *Store) Put(ctx context.Context, b ipam.Block) (string, error) {
 		}
 		return "", fmt.Errorf("update IPBlock %s: %w", name, err)
 	}
+	s.remember(b.Prefix, obj.ResourceVersion, &obj.Spec)
+	if prev != nil {
+		s.dropShares(ctx, prev, b)
+	}
 	return obj.ResourceVersion, nil
 }
 
 // Delete implements ipam.Store: it deletes the IPBlock of prefix if its
-// resourceVersion is still version. A block already gone is no error.
+// resourceVersion is still version, then the block's IPBlockShares. A
+// block already gone is no error.
 func (s *Store) Delete(ctx context.Context, prefix netip.Prefix, version string) error {
 	name := BlockName(s.pool, prefix)
 	if err := checkPrefix(prefix); err != nil {
@@ -210,6 +290,11 @@ func (s *Store) Delete(ctx context.Context, prefix netip.Prefix, version string)
 	err := s.c.Delete(ctx, obj, client.Preconditions{ResourceVersion: &version})
 	switch {
 	case err == nil, apierrors.IsNotFound(err):
+		s.forget(prefix)
+		// Left behind, a share is read by nobody (no IPBlock lists its
+		// holder) and overwritten by its holder's next write there.
+		_ = s.c.DeleteAllOf(ctx, &v1alpha1.IPBlockShare{}, client.MatchingLabels{
+			v1alpha1.PoolLabel: s.label, v1alpha1.BlockLabel: BlockLabelValue(s.pool, prefix)})
 		return nil
 	case apierrors.IsConflict(err):
 		return fmt.Errorf("delete IPBlock %s at resourceVersion %s: %w: %w", name, version, ipam.ErrStoreConflict, err)
@@ -218,7 +303,7 @@ func (s *Store) Delete(ctx context.Context, prefix netip.Prefix, version string)
 }
 
 // decode turns an IPBlock of this pool into a Block versioned by its
-// resourceVersion.
+// resourceVersion, as the IPBlock alone says it.
 func (s *Store) decode(obj *v1alpha1.IPBlock) (ipam.Block, error) {
 	e := EncodedOf(obj)
 	b, err := e.Decode(obj.ResourceVersion)

@@ -61,7 +61,13 @@ func newPool(t *testing.T, base string) *v1alpha1.IPPool {
 	return pool
 }
 
-func newStore(pool *v1alpha1.IPPool) *kubestore.Store { return kubestore.New(k8s, k8s, pool) }
+// newStore returns a Store of pool that keeps no share: its Puts write the
+// IPBlock as given. holderStore's are a replica's.
+func newStore(pool *v1alpha1.IPPool) *kubestore.Store { return kubestore.New(k8s, k8s, pool, "") }
+
+func holderStore(pool *v1alpha1.IPPool, holder string) *kubestore.Store {
+	return kubestore.New(k8s, k8s, pool, holder)
+}
 
 // at returns the address at offset off of block p.
 func at(p netip.Prefix, off int) netip.Addr {
@@ -549,7 +555,7 @@ func TestManagerRecovery(t *testing.T) {
 		Pool: pool.Name, Holder: "replica-0", Ranges: ranges,
 		Cooldown: time.Hour, PendingTTL: time.Minute,
 		LowWatermark: 1, TargetFree: 4, HighWatermark: 8,
-		Store: newStore(pool), Clock: clk,
+		Store: holderStore(pool, "replica-0"), Clock: clk,
 	}
 	m1, err := ipam.NewManager(cfg)
 	if err != nil {
@@ -600,7 +606,7 @@ func TestManagerRecovery(t *testing.T) {
 	// Crash. The successor runs with a shorter cooldown: the persisted
 	// deadline must still hold.
 	clk.Step(10 * time.Second)
-	cfg.Store = newStore(pool)
+	cfg.Store = holderStore(pool, "replica-0")
 	cfg.Cooldown = time.Minute
 	m2, err := ipam.NewManager(cfg)
 	if err != nil {
@@ -683,7 +689,7 @@ func TestConcurrentManagers(t *testing.T) {
 		m, err := ipam.NewManager(ipam.Config{
 			Pool: pool.Name, Holder: h, Ranges: ranges,
 			LowWatermark: 1, TargetFree: 4, HighWatermark: 8,
-			Store: newStore(pool),
+			Store: holderStore(pool, h),
 		})
 		if err != nil {
 			t.Fatal(err)

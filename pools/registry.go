@@ -447,7 +447,7 @@ func (r *Registry) build(pool *vmipamv1.IPPool) (*Pool, error) {
 		name: pool.Name, ranges: ranges, uid: pool.UID, generation: pool.Generation, spec: *pool.Spec.DeepCopy(),
 		noteDuplicate: r.opts.NoteDuplicate, deleting: pool.DeletionTimestamp != nil,
 	}
-	store := kubestore.New(r.opts.Client, r.opts.APIReader, pool)
+	store := kubestore.New(r.opts.Client, r.opts.APIReader, pool, r.opts.Holder)
 	v4, v6 := ranges.Family(true), ranges.Family(false)
 	for _, f := range []struct {
 		ranges *ipam.Ranges

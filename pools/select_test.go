@@ -161,6 +161,14 @@ func TestLostAllocatorRebuilt(t *testing.T) {
 	if err := c.Update(ctx, blk); err != nil {
 		t.Fatal(err)
 	}
+	// The taker's write deletes the share of the holder it took over.
+	var shares vmipamv1.IPBlockShareList
+	if err := c.List(ctx, &shares); err != nil || len(shares.Items) != 1 {
+		t.Fatalf("IPBlockShares: %v, %v", shares.Items, err)
+	}
+	if err := c.Delete(ctx, &shares.Items[0]); err != nil {
+		t.Fatal(err)
+	}
 	// The allocator's next write (the arming or claim of an allocation
 	// once its ready list runs dry) finds the takeover.
 	for i := 0; p.Ready(); i++ {

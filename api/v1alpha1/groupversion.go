@@ -21,6 +21,7 @@ func addKnownTypes(s *runtime.Scheme) error {
 	s.AddKnownTypes(GroupVersion,
 		&IPPool{}, &IPPoolList{},
 		&IPBlock{}, &IPBlockList{},
+		&IPBlockShare{}, &IPBlockShareList{},
 		&VirtualMachine{}, &VirtualMachineList{},
 	)
 	metav1.AddToGroupVersion(s, GroupVersion)
@@ -51,8 +52,11 @@ const (
 	// so that no address is stranded or handed out again too early by a
 	// pool created over the same ranges.
 	PoolFinalizer = "vmipam.io/ippool-protection"
-	// PoolLabel on an IPBlock names its pool.
+	// PoolLabel on an IPBlock or an IPBlockShare names its pool.
 	PoolLabel = "vmipam.io/pool"
+	// BlockLabel on an IPBlockShare stands for its block: a hash of the
+	// IPBlock's name (see kubestore.BlockLabelValue).
+	BlockLabel = "vmipam.io/block"
 	// HolderLabel on a VirtualMachine names the vmipam replica (holder)
 	// that looks after its address: each replica watches only the objects
 	// labelled with its own holder, and those with no such label. vmipam

@@ -37,6 +37,18 @@ type IPBlockSpec struct {
 	// Format is 2 once InUse and Armed are recorded.
 	// +optional
 	Format int32 `json:"format,omitempty"`
+	// Shares are the holders whose in-use and armed addresses and
+	// cooldowns in this block are kept in an IPBlockShare that only that
+	// holder writes, not here. For each of them, InUse here lists every
+	// address it claims, so that a replica of a version before shares
+	// existed reads all of them as possibly in use. A replica of such a
+	// version drops this list when it writes the block; the holders'
+	// addresses are then read that way, until each writes the block again.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=253
+	Shares []string `json:"shares,omitempty"`
 	// Cooldowns is base64 of (uint16 offset, int64 Unix seconds) records.
 	// +optional
 	// +kubebuilder:validation:MaxLength=65536

@@ -33,7 +33,7 @@ type replicaStats struct {
 	api apiCost
 }
 
-// apiCost sums, over a layout's rounds, the IPBlock writes the API server
+// apiCost sums, over a layout's rounds, the IPBlock and IPBlockShare writes the API server
 // served (updates, creates and deletes) and how many of them lost a
 // compare-and-swap (409), and the watch events it sent and their bytes,
 // by resource: what several replicas cost the API server beyond one.
@@ -47,11 +47,13 @@ func (c *apiCost) add(a0, a1 metricSet) {
 	if c.watchEvents == nil {
 		c.watchEvents, c.watchBytes = map[string]float64{}, map[string]float64{}
 	}
-	for _, verb := range []string{"UPDATE", "PUT", "POST", "DELETE", "PATCH"} {
-		want := map[string]string{"resource": "ipblocks", "verb": verb}
-		c.blockWrites += a1.sum("apiserver_request_total", want) - a0.sum("apiserver_request_total", want)
-		want["code"] = "409"
-		c.blockConflicts += a1.sum("apiserver_request_total", want) - a0.sum("apiserver_request_total", want)
+	for _, res := range []string{"ipblocks", "ipblockshares"} {
+		for _, verb := range []string{"UPDATE", "PUT", "POST", "DELETE", "PATCH"} {
+			want := map[string]string{"resource": res, "verb": verb}
+			c.blockWrites += a1.sum("apiserver_request_total", want) - a0.sum("apiserver_request_total", want)
+			want["code"] = "409"
+			c.blockConflicts += a1.sum("apiserver_request_total", want) - a0.sum("apiserver_request_total", want)
+		}
 	}
 	byResource := func(m metricSet, name string) map[string]float64 {
 		out := map[string]float64{}

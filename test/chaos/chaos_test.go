@@ -26,6 +26,7 @@ import (
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/internal/app"
 	"github.com/vmipam/vmipam/ipam"
+	"github.com/vmipam/vmipam/kubestore"
 	"github.com/vmipam/vmipam/pools"
 	"github.com/vmipam/vmipam/test/harness"
 )
@@ -618,19 +619,14 @@ func readRest(ctx context.Context, c client.Client, ns string, sp space, usable 
 		r.problems = append(r.problems, fmt.Sprintf("IPPool conditions %v; want Ready True and DuplicateAddress False", conds(st.Conditions)))
 	}
 
-	var blocks vmipamv1.IPBlockList
-	if err := c.List(ctx, &blocks, client.MatchingLabels{vmipamv1.PoolLabel: poolName}); err != nil {
-		r.problems = append(r.problems, fmt.Sprintf("list IPBlocks: %v", err))
+	blocks, err := kubestore.Read(ctx, c, poolName)
+	if err != nil {
+		r.problems = append(r.problems, fmt.Sprintf("read IPBlocks: %v", err))
 		return r
 	}
 	claimed := map[netip.Addr]bool{}
 	now := time.Now()
-	for _, b := range blocks.Items {
-		dec, err := ipam.EncodedBlock{Prefix: b.Spec.Prefix, Claims: b.Spec.Claims, Cooldowns: b.Spec.Cooldowns}.Decode(b.ResourceVersion)
-		if err != nil {
-			r.problems = append(r.problems, fmt.Sprintf("IPBlock %s: %v", b.Name, err))
-			continue
-		}
+	for _, dec := range blocks {
 		for h, bm := range dec.Claims {
 			for off := range ipam.BlockSize {
 				if !bm.Has(off) {
@@ -639,17 +635,17 @@ func readRest(ctx context.Context, c client.Client, ns string, sp space, usable 
 				a := addrAt(dec.Prefix, off)
 				switch {
 				case !slices.Contains(holders, h):
-					r.problems = append(r.problems, fmt.Sprintf("IPBlock %s: %s claimed by holder %q, want only those running, %q", b.Name, a, h, holders))
+					r.problems = append(r.problems, fmt.Sprintf("block %s: %s claimed by holder %q, want only those running, %q", dec.Prefix, a, h, holders))
 				case !sp.ranges.Contains(a):
-					r.problems = append(r.problems, fmt.Sprintf("IPBlock %s: %s claimed but not usable in %s", b.Name, a, sp))
+					r.problems = append(r.problems, fmt.Sprintf("block %s: %s claimed but not usable in %s", dec.Prefix, a, sp))
 				}
 				claimed[a] = true
 			}
 		}
 		for a, until := range dec.Cooldowns {
 			if until.After(now) {
-				r.problems = append(r.problems, fmt.Sprintf("IPBlock %s: %s still cools down until %s (%s from now), after the pending TTL and the cooldown have passed",
-					b.Name, a, until.Format(time.RFC3339), until.Sub(now).Round(time.Second)))
+				r.problems = append(r.problems, fmt.Sprintf("block %s: %s still cools down until %s (%s from now), after the pending TTL and the cooldown have passed",
+					dec.Prefix, a, until.Format(time.RFC3339), until.Sub(now).Round(time.Second)))
 			}
 		}
 	}

@@ -18,6 +18,7 @@ import (
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/ipam"
+	"github.com/vmipam/vmipam/kubestore"
 )
 
 // logBuffer keeps every vmipam process's output, for the report and for
@@ -222,9 +223,8 @@ func newScanner(c client.Client, ns, pool string, sp space, restarts func() []pe
 func (s *scanner) run(ctx context.Context, every time.Duration) {
 	for sleep(ctx, every) {
 		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		var blocks vmipamv1.IPBlockList
 		var l vmipamv1.VirtualMachineList
-		err := s.c.List(lctx, &blocks, client.MatchingLabels{vmipamv1.PoolLabel: s.pool})
+		blocks, err := kubestore.Read(lctx, s.c, s.pool)
 		if err == nil {
 			err = s.c.List(lctx, &l, client.InNamespace(s.ns))
 		}
@@ -232,19 +232,15 @@ func (s *scanner) run(ctx context.Context, every time.Duration) {
 		if err != nil {
 			continue
 		}
-		s.check(l.Items, cooldowns(blocks.Items), time.Now())
+		s.check(l.Items, cooldowns(blocks), time.Now())
 	}
 }
 
-// cooldowns decodes the persisted cooldown deadlines of blocks.
-func cooldowns(blocks []vmipamv1.IPBlock) map[netip.Addr]time.Time {
+// cooldowns gathers the persisted cooldown deadlines of blocks.
+func cooldowns(blocks []ipam.Block) map[netip.Addr]time.Time {
 	out := map[netip.Addr]time.Time{}
 	for _, b := range blocks {
-		dec, err := ipam.EncodedBlock{Prefix: b.Spec.Prefix, Claims: b.Spec.Claims, Cooldowns: b.Spec.Cooldowns}.Decode(b.ResourceVersion)
-		if err != nil {
-			continue
-		}
-		maps.Copy(out, dec.Cooldowns)
+		maps.Copy(out, b.Cooldowns)
 	}
 	return out
 }
@@ -458,19 +454,14 @@ func newCoolingWatch(c client.Client, pool string) *coolingWatch {
 
 func (w *coolingWatch) run(ctx context.Context, every time.Duration) {
 	for sleep(ctx, every) {
-		var blocks vmipamv1.IPBlockList
 		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err := w.c.List(lctx, &blocks, client.MatchingLabels{vmipamv1.PoolLabel: w.pool})
+		blocks, err := kubestore.Read(lctx, w.c, w.pool)
 		cancel()
 		if err != nil {
 			continue
 		}
 		now := time.Now()
-		for _, b := range blocks.Items {
-			dec, err := ipam.EncodedBlock{Prefix: b.Spec.Prefix, Claims: b.Spec.Claims, Cooldowns: b.Spec.Cooldowns}.Decode(b.ResourceVersion)
-			if err != nil {
-				continue
-			}
+		for _, dec := range blocks {
 			for a, until := range dec.Cooldowns {
 				if !until.After(now) {
 					continue

@@ -97,7 +97,7 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 		t.Errorf("helm install's notes do not say that uninstalling leaves the CRDs:\n%s", notes)
 	}
 	// What helm install created.
-	for _, crd := range []string{"virtualmachines.vmipam.io", "ippools.vmipam.io", "ipblocks.vmipam.io"} {
+	for _, crd := range []string{"virtualmachines.vmipam.io", "ippools.vmipam.io", "ipblocks.vmipam.io", "ipblockshares.vmipam.io"} {
 		harness.Eventually(t, 30*time.Second, "CRD "+crd+" established", func() error {
 			var o apiextensionsv1.CustomResourceDefinition
 			if err := c.Get(ctx, client.ObjectKey{Name: crd}, &o); err != nil {

@@ -64,6 +64,8 @@ func TestPermissions(t *testing.T) {
 		"watch VirtualMachines":         {user: vmipam, res: res("watch", "vmipam.io", "virtualmachines", "", ""), allowed: true},
 		"remove a VM's finalizer":       {user: vmipam, res: res("update", "vmipam.io", "virtualmachines", "default", "vm"), allowed: true},
 		"write IPBlocks":                {user: vmipam, res: res("update", "vmipam.io", "ipblocks", "", ""), allowed: true},
+		"write IPBlockShares":           {user: vmipam, res: res("update", "vmipam.io", "ipblockshares", "", ""), allowed: true},
+		"delete a block's shares":       {user: vmipam, res: res("deletecollection", "vmipam.io", "ipblockshares", "", ""), allowed: true},
 		"report pool status":            {user: vmipam, res: res("update", "vmipam.io", "ippools/status", "", ""), allowed: true},
 		"Prometheus scrapes /metrics":   {user: prometheus, path: "/metrics", allowed: true},
 		"others do not":                 {user: "system:serviceaccount:default:default", path: "/metrics", allowed: false},

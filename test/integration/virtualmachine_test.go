@@ -20,6 +20,7 @@ import (
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/ipam"
+	"github.com/vmipam/vmipam/kubestore"
 	"github.com/vmipam/vmipam/pools"
 	"github.com/vmipam/vmipam/test/harness"
 )
@@ -150,12 +151,12 @@ func TestDeleteCooldown(t *testing.T) {
 	// The release reaches the store with the next batched flush (its claim
 	// was stored before it was handed out, so the object need not wait).
 	harness.Eventually(t, 10*time.Second, "the cooldown persisted", func() error {
-		var block vmipamv1.IPBlockList
-		if err := k8sClient.List(ctx, &block, client.MatchingLabels{vmipamv1.PoolLabel: "cooldown"}); err != nil {
+		blocks, err := kubestore.Read(ctx, k8sClient, "cooldown")
+		if err != nil {
 			return err
 		}
-		if len(block.Items) != 1 || block.Items[0].Spec.Cooldowns == "" {
-			return fmt.Errorf("IPBlocks of pool cooldown: %+v", block.Items)
+		if len(blocks) != 1 || len(blocks[0].Cooldowns) == 0 {
+			return fmt.Errorf("blocks of pool cooldown: %+v", blocks)
 		}
 		return nil
 	})

@@ -103,19 +103,14 @@ type blockState struct {
 	requests             map[string]bool
 }
 
-// blocks reads and decodes the pool's IPBlocks.
+// blocks reads the pool's IPBlocks, each merged with its holders' shares.
 func (s *suite) blocks(ctx context.Context, pool string) (blockState, error) {
-	var l vmipamv1.IPBlockList
-	if err := s.c.List(ctx, &l, client.MatchingLabels{vmipamv1.PoolLabel: pool}); err != nil {
-		return blockState{}, fmt.Errorf("list IPBlocks of %s: %w", pool, err)
+	l, err := kubestore.Read(ctx, s.c, pool)
+	if err != nil {
+		return blockState{}, fmt.Errorf("read IPBlocks of %s: %w", pool, err)
 	}
 	bs := blockState{claimedBy: map[netip.Addr]string{}, claims: map[string]int{}, inUse: map[string]int{}, armed: map[string]int{}, requests: map[string]bool{}}
-	for i := range l.Items {
-		obj := &l.Items[i]
-		b, err := kubestore.EncodedOf(obj).Decode(obj.ResourceVersion)
-		if err != nil {
-			return blockState{}, fmt.Errorf("IPBlock %s: %w", obj.Name, err)
-		}
+	for _, b := range l {
 		bs.blocks = append(bs.blocks, b)
 		for h, bm := range b.Claims {
 			for off := range ipam.BlockSize {
