@@ -204,7 +204,7 @@ func (r *Registry) takeover(ctx context.Context, p peer) {
 		moved = append(moved, pool)
 	}
 	last := release()
-	if done && context.Cause(markCtx) == context.Canceled {
+	if done && errors.Is(context.Cause(markCtx), context.Canceled) {
 		if err := r.lease.finishTakeover(ctx, last); err != nil {
 			log.Error(err, "Deleting the lease of a holder taken over", "holder", p.holder)
 		}

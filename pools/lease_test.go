@@ -89,9 +89,9 @@ func TestHoldTakeover(t *testing.T) {
 			wg.Wait()
 			cause := context.Cause(markCtx)
 			switch {
-			case tc.comeBack && cause == context.Canceled:
+			case tc.comeBack && errors.Is(cause, context.Canceled):
 				t.Fatal("the mark was overwritten and the takeover was not stopped")
-			case !tc.comeBack && cause != context.Canceled:
+			case !tc.comeBack && !errors.Is(cause, context.Canceled):
 				t.Fatalf("the takeover was stopped with the mark held: %v", cause)
 			}
 			err = l.finishTakeover(ctx, last)
