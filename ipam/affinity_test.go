@@ -41,6 +41,10 @@ func TestClaimsPreferBlocksOfTheirOwn(t *testing.T) {
 			sealed: true, want: "10.0.16.0/20", conflicts: 0},
 		{name: "one block: beside the other", cidr: "10.0.0.0/20", peers: []string{"h1", "h2"},
 			want: "10.0.0.0/20", conflicts: 0},
+		{name: "one block, stale view: one conflict", cidr: "10.0.0.0/20", peers: []string{"h1", "h2"},
+			h2Before: true, seeded: true, want: "10.0.0.0/20", conflicts: 1},
+		{name: "one block, stale view, shown the other's write: read before the claim", cidr: "10.0.0.0/20", peers: []string{"h1", "h2"},
+			h2Before: true, seeded: true, observe: true, want: "10.0.0.0/20", conflicts: 0},
 		{name: "no other live holder: range order", cidr: "10.0.0.0/18", peers: []string{"h2"},
 			want: "10.0.0.0/20", conflicts: 0},
 	}
