@@ -43,7 +43,7 @@ func TestChurnOneSmallPool(t *testing.T) {
 	}
 	for _, row := range []struct {
 		name            string
-		cidr            string
+		cidr, cidr6     string
 		clients, maxOwn int
 		cooldown        time.Duration
 		// think is the mean pause between a client's requests: below the
@@ -55,10 +55,17 @@ func TestChurnOneSmallPool(t *testing.T) {
 	}{
 		{name: "below", cidr: "10.60.0.0/26", clients: 4, maxOwn: 8, cooldown: 2 * time.Second, think: 300 * time.Millisecond},
 		{name: "above", cidr: "10.60.1.0/26", clients: 6, maxOwn: 12, cooldown: 8 * time.Second, think: 50 * time.Millisecond, refusalsAllowed: true},
+		// Dual-stack, below the pool in both families: each create takes
+		// an address of each from the replica it reaches.
+		{name: "below-dual", cidr: "10.60.2.0/26", cidr6: "fd00:60::/122", clients: 4, maxOwn: 8, cooldown: 2 * time.Second, think: 300 * time.Millisecond},
 	} {
 		pool := "churn-" + row.name
-		prefix, usable := s.createPool(poolSpec{name: pool, cidr: row.cidr, cooldown: row.cooldown, pendingTTL: time.Minute})
-		led := newLedger(row.cooldown, prefix)
+		prefix, usable := s.createPool(poolSpec{name: pool, cidr: row.cidr, cidr6: row.cidr6, cooldown: row.cooldown, pendingTTL: time.Minute})
+		prefixes := []netip.Prefix{prefix}
+		if row.cidr6 != "" {
+			prefixes = append(prefixes, netip.MustParsePrefix(row.cidr6))
+		}
+		led := newLedger(row.cooldown, prefixes...)
 		tr := newTracker(wc, s.ns)
 		tctx, stopTracker := context.WithCancel(s.ctx)
 		var trDone sync.WaitGroup

@@ -67,3 +67,34 @@ func TestLedger(t *testing.T) {
 		})
 	}
 }
+
+// TestLedgerDualStack: with a prefix per family, a VM must carry one
+// address of each, and a second holder of either address is judged as in
+// a single family.
+func TestLedgerDualStack(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name  string
+		addrs []string
+		want  string
+	}{
+		{name: "both new", addrs: []string{"10.0.0.6", "fd00::6"}},
+		{name: "the IPv6 address held", addrs: []string{"10.0.0.6", "fd00::5"}, want: "DUPLICATE: fd00::5"},
+		{name: "one family only", addrs: []string{"10.0.0.6"}, want: "NO ADDRESS"},
+		{name: "two of one family", addrs: []string{"10.0.0.6", "10.0.0.7"}, want: "BAD ADDRESS"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := newLedger(time.Second, netip.MustParsePrefix("10.0.0.0/24"), netip.MustParsePrefix("fd00::/120"))
+			first := &vmRecord{name: "first", sent: t0, resp: t0}
+			l.created(first, &vmipamv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Name: "first"},
+				Spec: vmipamv1.VirtualMachineSpec{Addresses: []string{"10.0.0.5", "fd00::5"}}})
+			at := t0.Add(time.Second)
+			l.created(&vmRecord{name: "second", sent: at, resp: at}, &vmipamv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Name: "second"},
+				Spec: vmipamv1.VirtualMachineSpec{Addresses: tc.addrs}})
+			got := strings.Join(l.problems(), "\n")
+			if tc.want == "" && got != "" || !strings.Contains(got, tc.want) {
+				t.Errorf("problems %q, want %q", got, tc.want)
+			}
+		})
+	}
+}

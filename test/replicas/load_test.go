@@ -51,7 +51,9 @@ type failure struct {
 // before the answer, and released after the delete was issued).
 type ledger struct {
 	cooldown time.Duration
-	prefix   netip.Prefix
+	// prefixes are the pool's, one per family: a VM must carry one
+	// address of each.
+	prefixes []netip.Prefix
 
 	mu         sync.Mutex
 	history    map[netip.Addr][]*vmRecord
@@ -63,8 +65,8 @@ type ledger struct {
 	violations []string
 }
 
-func newLedger(cooldown time.Duration, prefix netip.Prefix) *ledger {
-	return &ledger{cooldown: cooldown, prefix: prefix, history: map[netip.Addr][]*vmRecord{}, byName: map[string]*vmRecord{}}
+func newLedger(cooldown time.Duration, prefixes ...netip.Prefix) *ledger {
+	return &ledger{cooldown: cooldown, prefixes: prefixes, history: map[netip.Addr][]*vmRecord{}, byName: map[string]*vmRecord{}}
 }
 
 // created records a successful create and checks the address's previous
@@ -76,16 +78,27 @@ func (l *ledger) created(rec *vmRecord, vm *vmipamv1.VirtualMachine) {
 	defer l.mu.Unlock()
 	l.creates++
 	l.byName[rec.name] = rec
-	if len(vm.Spec.Addresses) != 1 {
-		l.violations = append(l.violations, fmt.Sprintf("NO ADDRESS: %s was created with addresses %v", rec.name, vm.Spec.Addresses))
+	if len(vm.Spec.Addresses) != len(l.prefixes) {
+		l.violations = append(l.violations, fmt.Sprintf("NO ADDRESS: %s was created with addresses %v, want one in each of %v", rec.name, vm.Spec.Addresses, l.prefixes))
 		return
 	}
-	a, err := netip.ParseAddr(vm.Spec.Addresses[0])
-	if err != nil || !l.prefix.Contains(a) {
-		l.violations = append(l.violations, fmt.Sprintf("BAD ADDRESS: %s was created with %q, not an address of %s", rec.name, vm.Spec.Addresses[0], l.prefix))
-		return
+	var addrs []netip.Addr
+	for _, p := range l.prefixes {
+		i := slices.IndexFunc(vm.Spec.Addresses, func(s string) bool { a, err := netip.ParseAddr(s); return err == nil && p.Contains(a) })
+		if i < 0 {
+			l.violations = append(l.violations, fmt.Sprintf("BAD ADDRESS: %s was created with %v, none of them an address of %s", rec.name, vm.Spec.Addresses, p))
+			return
+		}
+		addrs = append(addrs, netip.MustParseAddr(vm.Spec.Addresses[i]))
 	}
-	rec.addr = a
+	rec.addr = addrs[0]
+	for _, a := range addrs {
+		l.check(rec, a)
+	}
+}
+
+// check records rec as the newest holder of a, checking the previous one.
+func (l *ledger) check(rec *vmRecord, a netip.Addr) {
 	h := l.history[a]
 	if len(h) > 0 {
 		l.reuses++

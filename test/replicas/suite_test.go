@@ -219,7 +219,10 @@ func (s *suite) mark(format string, args ...any) {
 
 // poolSpec is an IPPool to create.
 type poolSpec struct {
-	name, cidr           string
+	name, cidr string
+	// cidr6, when set, is the range of a second family: the pool is
+	// dual-stack, and each VM gets an address of both.
+	cidr6                string
 	cooldown, pendingTTL time.Duration
 }
 
@@ -233,6 +236,9 @@ func (s *suite) createPool(p poolSpec) (netip.Prefix, int) {
 		Cooldown:   &metav1.Duration{Duration: p.cooldown},
 		PendingTTL: &metav1.Duration{Duration: p.pendingTTL},
 	}}
+	if p.cidr6 != "" {
+		pool.Spec.Ranges = append(pool.Spec.Ranges, vmipamv1.IPRange{CIDR: p.cidr6})
+	}
 	if err := s.c.Create(s.ctx, pool); err != nil {
 		s.t.Fatalf("create IPPool %s (through the validating webhook, behind the proxy): %v", p.name, err)
 	}
