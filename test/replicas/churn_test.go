@@ -70,7 +70,7 @@ func TestChurnOneSmallPool(t *testing.T) {
 		tctx, stopTracker := context.WithCancel(s.ctx)
 		var trDone sync.WaitGroup
 		trDone.Go(func() { tr.run(tctx) })
-		st := &storm{s: s, pool: pool, prefix: pool, led: led, maxOwn: row.maxOwn, deleteP: 0.4, think: row.think}
+		st := &storm{s: s, pool: pool, prefix: pool, led: led, maxOwn: row.maxOwn, deleteP: 0.4, think: row.think, dual: row.cidr6 != ""}
 		began := time.Now()
 		stop := st.start(row.clients)
 		time.Sleep(d)

@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
@@ -218,6 +219,9 @@ type storm struct {
 	maxOwn  int     // live VMs a client keeps at most; 0 deletes nothing
 	deleteP float64 // chance that an operation is a delete
 	think   time.Duration
+	// dual: each VM asks for an address of both families
+	// (RequireDualStack).
+	dual bool
 
 	wg   sync.WaitGroup
 	stop context.CancelFunc
@@ -271,7 +275,11 @@ func (st *storm) client(ctx context.Context, id int, rng *rand.Rand) {
 
 func (st *storm) create(name string) *vmRecord {
 	rec := &vmRecord{name: name, sent: time.Now()}
-	vm, err := st.s.create(st.s.ctx, name, st.pool)
+	var mutate []func(*vmipamv1.VirtualMachine)
+	if st.dual {
+		mutate = append(mutate, func(vm *vmipamv1.VirtualMachine) { vm.Spec.IPFamilyPolicy = ptr.To(vmipamv1.RequireDualStack) })
+	}
+	vm, err := st.s.create(st.s.ctx, name, st.pool, mutate...)
 	if err != nil {
 		st.led.fail("create", name, rec.sent, err)
 		return nil

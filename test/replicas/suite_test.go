@@ -312,10 +312,13 @@ func (s *suite) waitServing(pool string, timeout time.Duration) {
 }
 
 // create creates one VirtualMachine drawing from pool, without retrying.
-func (s *suite) create(ctx context.Context, name, pool string) (*vmipamv1.VirtualMachine, error) {
+func (s *suite) create(ctx context.Context, name, pool string, mutate ...func(*vmipamv1.VirtualMachine)) (*vmipamv1.VirtualMachine, error) {
 	vm := &vmipamv1.VirtualMachine{
 		ObjectMeta: metav1.ObjectMeta{Namespace: s.ns, Name: name},
 		Spec:       vmipamv1.VirtualMachineSpec{IPPool: pool, Image: "replicas", CPUs: 1},
+	}
+	for _, f := range mutate {
+		f(vm)
 	}
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
