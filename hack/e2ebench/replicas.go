@@ -232,7 +232,7 @@ func (r *report) replicasSection(b *strings.Builder) {
 		}
 		return v / float64(len(s.lat))
 	}
-	t.row("IPBlock writes per 1,000 creates (lost a compare-and-swap)",
+	t.row("IPBlock and IPBlockShare writes per 1,000 creates (lost a compare-and-swap)",
 		fmt.Sprintf("%.0f (%.0f)", 1000*perCreate(one, one.api.blockWrites), 1000*perCreate(one, one.api.blockConflicts)),
 		fmt.Sprintf("%.0f (%.0f)", 1000*perCreate(many, many.api.blockWrites), 1000*perCreate(many, many.api.blockConflicts)), "")
 	resources := map[string]bool{}
