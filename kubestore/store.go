@@ -134,34 +134,24 @@ func shorten(name string, n int) string {
 // pool's label but naming another pool are skipped.
 func (s *Store) List(ctx context.Context) ([]ipam.Block, error) {
 	shares := map[shareKey]*v1alpha1.IPBlockShare{}
-	for cont := ""; ; {
-		var list v1alpha1.IPBlockShareList
-		err := s.reader.List(ctx, &list, client.MatchingLabels{v1alpha1.PoolLabel: s.label},
-			client.Limit(listPageSize), client.Continue(cont))
-		if err != nil {
-			return nil, fmt.Errorf("list IPBlockShares of pool %s: %w", s.pool, err)
-		}
-		for i := range list.Items {
-			sh := &list.Items[i]
+	var sl v1alpha1.IPBlockShareList
+	if err := s.pages(ctx, &sl, func() {
+		for i := range sl.Items {
+			sh := sl.Items[i].DeepCopy()
 			if sh.Spec.Pool == s.pool {
 				shares[shareKey{prefix: sh.Spec.Prefix, holder: sh.Spec.Holder}] = sh
 			}
 		}
-		if cont = list.Continue; cont == "" {
-			break
-		}
+	}); err != nil {
+		return nil, fmt.Errorf("list IPBlockShares of pool %s: %w", s.pool, err)
 	}
 	var out []ipam.Block
-	for cont := ""; ; {
-		var list v1alpha1.IPBlockList
-		err := s.reader.List(ctx, &list, client.MatchingLabels{v1alpha1.PoolLabel: s.label},
-			client.Limit(listPageSize), client.Continue(cont))
-		if err != nil {
-			return nil, fmt.Errorf("list IPBlocks of pool %s: %w", s.pool, err)
-		}
-		for i := range list.Items {
-			obj := &list.Items[i]
-			if obj.Spec.Pool != s.pool {
+	var bl v1alpha1.IPBlockList
+	var bad error
+	if err := s.pages(ctx, &bl, func() {
+		for i := range bl.Items {
+			obj := &bl.Items[i]
+			if obj.Spec.Pool != s.pool || bad != nil {
 				continue
 			}
 			of := map[string]*v1alpha1.IPBlockShare{}
@@ -172,16 +162,35 @@ func (s *Store) List(ctx context.Context) ([]ipam.Block, error) {
 			}
 			b, err := s.merge(obj, of)
 			if err != nil {
-				return nil, err
+				bad = err
+				continue
 			}
 			out = append(out, b)
 		}
-		if cont = list.Continue; cont == "" {
-			break
-		}
+	}); err != nil {
+		return nil, fmt.Errorf("list IPBlocks of pool %s: %w", s.pool, err)
+	}
+	if bad != nil {
+		return nil, bad
 	}
 	slices.SortFunc(out, func(a, b ipam.Block) int { return a.Prefix.Compare(b.Prefix) })
 	return out, nil
+}
+
+// pages lists the pool's objects into list a page at a time, calling each
+// after every page.
+func (s *Store) pages(ctx context.Context, list client.ObjectList, each func()) error {
+	for cont := ""; ; {
+		err := s.reader.List(ctx, list, client.MatchingLabels{v1alpha1.PoolLabel: s.label},
+			client.Limit(listPageSize), client.Continue(cont))
+		if err != nil {
+			return err
+		}
+		each()
+		if cont = list.GetContinue(); cont == "" {
+			return nil
+		}
+	}
 }
 
 // Get implements ipam.Store.
