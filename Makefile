@@ -156,11 +156,13 @@ local-up: ## Start a local control plane and vmipam (REPLICAS=N: N replicas; VMI
 local-down: ## Stop what local-up started.
 	@hack/local.sh down
 
-IMG ?= ghcr.io/vmipam/vmipam:latest
+# VERSION tags the image; empty: the chart's appVersion, which the chart's
+# image tag defaults to.
+VERSION ?=
 
-.PHONY: docker-build
-docker-build: ## Build the container image IMG (needs a Docker engine).
-	docker build -t $(IMG) .
+.PHONY: image
+image: ## Build vmipam's image for linux/amd64 and linux/arm64 (one OCI index) without a container engine, reproducibly: an OCI layout, an OCI archive and an SPDX SBOM in bin/image.
+	GO="$(GO)" $(GO) run ./hack/image -out $(BIN)/image $(if $(VERSION),-version $(VERSION))
 
 .PHONY: vmipam
 vmipam: ## Build the vmipam binary into bin/.
