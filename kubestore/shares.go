@@ -39,10 +39,11 @@ import (
 // claims. A listed holder whose share is missing keeps the IPBlock's view
 // (every claimed address possibly in use).
 //
-// A holder writes its share before the IPBlock: a claim is never stored
-// without the share that says which of the claimed addresses it may have
-// handed out, and a share that got ahead of a write that failed names
-// addresses the holder does not claim, which readers ignore.
+// A holder writes its share before the IPBlock, and readers read the
+// IPBlock before the shares: a claim is never read without the share that
+// says which of the claimed addresses its holder may have handed out, and
+// a share that got ahead of a write that failed, or of the IPBlock read,
+// names addresses the holder does not claim there, which readers ignore.
 
 // seenBlock is an IPBlock's spec at a resourceVersion.
 type seenBlock struct {

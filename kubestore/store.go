@@ -133,45 +133,45 @@ func shorten(name string, n int) string {
 // List implements ipam.Store. IPBlocks and IPBlockShares carrying the
 // pool's label but naming another pool are skipped.
 func (s *Store) List(ctx context.Context) ([]ipam.Block, error) {
+	// The IPBlocks first, then the shares: a holder writes its share
+	// before the IPBlock, so every claim read has its share's marks read
+	// too (Get reads in the same order).
+	var blocks []v1alpha1.IPBlock
+	var bl v1alpha1.IPBlockList
+	if err := s.pages(ctx, &bl, func() {
+		for i := range bl.Items {
+			if bl.Items[i].Spec.Pool == s.pool {
+				blocks = append(blocks, *bl.Items[i].DeepCopy())
+			}
+		}
+	}); err != nil {
+		return nil, fmt.Errorf("list IPBlocks of pool %s: %w", s.pool, err)
+	}
 	shares := map[shareKey]*v1alpha1.IPBlockShare{}
 	var sl v1alpha1.IPBlockShareList
 	if err := s.pages(ctx, &sl, func() {
 		for i := range sl.Items {
-			sh := sl.Items[i].DeepCopy()
-			if sh.Spec.Pool == s.pool {
+			if sh := sl.Items[i].DeepCopy(); sh.Spec.Pool == s.pool {
 				shares[shareKey{prefix: sh.Spec.Prefix, holder: sh.Spec.Holder}] = sh
 			}
 		}
 	}); err != nil {
 		return nil, fmt.Errorf("list IPBlockShares of pool %s: %w", s.pool, err)
 	}
-	var out []ipam.Block
-	var bl v1alpha1.IPBlockList
-	var bad error
-	if err := s.pages(ctx, &bl, func() {
-		for i := range bl.Items {
-			obj := &bl.Items[i]
-			if obj.Spec.Pool != s.pool || bad != nil {
-				continue
+	out := make([]ipam.Block, 0, len(blocks))
+	for i := range blocks {
+		obj := &blocks[i]
+		of := map[string]*v1alpha1.IPBlockShare{}
+		for _, h := range obj.Spec.Shares {
+			if sh := shares[shareKey{prefix: obj.Spec.Prefix, holder: h}]; sh != nil {
+				of[h] = sh
 			}
-			of := map[string]*v1alpha1.IPBlockShare{}
-			for _, h := range obj.Spec.Shares {
-				if sh := shares[shareKey{prefix: obj.Spec.Prefix, holder: h}]; sh != nil {
-					of[h] = sh
-				}
-			}
-			b, err := s.merge(obj, of)
-			if err != nil {
-				bad = err
-				continue
-			}
-			out = append(out, b)
 		}
-	}); err != nil {
-		return nil, fmt.Errorf("list IPBlocks of pool %s: %w", s.pool, err)
-	}
-	if bad != nil {
-		return nil, bad
+		b, err := s.merge(obj, of)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, b)
 	}
 	slices.SortFunc(out, func(a, b ipam.Block) int { return a.Prefix.Compare(b.Prefix) })
 	return out, nil
