@@ -373,13 +373,13 @@ func layerOf(bin string, epoch time.Time) ([]byte, string, error) {
 func archiveOf(files map[string][]byte, epoch time.Time) ([]byte, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
+	names := slices.Sorted(maps.Keys(files))
 	dirs := map[string]bool{}
-	for _, name := range slices.Sorted(maps.Keys(files)) {
+	for _, name := range names {
 		for d := filepath.Dir(name); d != "."; d = filepath.Dir(d) {
 			dirs[d+"/"] = true
 		}
 	}
-	names := slices.Sorted(maps.Keys(files))
 	for _, d := range slices.Sorted(maps.Keys(dirs)) {
 		if err := tw.WriteHeader(&tar.Header{Name: d, Typeflag: tar.TypeDir, Mode: 0o755, ModTime: epoch, Format: tar.FormatPAX}); err != nil {
 			return nil, err
@@ -445,11 +445,11 @@ func sbomOf(bin, ref, digest string, o options) ([]byte, error) {
 		pkgs = append(pkgs, p)
 		rels = append(rels, rel{Element: image.SPDXID, Type: "CONTAINS", Related: p.SPDXID})
 	}
-	main := info.Main.Version
-	if main == "" || main == "(devel)" {
-		main = o.version
+	version := info.Main.Version
+	if version == "" || version == "(devel)" {
+		version = o.version
 	}
-	add(info.Main.Path, main, info.Main.Sum)
+	add(info.Main.Path, version, info.Main.Sum)
 	add("stdlib", strings.TrimPrefix(info.GoVersion, "go"), "")
 	for _, d := range info.Deps {
 		if d.Replace != nil {
