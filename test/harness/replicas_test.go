@@ -85,6 +85,19 @@ func TestReplicas(t *testing.T) {
 		t.Fatalf("create IPPool (through the validating webhook, behind the proxy): %v", err)
 	}
 
+	// Every replica recovers the new pool before the first create: one
+	// still recovering answers 503, so the creates it is sent would be
+	// retried until a recovered replica admitted them all, and the spread
+	// checked below would be down to which replica recovered first.
+	for _, rep := range rs.InRotation() {
+		harness.Eventually(t, 30*time.Second, rep.Holder+" to recover the pool", func() error {
+			if !strings.Contains(logsFor(rep.Index).String(), `"msg":"Recovered pool"`) {
+				return fmt.Errorf("%s has not logged \"Recovered pool\"", rep.Holder)
+			}
+			return nil
+		})
+	}
+
 	owner := map[string]string{} // address → VM
 	var ownerMu sync.Mutex
 	// createVMs creates n VirtualMachines, 8 at a time, each retried for
