@@ -20,9 +20,9 @@ import (
 // TestImage builds an image of a small program for two platforms, twice,
 // and reads it back as an image consumer would: the same source gives the
 // same bytes; the layout names the image; each platform's manifest holds a
-// static binary of its architecture as /vmipam, run as the non-root user,
-// with the config's diff ID matching the layer; and the SBOM lists the Go
-// modules built in.
+// static binary of its architecture named after its package (/hello here),
+// run as the non-root user, with the config's diff ID matching the layer;
+// and the SBOM lists the Go modules built in.
 func TestImage(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds binaries for two platforms")
@@ -112,8 +112,8 @@ func TestImage(t *testing.T) {
 		if err := json.Unmarshal(blob(man.Config.Digest), &cfg); err != nil {
 			t.Fatal(err)
 		}
-		if cfg.Architecture != arch || cfg.Config.User != "65532:65532" || !slices.Equal(cfg.Config.Entrypoint, []string{"/vmipam"}) {
-			t.Errorf("%s config: %+v; want its architecture, user 65532:65532, entrypoint /vmipam", arch, cfg)
+		if cfg.Architecture != arch || cfg.Config.User != "65532:65532" || !slices.Equal(cfg.Config.Entrypoint, []string{"/hello"}) {
+			t.Errorf("%s config: %+v; want its architecture, user 65532:65532, entrypoint /hello", arch, cfg)
 		}
 		zr, err := gzip.NewReader(bytes.NewReader(blob(man.Layers[0].Digest)))
 		if err != nil {
@@ -139,12 +139,12 @@ func TestImage(t *testing.T) {
 				t.Fatal(err)
 			}
 			files[h.Name] = h
-			if h.Name == "vmipam" {
+			if h.Name == "hello" {
 				bin, _ = io.ReadAll(tr)
 			}
 		}
-		if h := files["vmipam"]; h == nil || h.Mode != 0o755 || h.Uid != 0 {
-			t.Fatalf("%s layer: /vmipam %+v; want an executable owned by root", arch, h)
+		if h := files["hello"]; h == nil || h.Mode != 0o755 || h.Uid != 0 {
+			t.Fatalf("%s layer: /hello %+v; want an executable owned by root", arch, h)
 		}
 		if h := files["tmp/"]; h == nil || h.Mode != 0o1777 {
 			t.Errorf("%s layer: /tmp %+v; want mode 1777", arch, h)

@@ -46,6 +46,10 @@ const (
 // nonroot is the user the image runs as, as distroless's nonroot.
 const nonroot = 65532
 
+// binary is the name of the image's one program, /<name> in its root: the
+// main package's folder name (vmipam for ./cmd/vmipam).
+func (o options) binary() string { return filepath.Base(filepath.Clean(o.pkg)) }
+
 type options struct {
 	repo, pkg, out, name, version, revision string
 	platforms                               []string
@@ -171,7 +175,7 @@ func build(o options) (result, error) {
 	defer func() { _ = os.RemoveAll(tmp) }()
 	content := blobs{}
 	labels := map[string]string{
-		"org.opencontainers.image.title":    "vmipam",
+		"org.opencontainers.image.title":    o.binary(),
 		"org.opencontainers.image.version":  o.version,
 		"org.opencontainers.image.source":   "https://github.com/vmipam/vmipam",
 		"org.opencontainers.image.licenses": "Apache-2.0",
@@ -194,7 +198,7 @@ func build(o options) (result, error) {
 		if !ok || goos != "linux" {
 			return result{}, fmt.Errorf("platform %q: want linux/<arch>", pl)
 		}
-		bin := filepath.Join(tmp, goarch, "vmipam")
+		bin := filepath.Join(tmp, goarch, o.binary())
 		if err := goBuild(o, goarch, bin); err != nil {
 			return result{}, err
 		}
@@ -212,7 +216,7 @@ func build(o options) (result, error) {
 			"created":      o.epoch.Format(time.RFC3339),
 			"config": map[string]any{
 				"User":       fmt.Sprintf("%d:%d", nonroot, nonroot),
-				"Entrypoint": []string{"/vmipam"},
+				"Entrypoint": []string{"/" + o.binary()},
 				"WorkingDir": "/",
 				"Env":        []string{"PATH=/"},
 				"Labels":     labels,
@@ -310,10 +314,11 @@ func goBuild(o options, goarch, out string) error {
 	return nil
 }
 
-// layerOf returns the gzipped layer holding the binary as /vmipam, the
+// layerOf returns the gzipped layer holding the binary as /<its name>, the
 // user and group the image runs as, and /tmp, and the layer's diff ID (the
 // digest of the tar before compression).
 func layerOf(bin string, epoch time.Time) ([]byte, string, error) {
+	name := filepath.Base(bin)
 	data, err := os.ReadFile(bin)
 	if err != nil {
 		return nil, "", err
@@ -330,7 +335,7 @@ func layerOf(bin string, epoch time.Time) ([]byte, string, error) {
 		{name: "home/", mode: 0o755, dir: true},
 		{name: "home/nonroot/", mode: 0o700, dir: true},
 		{name: "tmp/", mode: 0o1777, dir: true},
-		{name: "vmipam", mode: 0o755, data: data},
+		{name: name, mode: 0o755, data: data},
 	}
 	var raw bytes.Buffer
 	tw := tar.NewWriter(&raw)
