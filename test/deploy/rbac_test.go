@@ -45,7 +45,8 @@ func TestPermissions(t *testing.T) {
 		path    string
 		allowed bool
 	}{
-		"renew its holder lease":        {user: vmipam, res: res("update", "coordination.k8s.io", "leases", namespace, ""), allowed: true},
+		"renew its holder lease":        {user: vmipam, res: res("patch", "coordination.k8s.io", "leases", namespace, ""), allowed: true},
+		"mark a takeover":               {user: vmipam, res: res("update", "coordination.k8s.io", "leases", namespace, ""), allowed: true},
 		"create the lease":              {user: vmipam, res: res("create", "coordination.k8s.io", "leases", namespace, ""), allowed: true},
 		"list the peers' leases":        {user: vmipam, res: res("list", "coordination.k8s.io", "leases", namespace, ""), allowed: true},
 		"delete a taken-over lease":     {user: vmipam, res: res("delete", "coordination.k8s.io", "leases", namespace, ""), allowed: true},
