@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
 # Builds (once) and caches the control-plane binaries controller-runtime's
-# envtest needs: kube-apiserver, etcd and kubectl.
+# envtest needs: kube-apiserver, etcd and kubectl. With the argument "node"
+# it also builds what the real single-node cluster of `make e2e` runs:
+# kubelet, kube-proxy, kube-controller-manager and kube-scheduler.
+#
+#   hack/envtest-assets.sh          # envtest's three
+#   hack/envtest-assets.sh node     # those and the node's four
+#   hack/envtest-assets.sh kube-controller-manager   # those and one more
 #
 # They are compiled from source fetched through the Go module proxy (no
 # setup-envtest / GCS downloads needed), using the pinned tools modules in
@@ -52,11 +58,21 @@ cache_dir="${cache_root}/vmipam/k8s/v${K8S_VERSION}"
 recipe=1
 
 binaries=(kube-apiserver kubectl etcd)
+node_binaries=(kubelet kube-proxy kube-controller-manager kube-scheduler)
+for arg in "$@"; do
+	case "${arg}" in
+	node) binaries+=("${node_binaries[@]}") ;;
+	kubelet | kube-proxy | kube-controller-manager | kube-scheduler) binaries+=("${arg}") ;;
+	*) die "unknown argument ${arg} (want node, or one of ${node_binaries[*]})" ;;
+	esac
+done
 
 # stamp_for NAME -> the content NAME's stamp file must have to be up to date.
 stamp_for() {
 	case "$1" in
-	kube-apiserver | kubectl) echo "recipe=${recipe} k8s.io/kubernetes@v${K8S_VERSION}" ;;
+	kube-apiserver | kubectl | kubelet | kube-proxy | kube-controller-manager | kube-scheduler)
+		echo "recipe=${recipe} k8s.io/kubernetes@v${K8S_VERSION}"
+		;;
 	etcd) echo "recipe=${recipe} go.etcd.io/etcd/server/v3@v${ETCD_VERSION}" ;;
 	*) die "unknown binary $1" ;;
 	esac
@@ -151,7 +167,7 @@ command -v "${GO}" >/dev/null 2>&1 || die "'${GO}' not found in PATH"
 # Refuse version overrides the tools modules do not pin, before touching the
 # cache (otherwise we would silently build the pinned version instead).
 todo="$(missing)"
-if [[ " ${todo} " == *" kube-apiserver "* || " ${todo} " == *" kubectl "* ]]; then
+if [[ " ${todo} " =~ " "(kube-|kubectl|kubelet) ]]; then
 	check_pin hack/k8s k8s.io/kubernetes "v${K8S_VERSION}"
 	# The staging modules are required as v0.0.0 and must be replaced.
 	if [[ "$(mod_field hack/k8s '{{with .Replace}}{{.Version}}{{end}}' k8s.io/api)" != "v0.${K8S_VERSION#*.}" ]]; then
@@ -190,7 +206,7 @@ if [[ -n "${todo}" ]]; then
 	total_start=${SECONDS}
 	for name in ${todo}; do
 		case "${name}" in
-		kube-apiserver | kubectl)
+		kube-apiserver | kubectl | kubelet | kube-proxy | kube-controller-manager | kube-scheduler)
 			build "${name}" hack/k8s "k8s.io/kubernetes/cmd/${name}" "$(k8s_ldflags)"
 			;;
 		etcd)
