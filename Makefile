@@ -60,6 +60,10 @@ test-unit: ## Unit, property and fuzz-seed tests, no control plane: go test -sho
 chaos: ## The long reliability run: 3 replicas, 3m of load, 12 SIGKILLs, 3 rolling restarts, an API server restart.
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" CHAOS_DURATION=3m CHAOS_KILLS=12 CHAOS_ROLLS=3 $(GO) test -count=1 -timeout 30m -v -run '^TestChaos$$' ./test/chaos/
 
+.PHONY: e2e
+e2e: $(HELM) ## vmipam's image in a real single-node cluster (as root: kubelet, containerd, kube-proxy; no route out), installed by the chart, and the suite in test/e2e. KEEP=1 leaves the cluster up.
+	HELM="$(HELM)" hack/e2e/run.sh
+
 .PHONY: envtest-assets
 envtest-assets: ## Build (once) the control-plane binaries the tests use.
 	@hack/envtest-assets.sh

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# make e2e: vmipam's image, a real single-node cluster (hack/e2e/cluster.sh),
+# the Helm chart installed with that image (three replicas as Pods), the
+# suite in test/e2e against the real Pods and Service, and a teardown that
+# leaves the machine as it found it (checked). One run at a time: a second
+# waits for the first's lock.
+#
+#   KEEP=1     leave the cluster up after the suite (hack/e2e/cluster.sh
+#              exec kubectl get vm -A; hack/e2e/cluster.sh down ends it)
+#   RUN=regex  run only the matching tests of the suite
+#   HELM       the helm binary (the Makefile passes its pinned one)
+set -euo pipefail
+
+script_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)"
+repo_root="$(cd "${script_dir}/../.." && pwd -P)"
+cd "${repo_root}"
+DIR="${E2E_DIR:-/var/tmp/vmipam-e2e}"
+export E2E_DIR="${DIR}"
+HELM="${HELM:?HELM must name the helm binary}"
+cluster="${script_dir}/cluster.sh"
+
+log() { printf 'e2e: %s\n' "$*" >&2; }
+
+exec 8>"${DIR%/}.lock"
+if ! flock -n 8; then
+	log "another make e2e holds ${DIR%/}.lock; waiting for it..."
+	flock 8
+fi
+
+start=${SECONDS}
+assets="$(hack/envtest-assets.sh node)"
+log "node binaries ready ($((SECONDS - start))s)"
+
+# A cluster left by KEEP=1 or by a run that was killed goes first.
+if [[ -e "${DIR}" || -e "/run/netns/${E2E_NETNS:-vmipam-e2e}" ]]; then
+	log "removing the cluster an earlier run left"
+	"${cluster}" down
+fi
+
+work="$(mktemp -d /var/tmp/vmipam-e2e-build.XXXXXX)"
+trap 'rm -rf "${work}"' EXIT
+version="$(awk '/^appVersion:/ {gsub(/"/, "", $2); print $2}' deploy/chart/vmipam/Chart.yaml)"
+go run ./hack/image -platforms "linux/$(go env GOARCH)" -out "${work}/image" >&2
+go test -c -o "${work}/e2e.test" ./test/e2e
+log "image and suite built ($((SECONDS - start))s)"
+
+K8S_ASSETS="${assets}" "${cluster}" up
+down() {
+	if [[ -n "${KEEP:-}" ]]; then
+		log "KEEP is set: the cluster stays up (hack/e2e/cluster.sh exec kubectl get pods -A; hack/e2e/cluster.sh down)"
+		return
+	fi
+	"${cluster}" down
+}
+trap 'down; rm -rf "${work}"' EXIT
+"${cluster}" import "${work}/image/"*.oci.tar
+log "cluster up ($((SECONDS - start))s)"
+
+suite_start=${SECONDS}
+status=0
+"${cluster}" exec env E2E_HELM="${HELM}" E2E_CHART="${repo_root}/deploy/chart/vmipam" \
+	E2E_IMAGE="ghcr.io/vmipam/vmipam:${version}" E2E_KUBECTL="${assets}/kubectl" \
+	E2E_REPO="${repo_root}" \
+	"${work}/e2e.test" -test.v -test.count=1 -test.timeout 40m ${RUN:+-test.run "${RUN}"} || status=$?
+log "suite: exit ${status} in $((SECONDS - suite_start))s; make e2e so far $((SECONDS - start))s"
+exit "${status}"
