@@ -37,6 +37,12 @@
 # holder; when one dies, the others take its addresses over once its lease
 # lapses (docs/design.md, "Several holders").
 #
+# kube-controller-manager runs beside the API server (namespace deletion,
+# garbage collection), and vmipam runs as its own ServiceAccount
+# (.local/vmipam.kubeconfig, with the deployment's RBAC), not as the
+# administrator of .local/kubeconfig, who is bound to cluster-admin but is
+# not in system:masters: vmipam's admission policies hold for it.
+#
 # State lives in .local/ (kubeconfig at .local/kubeconfig, logs, pids).
 set -euo pipefail
 shopt -s nullglob
@@ -99,7 +105,7 @@ down() {
 	# The replicas flush to the API server when they stop: before it goes.
 	stop "${vmipams[@]}" && stopped=1
 	stop localcluster && stopped=1
-	rm -f "$kubeconfig" "$dir/control-plane.ready" "$dir/replicas" "$dir/kinds-config"
+	rm -f "$kubeconfig" "$dir/vmipam.kubeconfig" "$dir/kube-controller-manager.kubeconfig" "$dir/control-plane.ready" "$dir/replicas" "$dir/kinds-config"
 	[ "$stopped" = 1 ] && log "stopped" || log "nothing was running"
 }
 
@@ -118,7 +124,8 @@ probe_port() { if [ "$replicas" = 1 ]; then echo 8081; else echo $((8082 + $1));
 # vmipam_args I: replica I's command line, built here only.
 vmipam_args() {
 	local i=$1
-	args=(--kubeconfig "$kubeconfig" --namespace vmipam-system
+	# vmipam's own ServiceAccount, with the RBAC a deployment grants it.
+	args=(--kubeconfig "$dir/vmipam.kubeconfig" --namespace vmipam-system
 		--webhook-host 127.0.0.1 --webhook-port "$(webhook_port "$i")" --webhook-extra-sans 127.0.0.1
 		--metrics-bind-address "127.0.0.1:$(metrics_port "$i")"
 		--health-probe-bind-address "127.0.0.1:$(probe_port "$i")"
@@ -229,7 +236,8 @@ done
 mkdir -p "$dir"
 # Logs of an earlier run with another layout would read as this one's.
 rm -f "$dir"/vmipam.log "$dir"/vmipam-*.log "$dir"/lbproxy.log
-assets=$(hack/envtest-assets.sh)
+# kube-controller-manager too: namespace deletion and garbage collection.
+assets=$(hack/envtest-assets.sh kube-controller-manager)
 export KUBEBUILDER_ASSETS="$assets"
 kubectl="$assets/kubectl"
 log "building vmipam"

@@ -1,9 +1,19 @@
 // Command localcluster runs a throwaway Kubernetes control plane for trying
-// vmipam on one machine: etcd and kube-apiserver (the binaries
-// hack/envtest-assets.sh builds) on loopback ports, with vmipam's CRDs and
-// webhook configurations installed, the webhooks pointing at a vmipam
-// running on this machine. It writes an admin kubeconfig and runs until
+// vmipam on one machine: etcd, kube-apiserver and kube-controller-manager
+// (the binaries hack/envtest-assets.sh builds) on loopback ports, with
+// vmipam's CRDs and webhook configurations installed, the webhooks
+// pointing at a vmipam running on this machine.
+//
+// It writes two kubeconfigs into --dir: kubeconfig, for the person trying
+// vmipam (a cluster administrator through RBAC, as kubeadm's admin.conf,
+// not a member of system:masters, so vmipam's admission policies hold for
+// it as for any user), and vmipam.kubeconfig, a token of vmipam's own
+// ServiceAccount with the RBAC the deployment grants it. It runs until
 // interrupted, then stops the control plane and deletes its data.
+//
+// kube-controller-manager deletes namespaces (and what is in them) and
+// collects garbage, as in a cluster; its log is kube-controller-manager.log
+// in --dir.
 package main
 
 import (
@@ -88,20 +98,23 @@ func run(dir, root, webhookURL, namespace, kindsConfig string, crds []string) er
 	if err := localcluster.InstallWebhooks(ctx, c, filepath.Join(root, "deploy", "webhook", "manifests.yaml"), webhookURL, namespace, kinds); err != nil {
 		return err
 	}
-	user, err := env.AddUser(envtest.User{Name: "local-admin", Groups: []string{"system:masters"}}, nil)
-	if err != nil {
-		return fmt.Errorf("add admin user: %w", err)
-	}
-	kubeconfig, err := user.KubeConfig()
-	if err != nil {
-		return fmt.Errorf("kubeconfig: %w", err)
-	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
+	stopKCM, err := startControllerManager(ctx, env, cfg.CAData, dir)
+	if err != nil {
+		return err
+	}
+	defer stopKCM()
+	if err := installIdentity(ctx, c, root, namespace); err != nil {
+		return err
+	}
+	if err := writeVMIPAMKubeconfig(ctx, cfg, filepath.Join(dir, "vmipam.kubeconfig"), namespace); err != nil {
+		return err
+	}
 	path := filepath.Join(dir, "kubeconfig")
-	if err := os.WriteFile(path, kubeconfig, 0o600); err != nil {
-		return fmt.Errorf("write kubeconfig: %w", err)
+	if err := writeAdminKubeconfig(ctx, c, env, path); err != nil {
+		return err
 	}
 	ready := filepath.Join(dir, "control-plane.ready")
 	if err := os.WriteFile(ready, []byte(cfg.Host+"\n"), 0o644); err != nil {
