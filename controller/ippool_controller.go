@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
@@ -86,7 +87,11 @@ func (r *IPPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 	if !controllerutil.ContainsFinalizer(pool, vmipamv1.PoolFinalizer) {
 		base := pool.DeepCopy()
 		controllerutil.AddFinalizer(pool, vmipamv1.PoolFinalizer)
-		if err := r.Client.Patch(ctx, pool, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+		if err := r.Client.Patch(ctx, pool, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); apierrors.IsConflict(err) {
+			// Every replica adds it at once and all but one lose; the
+			// newer version's event brings the pool back here.
+			return ctrl.Result{}, nil
+		} else if err != nil {
 			return ctrl.Result{}, fmt.Errorf("add finalizer to IPPool %s: %w", pool.Name, err)
 		}
 	}

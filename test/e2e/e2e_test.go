@@ -150,8 +150,11 @@ func TestAddresses(t *testing.T) {
 		var sum float64
 		for _, pod := range vmipamPods(t) {
 			code, body, err := get(fmt.Sprintf("https://%s:8443/metrics", pod.Status.PodIP), tok)
-			if err != nil || code != http.StatusOK {
-				return fmt.Errorf("metrics of %s: %d %v", pod.Name, code, err)
+			if err != nil {
+				return fmt.Errorf("metrics of %s: %w", pod.Name, err)
+			}
+			if code != http.StatusOK {
+				return fmt.Errorf("metrics of %s: status %d", pod.Name, code)
 			}
 			v, ok := sample(body, "vmipam_pool_addresses", `pool="`+poolName+`"`, `state="allocated"`)
 			if !ok {
@@ -363,7 +366,7 @@ func TestMemory(t *testing.T) {
 		oom, _ := os.ReadFile(dir + "/memory.oom_control")
 		n, _ := strconv.ParseInt(strings.TrimSpace(string(peak)), 10, 64)
 		l, _ := strconv.ParseInt(strings.TrimSpace(string(limit)), 10, 64)
-		t.Logf("%s: peak memory %d MiB of a %d MiB limit; %s", p.Name, n>>20, l>>20, strings.ReplaceAll(strings.TrimSpace(string(oom)), "\n", ", "))
+		t.Logf("%s: peak memory use (the cgroup's, page cache included) %d MiB of a %d MiB limit; %s", p.Name, n>>20, l>>20, strings.ReplaceAll(strings.TrimSpace(string(oom)), "\n", ", "))
 	}
 	if after := restartCounts(t); !mapsEqual(after, restarts) {
 		t.Errorf("replicas restarted: %v, before %v", after, restarts)
@@ -404,10 +407,13 @@ func deleteNamespace(t *testing.T, ns string) {
 	}
 	harness.Eventually(t, 3*time.Minute, "namespace "+ns+" to be deleted", func() error {
 		err := c.Get(t.Context(), client.ObjectKey{Name: ns}, &corev1.Namespace{})
-		if apierrors.IsNotFound(err) {
+		switch {
+		case apierrors.IsNotFound(err):
 			return nil
+		case err != nil:
+			return err
 		}
-		return fmt.Errorf("still there: %v", err)
+		return errors.New("still there")
 	})
 }
 
@@ -433,6 +439,7 @@ func TestKill(t *testing.T) {
 	}
 	t.Logf("SIGKILLed vmipam (pid %d) in %s", pid, pods[0].Name)
 	settled(t, 3*time.Minute)
+	t.Logf("three replicas ready again %s after the SIGKILL", time.Since(killed).Round(time.Millisecond))
 	time.Sleep(5 * time.Second)
 
 	forced := time.Now()
@@ -442,7 +449,8 @@ func TestKill(t *testing.T) {
 	}
 	t.Logf("force-deleted %s", pods[1].Name)
 	settled(t, 3*time.Minute)
-	harness.Eventually(t, 3*time.Minute, "the force-deleted replica's lease to be taken over", func() error {
+	t.Logf("three replicas ready again %s after the forced deletion", time.Since(forced).Round(time.Millisecond))
+	harness.Eventually(t, 3*time.Minute, "the force-deleted replica's Lease to be taken over and deleted", func() error {
 		out, err := kubectl("get", "lease", "-n", namespace, "-o", "name")
 		if err != nil {
 			return err
@@ -452,6 +460,7 @@ func TestKill(t *testing.T) {
 		}
 		return nil
 	})
+	t.Logf("its claims taken over %s after the forced deletion", time.Since(forced).Round(time.Millisecond))
 	time.Sleep(5 * time.Second)
 	fails := s.Stop()
 	s.report(t, "storm across a SIGKILL and a forced Pod deletion", fails)
