@@ -7,8 +7,12 @@
 #
 #   hack/e2e/cluster.sh up      start it (the binaries from hack/envtest-assets.sh node)
 #   hack/e2e/cluster.sh down    stop it and remove every trace of it
-#   hack/e2e/cluster.sh check   exit 1 if a trace of it is left (processes,
-#                               mounts, cgroups, namespaces, host sysctls)
+#   hack/e2e/cluster.sh check   exit 1 if a trace of it is left: processes,
+#                               mounts, cgroups, the namespace, its folder, or
+#                               a change to the host's iptables rules, to the
+#                               sysctls kubelet sets or to the folders
+#                               containerd and libcni share (/run/containerd,
+#                               /var/lib/cni), against what up recorded
 #   hack/e2e/cluster.sh exec CMD...   run CMD inside the cluster's network
 #                               namespace with KUBECONFIG set (kubectl, helm)
 #   hack/e2e/cluster.sh import ARCHIVE...   import OCI archives into the node
@@ -361,6 +365,7 @@ up() {
 	[[ ! -e "${DIR}/pids" ]] || die "${DIR} holds a cluster's state: hack/e2e/cluster.sh down first"
 	ASSETS="$(assets)"
 	local start_time=${SECONDS}
+	host_state >"${BASELINE}"
 	mkdir -p "${DIR}/logs" "${DIR}/pids"
 	echo "${ASSETS}" >"${DIR}/assets"
 	save_sysctls
@@ -446,10 +451,77 @@ cgroup_dirs() {
 	return 0
 }
 
+# baseline: what teardown must find again, written beside DIR by up.
+BASELINE="${DIR%/}.baseline"
+
+# host_state prints what of the host the cluster could touch outside its
+# folder: the host namespace's iptables rules (without counters), the
+# kernel-wide sysctls kubelet sets, and the shared folders containerd and
+# libcni write to.
+host_state() {
+	local s
+	for t in iptables ip6tables; do
+		echo "# ${t}"
+		"${t}-save" 2>/dev/null | sed -E '/^#/d; s/\[[0-9]+:[0-9]+\]//' || true
+	done
+	for s in "${HOST_SYSCTLS[@]}"; do
+		[[ -r "/proc/sys/${s}" ]] && echo "${s} $(tr '\t' ' ' <"/proc/sys/${s}")"
+	done
+	for s in /var/lib/cni /var/lib/cni/results /run/containerd /run/containerd/s; do
+		[[ -e "${s}" ]] && echo "exists ${s} $(find "${s}" -mindepth 1 -maxdepth 1 | wc -l)"
+	done
+	return 0
+}
+
+# stop_pods asks kubelet to stop every Pod while the control plane is up:
+# it stops their containers and tears their sandboxes down through CNI,
+# which clears what libcni and the shims keep outside DIR.
+stop_pods() {
+	local i
+	kubectl_ delete deployments,replicasets,statefulsets,daemonsets,jobs --all -A --wait=false >/dev/null 2>&1 || return 0
+	kubectl_ delete pods --all -A --force --grace-period 0 --wait=false >/dev/null 2>&1 || return 0
+	for ((i = 0; i < 150; i++)); do
+		[[ -z "$(in_ns ctr --address "${DIR}/containerd/containerd.sock" -n k8s.io tasks ls -q 2>/dev/null)" ]] && break
+		sleep 0.2
+	done
+	# The sandboxes themselves: kubelet removes them a little later.
+	for ((i = 0; i < 50; i++)); do
+		[[ -z "$(in_ns ctr --address "${DIR}/containerd/containerd.sock" -n k8s.io containers ls -q 2>/dev/null)" ]] && break
+		sleep 0.2
+	done
+}
+
+# stale_leftovers removes what containerd and libcni left outside DIR for
+# containers that did not stop through them: libcni's cached results of
+# this cluster's network (and the loopback entries of the same sandboxes),
+# and shim sockets no process listens on any more.
+stale_leftovers() {
+	local f id
+	for f in /var/lib/cni/results/vmipam-e2e-*; do
+		[[ -e "${f}" ]] || continue
+		id="${f#/var/lib/cni/results/vmipam-e2e-}"
+		id="${id%-eth0}"
+		rm -f -- "${f}" "/var/lib/cni/results/cni-loopback-${id}-lo"
+	done
+	for f in /run/containerd/s/*; do
+		[[ -S "${f}" ]] || continue
+		grep -qF -- " ${f}" /proc/net/unix || rm -f -- "${f}"
+	done
+	# Folders only this cluster made, now empty.
+	if [[ -f "${BASELINE}" ]]; then
+		for f in /var/lib/cni/results /var/lib/cni /run/containerd/s /run/containerd; do
+			grep -q "^exists ${f} " "${BASELINE}" || rmdir -- "${f}" 2>/dev/null || true
+		done
+	fi
+}
+
 down() {
 	local p i
 	if [[ -f "${DIR}/assets" && -S "${DIR}/containerd/containerd.sock" ]]; then
-		# Stop the Pods' containers first: kubelet leaves them running.
+		ASSETS="$(cat "${DIR}/assets")"
+		stop_pods
+		# Then stop kubelet and kube-proxy; the containers left (kubelet
+		# leaves them running) are killed below.
 		for p in kube-proxy kubelet; do
 			[[ -f "${DIR}/pids/${p}" ]] && kill "$(cat "${DIR}/pids/${p}")" 2>/dev/null || true
 		done
@@ -495,6 +567,7 @@ down() {
 		die "mounts left under ${DIR}: $(mounts_under_dir | tr '\n' ' ')"
 	fi
 	rm -rf "${DIR}"
+	stale_leftovers
 	check
 }
 
@@ -505,6 +578,13 @@ check() {
 	[[ -z "$(cgroup_dirs)" ]] || bad+=("cgroups $(cgroup_dirs | tr '\n' ' ')")
 	[[ ! -e "/run/netns/${NETNS}" ]] || bad+=("the network namespace ${NETNS}")
 	[[ ! -e "${DIR}" ]] || bad+=("the folder ${DIR}")
+	if [[ -f "${BASELINE}" ]]; then
+		if ! diff <(cat "${BASELINE}") <(host_state) >"${BASELINE}.diff"; then
+			bad+=("host changes (${BASELINE}.diff): $(head -c 2000 "${BASELINE}.diff")")
+		else
+			rm -f "${BASELINE}" "${BASELINE}.diff"
+		fi
+	fi
 	if ((${#bad[@]} > 0)); then
 		log "left behind: ${bad[*]}"
 		return 1
