@@ -105,7 +105,7 @@ down() {
 	# The replicas flush to the API server when they stop: before it goes.
 	stop "${vmipams[@]}" && stopped=1
 	stop localcluster && stopped=1
-	rm -f "$kubeconfig" "$dir/vmipam.kubeconfig" "$dir/kube-controller-manager.kubeconfig" "$dir/control-plane.ready" "$dir/replicas" "$dir/kinds-config"
+	rm -f "$kubeconfig" "$dir/vmipam.kubeconfig" "$dir/kube-controller-manager.kubeconfig" "$dir/ca.crt" "$dir/control-plane.ready" "$dir/replicas" "$dir/kinds-config"
 	[ "$stopped" = 1 ] && log "stopped" || log "nothing was running"
 }
 

@@ -45,11 +45,21 @@ POD_CIDR=10.244.0.0/24
 CLUSTER_CIDR=10.244.0.0/16
 SERVICE_CIDR=10.96.0.0/16
 API_SERVICE_IP=10.96.0.1
-CGROUP_ROOT=vmipam-e2e
+# Named after the namespace, so that clusters of other names do not
+# share them.
+CGROUP_ROOT="${NETNS}"
+CNI_NETWORK="${NETNS}"
 PAUSE_IMAGE=registry.k8s.io/pause:3.10
 # The kernel-wide sysctls kubelet sets (setupKernelTunables) and kube-proxy
 # might; they are put back by down.
-HOST_SYSCTLS=(vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops kernel/keys/root_maxkeys kernel/keys/root_maxbytes net/netfilter/nf_conntrack_max)
+# (kube-proxy is told to leave net/netfilter/nf_conntrack_max alone.)
+HOST_SYSCTLS=(vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops kernel/keys/root_maxkeys kernel/keys/root_maxbytes)
+# Folders outside DIR that kubelet, containerd, libcni and ip write to
+# whatever their configuration: up records which exist, down removes those
+# that did not (once empty of this cluster's files).
+SHARED_DIRS=(/var/lib/cni/results /var/lib/cni /run/containerd/s /run/containerd /var/log/containers /var/log/pods /var/lib/kubelet/device-plugins /var/lib/kubelet /run/netns)
+# A file in DIR that marks it as a cluster's: down deletes nothing without it.
+MARKER=.vmipam-e2e-cluster
 
 log() { printf 'e2e-cluster: %s\n' "$*" >&2; }
 die() {
@@ -72,7 +82,21 @@ need() {
 	for c in "$@"; do
 		command -v "${c}" >/dev/null 2>&1 || missing+=("${c}")
 	done
-	((${#missing[@]} == 0)) || die "missing commands: ${missing[*]} (Debian: apt-get install containerd runc containernetworking-plugins iptables iproute2 openssl util-linux)"
+	((${#missing[@]} == 0)) || die "missing commands: ${missing[*]} (Debian: apt-get install containerd runc containernetworking-plugins iptables iproute2 procps openssl util-linux)"
+}
+
+# preflight: what this script needs of the machine, checked before it
+# changes anything.
+preflight() {
+	need containerd runc ctr iptables ip openssl nsenter sysctl
+	((EUID == 0)) || die "run as root: kubelet, containerd and the network namespace need it"
+	if [[ "$(stat -fc %T /sys/fs/cgroup)" == cgroup2fs ]]; then
+		die "cgroup v2 (unified) hosts are not supported yet: this cluster drives v1 controllers with kubelet's cgroupfs driver"
+	fi
+	if [[ ! -d /proc/sys/net/bridge ]]; then
+		command -v modprobe >/dev/null 2>&1 && modprobe br_netfilter 2>/dev/null || true
+		[[ -d /proc/sys/net/bridge ]] || die "no /proc/sys/net/bridge: load br_netfilter (modprobe br_netfilter); kube-proxy's rules must see bridged traffic"
+	fi
 }
 
 # ---------------------------------------------------------------- PKI
@@ -149,7 +173,9 @@ pki() {
 start() {
 	local name="$1"
 	shift
-	setsid nsenter --net="/run/netns/${NETNS}" -- "$@" >"${DIR}/logs/${name}.log" 2>&1 &
+	# No descriptor beyond the standard three: the components outlive
+	# this script, and must not hold a caller's lock.
+	setsid nsenter --net="/run/netns/${NETNS}" -- "$@" </dev/null >"${DIR}/logs/${name}.log" 2>&1 8>&- 9>&- &
 	echo $! >"${DIR}/pids/${name}"
 }
 
@@ -211,7 +237,7 @@ containerd_config() {
 	cat >"${DIR}/cni/conf/10-e2e.conflist" <<EOF
 {
   "cniVersion": "1.0.0",
-  "name": "vmipam-e2e",
+  "name": "${CNI_NETWORK}",
   "plugins": [{
     "type": "bridge",
     "bridge": "e2e-cni0",
@@ -236,6 +262,8 @@ EOF
 version = 2
 root = "${DIR}/containerd/root"
 state = "${DIR}/containerd/state"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "${DIR}/containerd/opt"
 disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs", "io.containerd.internal.v1.tracing"]
 [grpc]
   address = "${DIR}/containerd/containerd.sock"
@@ -360,13 +388,17 @@ import_images() {
 }
 
 up() {
-	need containerd runc ctr iptables ip openssl nsenter
+	preflight
 	[[ ! -e "/run/netns/${NETNS}" ]] || die "the namespace ${NETNS} exists: a cluster is up (hack/e2e/cluster.sh down)"
-	[[ ! -e "${DIR}/pids" ]] || die "${DIR} holds a cluster's state: hack/e2e/cluster.sh down first"
+	[[ ! -e "${DIR}" ]] || die "${DIR} exists: hack/e2e/cluster.sh down first (or another E2E_DIR)"
 	ASSETS="$(assets)"
 	local start_time=${SECONDS}
-	host_state >"${BASELINE}"
+	[[ -f "${BASELINE}" ]] || host_state >"${BASELINE}"
+	ls /run/containerd/s 2>/dev/null >"${BASELINE}.sockets" || true
+	ls /var/log/containers 2>/dev/null >"${BASELINE}.links" || true
+	ls /var/log/pods 2>/dev/null >"${BASELINE}.podlogs" || true
 	mkdir -p "${DIR}/logs" "${DIR}/pids"
+	: >"${DIR}/${MARKER}"
 	echo "${ASSETS}" >"${DIR}/assets"
 	save_sysctls
 	pki
@@ -428,16 +460,20 @@ build_pause() {
 # pids_of_dir: processes whose command line names DIR (the components,
 # containerd's shims), and those inside Pods' cgroups.
 pids_of_dir() {
-	local p cg
-	for p in /proc/[0-9]*; do
-		[[ -r "${p}/cmdline" ]] || continue
-		if tr '\0' ' ' <"${p}/cmdline" 2>/dev/null | grep -qF -- "${DIR}/"; then
-			echo "${p#/proc/}"
-			continue
-		fi
-		cg="$(cat "${p}/cgroup" 2>/dev/null || true)"
-		[[ "${cg}" == *"/${CGROUP_ROOT}/"* || "${cg}" == *":/${CGROUP_ROOT}"* ]] && echo "${p#/proc/}"
-	done
+	{
+		# The pattern from a file: grep's own command line must not match.
+		grep -alF -f <(printf '%s\n' "${DIR}/") /proc/[0-9]*/cmdline 2>/dev/null
+		grep -lE -- ":/${CGROUP_ROOT}(/|$)" /proc/[0-9]*/cgroup 2>/dev/null
+	} | awk -F/ '{print $3}' | sort -u | grep -vx -e "$$" -e "${BASHPID}" || true
+}
+
+# stop_component NAME: SIGTERM to the component NAME started, if that PID
+# still runs it (a PID from before a reboot may be another process's now).
+stop_component() {
+	local f="${DIR}/pids/$1" pid
+	[[ -f "${f}" ]] || return 0
+	pid="$(cat "${f}")"
+	grep -qaF -- "${DIR}/" "/proc/${pid}/cmdline" 2>/dev/null && kill "${pid}" 2>/dev/null
 	return 0
 }
 
@@ -467,63 +503,67 @@ host_state() {
 	for s in "${HOST_SYSCTLS[@]}"; do
 		[[ -r "/proc/sys/${s}" ]] && echo "${s} $(tr '\t' ' ' <"/proc/sys/${s}")"
 	done
-	for s in /var/lib/cni /var/lib/cni/results /run/containerd /run/containerd/s; do
+	for s in "${SHARED_DIRS[@]}"; do
 		[[ -e "${s}" ]] && echo "exists ${s} $(find "${s}" -mindepth 1 -maxdepth 1 | wc -l)"
 	done
+	mountpoint -q /run/netns 2>/dev/null && echo "mounted /run/netns"
 	return 0
 }
 
-# stop_pods asks kubelet to stop every Pod while the control plane is up:
-# it stops their containers and tears their sandboxes down through CNI,
-# which clears what libcni and the shims keep outside DIR.
-stop_pods() {
-	local i
-	kubectl_ delete deployments,replicasets,statefulsets,daemonsets,jobs --all -A --wait=false >/dev/null 2>&1 || return 0
-	kubectl_ delete pods --all -A --force --grace-period 0 --wait=false >/dev/null 2>&1 || return 0
-	for ((i = 0; i < 150; i++)); do
-		[[ -z "$(in_ns ctr --address "${DIR}/containerd/containerd.sock" -n k8s.io tasks ls -q 2>/dev/null)" ]] && break
-		sleep 0.2
-	done
-	# The sandboxes themselves: kubelet removes them a little later.
-	for ((i = 0; i < 50; i++)); do
-		[[ -z "$(in_ns ctr --address "${DIR}/containerd/containerd.sock" -n k8s.io containers ls -q 2>/dev/null)" ]] && break
-		sleep 0.2
-	done
-}
-
-# stale_leftovers removes what containerd and libcni left outside DIR for
-# containers that did not stop through them: libcni's cached results of
+# stale_leftovers removes what containerd, libcni and kubelet left outside
+# DIR for containers that did not stop through them: libcni's cached results of
 # this cluster's network (and the loopback entries of the same sandboxes),
 # and shim sockets no process listens on any more.
 stale_leftovers() {
 	local f id
-	for f in /var/lib/cni/results/vmipam-e2e-*; do
+	for f in "/var/lib/cni/results/${CNI_NETWORK}-"*; do
 		[[ -e "${f}" ]] || continue
-		id="${f#/var/lib/cni/results/vmipam-e2e-}"
+		id="${f#/var/lib/cni/results/"${CNI_NETWORK}"-}"
 		id="${id%-eth0}"
 		rm -f -- "${f}" "/var/lib/cni/results/cni-loopback-${id}-lo"
 	done
+	# Shim sockets that were not there before up and that no process
+	# listens on.
 	for f in /run/containerd/s/*; do
 		[[ -S "${f}" ]] || continue
+		grep -qxF -- "${f##*/}" "${BASELINE}.sockets" 2>/dev/null && continue
 		grep -qF -- " ${f}" /proc/net/unix || rm -f -- "${f}"
 	done
+	# kubelet's containers' logs and its links to them (both in folders
+	# of their own whatever its configuration says): those that were not
+	# there before up. And its device plugin socket.
+	for f in /var/log/containers/*; do
+		[[ -L "${f}" ]] || continue
+		grep -qxF -- "${f##*/}" "${BASELINE}.links" 2>/dev/null || rm -f -- "${f}"
+	done
+	for f in /var/log/pods/*_*_*; do
+		[[ -d "${f}" ]] || continue
+		grep -qxF -- "${f##*/}" "${BASELINE}.podlogs" 2>/dev/null || rm -rf -- "${f}"
+	done
+	rm -f /var/lib/kubelet/device-plugins/kubelet.sock
 	# Folders only this cluster made, now empty.
 	if [[ -f "${BASELINE}" ]]; then
-		for f in /var/lib/cni/results /var/lib/cni /run/containerd/s /run/containerd; do
+		if ! grep -q "^mounted /run/netns" "${BASELINE}" && mountpoint -q /run/netns 2>/dev/null &&
+			[[ -z "$(ls -A /run/netns)" ]]; then
+			umount /run/netns 2>/dev/null || true
+		fi
+		for f in "${SHARED_DIRS[@]}"; do
 			grep -q "^exists ${f} " "${BASELINE}" || rmdir -- "${f}" 2>/dev/null || true
 		done
 	fi
 }
 
 down() {
-	local p i
+	local p i down_start=${SECONDS}
+	if [[ -e "${DIR}" && ! -e "${DIR}/${MARKER}" ]]; then
+		die "${DIR} is not a cluster's folder (no ${MARKER}): not touching it"
+	fi
 	if [[ -f "${DIR}/assets" && -S "${DIR}/containerd/containerd.sock" ]]; then
-		ASSETS="$(cat "${DIR}/assets")"
-		stop_pods
-		# Then stop kubelet and kube-proxy; the containers left (kubelet
-		# leaves them running) are killed below.
+		# kubelet and kube-proxy first; the containers they leave running
+		# are killed below, and what containerd and libcni keep of them
+		# outside DIR is removed by stale_leftovers.
 		for p in kube-proxy kubelet; do
-			[[ -f "${DIR}/pids/${p}" ]] && kill "$(cat "${DIR}/pids/${p}")" 2>/dev/null || true
+			stop_component "${p}"
 		done
 	fi
 	if [[ -d "${DIR}/runc" ]]; then
@@ -532,7 +572,7 @@ down() {
 		done
 	fi
 	for p in kube-scheduler kube-controller-manager kube-apiserver containerd etcd; do
-		[[ -f "${DIR}/pids/${p}" ]] && kill "$(cat "${DIR}/pids/${p}")" 2>/dev/null || true
+		stop_component "${p}"
 	done
 	for ((i = 0; i < 50; i++)); do
 		[[ -z "$(pids_of_dir)" ]] && break
@@ -568,6 +608,7 @@ down() {
 	fi
 	rm -rf "${DIR}"
 	stale_leftovers
+	log "down in $((SECONDS - down_start))s"
 	check
 }
 
@@ -582,7 +623,7 @@ check() {
 		if ! diff <(cat "${BASELINE}") <(host_state) >"${BASELINE}.diff"; then
 			bad+=("host changes (${BASELINE}.diff): $(head -c 2000 "${BASELINE}.diff")")
 		else
-			rm -f "${BASELINE}" "${BASELINE}.diff"
+			rm -f "${BASELINE}" "${BASELINE}.diff" "${BASELINE}.sockets" "${BASELINE}.links" "${BASELINE}.podlogs"
 		fi
 	fi
 	if ((${#bad[@]} > 0)); then

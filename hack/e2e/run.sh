@@ -21,9 +21,12 @@ cluster="${script_dir}/cluster.sh"
 
 log() { printf 'e2e: %s\n' "$*" >&2; }
 
-exec 8>"${DIR%/}.lock"
+# One lock for every cluster of this machine, whatever its folder: they
+# would share the host's kernel settings and shared folders.
+lock=/var/tmp/vmipam-e2e.lock
+exec 8>"${lock}"
 if ! flock -n 8; then
-	log "another make e2e holds ${DIR%/}.lock; waiting for it..."
+	log "another make e2e holds ${lock}; waiting for it..."
 	flock 8
 fi
 
@@ -34,33 +37,40 @@ log "node binaries ready ($((SECONDS - start))s)"
 # A cluster left by KEEP=1 or by a run that was killed goes first.
 if [[ -e "${DIR}" || -e "/run/netns/${E2E_NETNS:-vmipam-e2e}" ]]; then
 	log "removing the cluster an earlier run left"
-	"${cluster}" down
+	"${cluster}" down 8>&-
 fi
 
 work="$(mktemp -d /var/tmp/vmipam-e2e-build.XXXXXX)"
 trap 'rm -rf "${work}"' EXIT
 version="$(awk '/^appVersion:/ {gsub(/"/, "", $2); print $2}' deploy/chart/vmipam/Chart.yaml)"
 go run ./hack/image -platforms "linux/$(go env GOARCH)" -out "${work}/image" >&2
+# The suite's own Pod, which dials for it from inside the cluster.
+go run ./hack/image -pkg ./test/e2e/probe -name e2e.local/probe -version test \
+	-platforms "linux/$(go env GOARCH)" -out "${work}/probe-image" >&2
 go test -c -o "${work}/e2e.test" ./test/e2e
 log "image and suite built ($((SECONDS - start))s)"
 
-K8S_ASSETS="${assets}" "${cluster}" up
-down() {
+finish() {
+	local rc=$?
+	rm -rf "${work}"
 	if [[ -n "${KEEP:-}" ]]; then
 		log "KEEP is set: the cluster stays up (hack/e2e/cluster.sh exec kubectl get pods -A; hack/e2e/cluster.sh down)"
-		return
+	elif ! "${cluster}" down 8>&-; then
+		rc=1
 	fi
-	"${cluster}" down
+	exit "${rc}"
 }
-trap 'down; rm -rf "${work}"' EXIT
-"${cluster}" import "${work}/image/"*.oci.tar
+# Before up: a failed up leaves whatever it started.
+trap finish EXIT
+K8S_ASSETS="${assets}" "${cluster}" up 8>&-
+"${cluster}" import "${work}/image/"*.oci.tar "${work}/probe-image/"*.oci.tar
 log "cluster up ($((SECONDS - start))s)"
 
 suite_start=${SECONDS}
 status=0
 "${cluster}" exec env E2E_HELM="${HELM}" E2E_CHART="${repo_root}/deploy/chart/vmipam" \
 	E2E_IMAGE="ghcr.io/vmipam/vmipam:${version}" E2E_KUBECTL="${assets}/kubectl" \
-	E2E_REPO="${repo_root}" \
+	E2E_REPO="${repo_root}" E2E_PROBE_IMAGE=e2e.local/probe:test \
 	"${work}/e2e.test" -test.v -test.count=1 -test.timeout 40m ${RUN:+-test.run "${RUN}"} || status=$?
 log "suite: exit ${status} in $((SECONDS - suite_start))s; make e2e so far $((SECONDS - start))s"
 exit "${status}"

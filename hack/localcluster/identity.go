@@ -63,6 +63,9 @@ func installIdentity(ctx context.Context, c client.Client, root, namespace strin
 			case "ServiceAccount", "Role", "RoleBinding":
 				u.SetNamespace(namespace)
 			}
+			if err := subjectsIn(u, namespace); err != nil {
+				return fmt.Errorf("%s %s from %s: %w", u.GetKind(), u.GetName(), f, err)
+			}
 			if err := c.Create(ctx, u); err != nil {
 				return fmt.Errorf("create %s %s from %s: %w", u.GetKind(), u.GetName(), f, err)
 			}
@@ -71,12 +74,32 @@ func installIdentity(ctx context.Context, c client.Client, root, namespace strin
 	return nil
 }
 
+// subjectsIn moves the ServiceAccount subjects of a (Cluster)RoleBinding
+// into namespace, where vmipam's ServiceAccount is.
+func subjectsIn(u *unstructured.Unstructured, namespace string) error {
+	subjects, found, err := unstructured.NestedSlice(u.Object, "subjects")
+	if err != nil {
+		return fmt.Errorf("subjects: %w", err)
+	}
+	if !found {
+		return nil
+	}
+	for i, sub := range subjects {
+		m, ok := sub.(map[string]any)
+		if ok && m["kind"] == "ServiceAccount" {
+			m["namespace"] = namespace
+			subjects[i] = m
+		}
+	}
+	return unstructured.SetNestedSlice(u.Object, subjects, "subjects")
+}
+
 // writeVMIPAMKubeconfig writes a kubeconfig with a token of vmipam's
 // ServiceAccount, valid for a week.
 func writeVMIPAMKubeconfig(ctx context.Context, cfg *rest.Config, path, namespace string) error {
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		return err
+		return fmt.Errorf("clientset: %w", err)
 	}
 	week := int64((7 * 24 * time.Hour).Seconds())
 	tr, err := cs.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, "vmipam",
@@ -130,7 +153,7 @@ func startControllerManager(ctx context.Context, env *envtest.Environment, caDat
 	}
 	kubeconfig, err := user.KubeConfig()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("kube-controller-manager's kubeconfig: %w", err)
 	}
 	kcPath, caPath := filepath.Join(dir, "kube-controller-manager.kubeconfig"), filepath.Join(dir, "ca.crt")
 	if err := os.WriteFile(kcPath, kubeconfig, 0o600); err != nil {

@@ -44,7 +44,7 @@ const poolName = "e2e"
 
 var (
 	env struct {
-		helm, chart, image, kubectl, repo string
+		helm, chart, image, kubectl, repo, probe string
 	}
 	cfg *rest.Config
 	c   client.Client
@@ -53,7 +53,7 @@ var (
 
 func TestMain(m *testing.M) {
 	env.helm, env.chart, env.image = os.Getenv("E2E_HELM"), os.Getenv("E2E_CHART"), os.Getenv("E2E_IMAGE")
-	env.kubectl, env.repo = os.Getenv("E2E_KUBECTL"), os.Getenv("E2E_REPO")
+	env.kubectl, env.repo, env.probe = os.Getenv("E2E_KUBECTL"), os.Getenv("E2E_REPO"), os.Getenv("E2E_PROBE_IMAGE")
 	if env.helm == "" {
 		// Not under make e2e: every test skips.
 		os.Exit(m.Run())
@@ -82,7 +82,7 @@ func setup() error {
 	var err error
 	cfg, err = clientcmd.BuildConfigFromFlags("", os.Getenv("KUBECONFIG"))
 	if err != nil {
-		return err
+		return fmt.Errorf("kubeconfig: %w", err)
 	}
 	cfg.QPS, cfg.Burst = 200, 400
 	scheme := runtime.NewScheme()
@@ -93,10 +93,10 @@ func setup() error {
 		return err
 	}
 	if c, err = client.New(cfg, client.Options{Scheme: scheme}); err != nil {
-		return err
+		return fmt.Errorf("client: %w", err)
 	}
 	if cs, err = kubernetes.NewForConfig(cfg); err != nil {
-		return err
+		return fmt.Errorf("clientset: %w", err)
 	}
 	start := time.Now()
 	if out, err := helm(installArgs("install")...); err != nil {
@@ -120,10 +120,8 @@ func setup() error {
 // image just built, never pulled, and the metrics reader role bound to the
 // suite's ServiceAccount. Everything else is as shipped.
 func installArgs(verb string, extra ...string) []string {
-	repo, tag, _ := strings.Cut(env.image, ":")
-	if i := strings.LastIndex(env.image, ":"); i > 0 {
-		repo, tag = env.image[:i], env.image[i+1:]
-	}
+	i := strings.LastIndex(env.image, ":")
+	repo, tag := env.image[:max(i, 0)], env.image[i+1:]
 	args := []string{verb, "vmipam", env.chart, "--namespace", namespace, "--wait", "--timeout", "5m",
 		"--set", "image.repository=" + repo, "--set", "image.tag=" + tag, "--set", "image.pullPolicy=Never",
 		"--set", "monitoring.metricsReader.enabled=true",
@@ -306,17 +304,20 @@ type storm struct {
 	ns       string
 	stop     chan struct{}
 	wg       sync.WaitGroup
+	stopOnce sync.Once
 	mu       sync.Mutex
 	creates  int
 	deletes  int
 	failures []failure
-	created  map[string]bool
 }
 
 func startStorm(t *testing.T, ns string, workers, keep int, mutate func(*vmipamv1.VirtualMachine)) *storm {
 	t.Helper()
 	ensureNamespace(t, ns)
-	s := &storm{ns: ns, stop: make(chan struct{}), created: map[string]bool{}}
+	s := &storm{ns: ns, stop: make(chan struct{})}
+	// A test that fails before its Stop must not leave the storm to the
+	// tests after it.
+	t.Cleanup(func() { s.Stop() })
 	ctx := context.Background()
 	for w := range workers {
 		s.wg.Go(func() {
@@ -369,9 +370,9 @@ func (s *storm) note(op string, err error, create bool) {
 	}
 }
 
-// Stop ends the storm and returns its failures.
+// Stop ends the storm (once) and returns its failures.
 func (s *storm) Stop() []failure {
-	close(s.stop)
+	s.stopOnce.Do(func() { close(s.stop) })
 	s.wg.Wait()
 	s.mu.Lock()
 	defer s.mu.Unlock()
