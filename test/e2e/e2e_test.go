@@ -586,27 +586,36 @@ func windows(t *testing.T, fails []failure, events map[string]time.Time) {
 // storm, with the chart's drain settings: no create and no delete fails.
 func TestRolloutRestart(t *testing.T) {
 	need(t)
+	throughStorm(t, "e2e-rollout", "kubectl rollout restart", func(start time.Time) {
+		if _, err := kubectl("rollout", "restart", "-n", namespace, "deployment/vmipam"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := kubectl("rollout", "status", "-n", namespace, "deployment/vmipam", "--timeout", "5m"); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("rollout status done after %s", time.Since(start).Round(time.Millisecond))
+		settled(t, 5*time.Minute)
+		t.Logf("old Pods gone after %s", time.Since(start).Round(time.Millisecond))
+	})
+}
+
+// throughStorm runs disrupt (given when it started) during a create and
+// delete storm in namespace ns, which it deletes after: no create and no
+// delete may fail, no address be given twice or leak.
+func throughStorm(t *testing.T, ns, what string, disrupt func(start time.Time)) {
+	t.Helper()
 	settled(t, 3*time.Minute)
-	s := startStorm(t, "e2e-rollout", 4, 10, nil)
+	s := startStorm(t, ns, 4, 10, nil)
 	time.Sleep(5 * time.Second)
-	start := time.Now()
-	if _, err := kubectl("rollout", "restart", "-n", namespace, "deployment/vmipam"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kubectl("rollout", "status", "-n", namespace, "deployment/vmipam", "--timeout", "5m"); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("rollout status done after %s", time.Since(start).Round(time.Millisecond))
-	settled(t, 5*time.Minute)
-	t.Logf("old Pods gone after %s", time.Since(start).Round(time.Millisecond))
+	disrupt(time.Now())
 	time.Sleep(5 * time.Second)
 	fails := s.Stop()
-	s.report(t, "storm across kubectl rollout restart", fails)
+	s.report(t, "storm across "+what, fails)
 	if len(fails) > 0 {
-		t.Errorf("%d creates or deletes failed across the rollout; want 0", len(fails))
+		t.Errorf("%d creates or deletes failed across %s; want 0", len(fails), what)
 	}
 	consistent(t, poolName)
-	deleteNamespace(t, "e2e-rollout")
+	deleteNamespace(t, ns)
 }
 
 // TestCertRotation: the serving certificate's Secret is deleted (what the
@@ -615,44 +624,35 @@ func TestRolloutRestart(t *testing.T) {
 // configurations trust it, and no create fails.
 func TestCertRotation(t *testing.T) {
 	need(t)
-	settled(t, 3*time.Minute)
-	var old corev1.Secret
-	if err := c.Get(t.Context(), client.ObjectKey{Namespace: namespace, Name: "vmipam-webhook-tls"}, &old); err != nil {
-		t.Fatal(err)
-	}
-	s := startStorm(t, "e2e-certs", 4, 10, nil)
-	time.Sleep(3 * time.Second)
-	start := time.Now()
-	if err := c.Delete(t.Context(), &old); err != nil {
-		t.Fatal(err)
-	}
-	harness.Eventually(t, 5*time.Minute, "every replica to serve a certificate of the new Secret", func() error {
-		var cur corev1.Secret
-		if err := c.Get(t.Context(), client.ObjectKey{Namespace: namespace, Name: "vmipam-webhook-tls"}, &cur); err != nil {
-			return err
+	throughStorm(t, "e2e-certs", "a CA and certificate rotation", func(start time.Time) {
+		var old corev1.Secret
+		if err := c.Get(t.Context(), client.ObjectKey{Namespace: namespace, Name: "vmipam-webhook-tls"}, &old); err != nil {
+			t.Fatal(err)
 		}
-		if bytes.Equal(cur.Data["tls.crt"], old.Data["tls.crt"]) || len(cur.Data["tls.crt"]) == 0 {
-			return errors.New("no new serving certificate yet")
+		if err := c.Delete(t.Context(), &old); err != nil {
+			t.Fatal(err)
 		}
-		for _, p := range vmipamPods(t) {
-			served, err := servedCert(p.Status.PodIP + ":9443")
-			if err != nil {
+		harness.Eventually(t, 5*time.Minute, "every replica to serve a certificate of the new Secret", func() error {
+			var cur corev1.Secret
+			if err := c.Get(t.Context(), client.ObjectKey{Namespace: namespace, Name: "vmipam-webhook-tls"}, &cur); err != nil {
 				return err
 			}
-			if !pemHolds(cur.Data["tls.crt"], served) {
-				return fmt.Errorf("%s serves a certificate that is not the Secret's", p.Name)
+			if bytes.Equal(cur.Data["tls.crt"], old.Data["tls.crt"]) || len(cur.Data["tls.crt"]) == 0 {
+				return errors.New("no new serving certificate yet")
 			}
-		}
-		return nil
+			for _, p := range vmipamPods(t) {
+				served, err := servedCert(p.Status.PodIP + ":9443")
+				if err != nil {
+					return err
+				}
+				if !pemHolds(cur.Data["tls.crt"], served) {
+					return fmt.Errorf("%s serves a certificate that is not the Secret's", p.Name)
+				}
+			}
+			return nil
+		})
+		t.Logf("every replica served the new certificate %s after the Secret's deletion", time.Since(start).Round(time.Millisecond))
 	})
-	t.Logf("every replica served the new certificate %s after the Secret's deletion", time.Since(start).Round(time.Millisecond))
-	time.Sleep(5 * time.Second)
-	fails := s.Stop()
-	s.report(t, "storm across a CA and certificate rotation", fails)
-	if len(fails) > 0 {
-		t.Errorf("%d creates or deletes failed across the rotation; want 0", len(fails))
-	}
-	deleteNamespace(t, "e2e-certs")
 }
 
 // servedCert returns the DER of the leaf certificate addr serves.
@@ -688,23 +688,13 @@ func pemHolds(data, der []byte) bool {
 // annotation: a new Pod template) during creates: none fails.
 func TestHelmUpgrade(t *testing.T) {
 	need(t)
-	settled(t, 3*time.Minute)
-	s := startStorm(t, "e2e-upgrade", 4, 10, nil)
-	time.Sleep(5 * time.Second)
-	start := time.Now()
-	if out, err := helm(installArgs("upgrade", "--set", "resources.requests.cpu=50m", "--set-string", "podAnnotations.e2e=upgraded")...); err != nil {
-		t.Fatalf("helm upgrade: %v\n%s", err, out)
-	}
-	settled(t, 5*time.Minute)
-	t.Logf("helm upgrade --wait and the old Pods gone after %s", time.Since(start).Round(time.Millisecond))
-	time.Sleep(5 * time.Second)
-	fails := s.Stop()
-	s.report(t, "storm across helm upgrade", fails)
-	if len(fails) > 0 {
-		t.Errorf("%d creates or deletes failed across the upgrade; want 0", len(fails))
-	}
-	consistent(t, poolName)
-	deleteNamespace(t, "e2e-upgrade")
+	throughStorm(t, "e2e-upgrade", "helm upgrade", func(start time.Time) {
+		if out, err := helm(installArgs("upgrade", "--set", "resources.requests.cpu=50m", "--set-string", "podAnnotations.e2e=upgraded")...); err != nil {
+			t.Fatalf("helm upgrade: %v\n%s", err, out)
+		}
+		settled(t, 5*time.Minute)
+		t.Logf("helm upgrade --wait and the old Pods gone after %s", time.Since(start).Round(time.Millisecond))
+	})
 }
 
 // TestNamespaceDeletion: deleting a namespace that holds VirtualMachines
