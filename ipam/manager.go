@@ -600,6 +600,12 @@ func (m *Manager) allocate(ctx context.Context, r Reservation, now time.Time) (n
 	// request).
 	var asked map[netip.Prefix]bool
 	refreshed, askedAll, readUnread := false, false, false
+	// claimedOut: a claim found nothing left to claim. What the view
+	// still counts as unclaimed is not tried again until an ask or a read
+	// has passed, but other holders are still asked (and blocks read
+	// again) before a refusal: the claim's read may just have shown them
+	// arming what was unclaimed.
+	claimedOut := false
 	for attempt := 0; ; attempt++ {
 		m.mu.Lock()
 		if err := m.servingLocked(now); err != nil {
@@ -629,7 +635,10 @@ func (m *Manager) allocate(ctx context.Context, r Reservation, now time.Time) (n
 			return e.addr, nil
 		}
 		unarmed := m.free.n + m.surplus.n
-		claimable := m.claimableLocked()
+		var claimable uint64
+		if !claimedOut {
+			claimable = m.claimableLocked()
+		}
 		// Other holders may hold free addresses: the store showed some
 		// that were neither in use nor cooling down there.
 		askable := !askedAll && asked == nil && m.othersFree > 0 ||
@@ -674,21 +683,24 @@ func (m *Manager) allocate(ctx context.Context, r Reservation, now time.Time) (n
 				}
 			}
 			// A new view: holders it shows with free addresses are
-			// asked, even if the old one had none to ask.
-			askedAll = false
+			// asked, even in blocks asked before (a holder hands over
+			// half of what it holds free at a time), and what it shows
+			// unclaimed is claimed. There are at most two new views
+			// (one refresh, one read of unread blocks).
+			asked, askedAll, claimedOut = nil, false, false
 		case unarmed > 0:
 			// Free addresses, none armed: arm a batch, synchronously.
 			err = m.arm(ctx)
 		case claimable > 0:
 			// The free list is empty: claim synchronously, outside the
 			// lock. Whether this claim or a concurrent one refilled the
-			// list, try again; only a claim that finds nothing means
-			// exhaustion.
+			// list, try again. A claim that finds nothing leaves only
+			// what other holders have.
 			var avail int
 			_, target, _ := m.targets()
 			avail, err = m.claim(ctx, target)
 			if err == nil && avail == 0 {
-				attempt = maxClaimRounds - 1
+				claimedOut = true
 			}
 		default:
 			// Every address is claimed, some by other holders: ask them.
@@ -699,6 +711,8 @@ func (m *Manager) allocate(ctx context.Context, r Reservation, now time.Time) (n
 			p, err = m.askIn(ctx, netip.Addr{}, asked)
 			asked[p] = true
 			askedAll = askedAll || !p.IsValid()
+			// Addresses may have been given back meanwhile.
+			claimedOut = false
 		}
 		if err != nil {
 			return netip.Addr{}, fmt.Errorf("allocate from pool %q: %w", m.cfg.Pool, err)
