@@ -214,7 +214,7 @@ func TestAddresses(t *testing.T) {
 			if code != http.StatusOK {
 				return fmt.Errorf("metrics of %s: status %d", pod.Name, code)
 			}
-			v, ok := sample(body, "vmipam_pool_addresses", `pool="`+poolName+`"`, `state="allocated"`)
+			v, ok := harness.Metric(body, "vmipam_pool_addresses", map[string]string{"pool": poolName, "state": "allocated"})
 			if !ok {
 				return fmt.Errorf("%s has no vmipam_pool_addresses for %s", pod.Name, poolName)
 			}

@@ -450,32 +450,6 @@ func serviceURL(t *testing.T, name string) string {
 	return fmt.Sprintf("https://%s:%d", svc.Spec.ClusterIP, svc.Spec.Ports[0].Port)
 }
 
-// sample returns the value of the sample name{labels...} in a Prometheus
-// text exposition, and whether it is there.
-func sample(text, name string, labels ...string) (float64, bool) {
-	for line := range strings.SplitSeq(text, "\n") {
-		rest, ok := strings.CutPrefix(line, name+"{")
-		if !ok {
-			continue
-		}
-		set, value, ok := strings.Cut(rest, "} ")
-		if !ok {
-			continue
-		}
-		match := true
-		for _, l := range labels {
-			if !strings.Contains(","+set+",", ","+l+",") {
-				match = false
-			}
-		}
-		if match {
-			v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
-			return v, err == nil
-		}
-	}
-	return 0, false
-}
-
 // podCgroup returns the memory cgroup folder of Pod uid.
 func podCgroup(uid string) (string, error) {
 	for _, qos := range []string{"burstable/", "besteffort/", ""} {

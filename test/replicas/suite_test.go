@@ -60,7 +60,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -412,7 +411,7 @@ func (s *suite) gauge(rep *harness.Replica, pool, state string) (float64, bool) 
 	if err != nil {
 		return 0, false
 	}
-	return metric(m, "vmipam_pool_addresses", map[string]string{"pool": pool, "state": state})
+	return harness.Metric(m, "vmipam_pool_addresses", map[string]string{"pool": pool, "state": state})
 }
 
 // counter reads a per-pool counter, e.g. vmipam_allocations_total, from a
@@ -422,7 +421,7 @@ func (s *suite) counter(rep *harness.Replica, name, pool string) (float64, bool)
 	if err != nil {
 		return 0, false
 	}
-	return metric(m, name, map[string]string{"pool": pool})
+	return harness.Metric(m, name, map[string]string{"pool": pool})
 }
 
 // sumGauges adds up the gauges of a pool over the live replicas, by state.
@@ -455,37 +454,6 @@ func (s *suite) waitBound(pool string, want int, timeout time.Duration) {
 		}
 		return nil
 	})
-}
-
-// metricLine is one sample of the Prometheus text format.
-var metricLine = regexp.MustCompile(`^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? ([^ ]+)`)
-
-// metric returns the value of the sample of name whose labels include
-// labels.
-func metric(text, name string, labels map[string]string) (float64, bool) {
-	for line := range strings.SplitSeq(text, "\n") {
-		m := metricLine.FindStringSubmatch(line)
-		if m == nil || m[1] != name {
-			continue
-		}
-		have := map[string]string{}
-		for kv := range strings.SplitSeq(m[2], ",") {
-			k, v, ok := strings.Cut(kv, "=")
-			if ok {
-				have[k] = strings.Trim(v, `"`)
-			}
-		}
-		match := true
-		for k, v := range labels {
-			match = match && have[k] == v
-		}
-		if !match {
-			continue
-		}
-		v, err := strconv.ParseFloat(m[3], 64)
-		return v, err == nil
-	}
-	return 0, false
 }
 
 // envInt reads an integer knob of at least least from the environment.
