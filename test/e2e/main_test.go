@@ -301,7 +301,6 @@ type failure struct {
 // each worker's oldest once it keeps more than keep, until Stop. Every
 // failed create and delete is recorded with its time.
 type storm struct {
-	ns       string
 	stop     chan struct{}
 	wg       sync.WaitGroup
 	stopOnce sync.Once
@@ -314,7 +313,7 @@ type storm struct {
 func startStorm(t *testing.T, ns string, workers, keep int, mutate func(*vmipamv1.VirtualMachine)) *storm {
 	t.Helper()
 	ensureNamespace(t, ns)
-	s := &storm{ns: ns, stop: make(chan struct{})}
+	s := &storm{stop: make(chan struct{})}
 	// A test that fails before its Stop must not leave the storm to the
 	// tests after it.
 	t.Cleanup(func() { s.Stop() })
