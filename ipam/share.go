@@ -465,14 +465,24 @@ func (m *Manager) absorb(ctx context.Context, p netip.Prefix) error {
 // otherwise; a count of any is met with up to half of this holder's free
 // addresses in the block. The answer and the addresses go in one write.
 func (m *Manager) serveRequests(ctx context.Context, p netip.Prefix) error {
+	// Clear the mark before the read, not after it: a request whose event
+	// comes while the read is on its way back (the read may predate it)
+	// marks the block again, and the next rebalance reads it. Cleared
+	// after the read, that request waited unanswered until its requester
+	// gave up.
+	m.mu.Lock()
+	m.blockFor(p.Addr()).requested = false
+	m.mu.Unlock()
 	if err := m.load(ctx, p); err != nil {
+		m.mu.Lock()
+		m.blockFor(p.Addr()).requested = true
+		m.mu.Unlock()
 		return err
 	}
 	m.io.Lock()
 	defer m.io.Unlock()
 	m.mu.Lock()
 	bs := m.blockFor(p.Addr())
-	bs.requested = false
 	give := map[string][]netip.Addr{}
 	answers := map[string]answer{}
 	var picked []*entry
