@@ -16,8 +16,8 @@ import (
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/ipam"
+	"github.com/vmipam/vmipam/kinds"
 	"github.com/vmipam/vmipam/pools/poolstest"
-	"github.com/vmipam/vmipam/target"
 )
 
 // TestBindOnCreate: the create of an object this replica stamped binds its
@@ -34,7 +34,7 @@ func TestBindOnCreate(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	reg := poolstest.Start(t, c, clk, "vmipam", pool)
 	p := reg.Get(pool.Name)
-	r := &VMReconciler{Registry: reg, Target: target.VirtualMachine}
+	r := &VMReconciler{Registry: reg, Kind: kinds.VirtualMachine}
 	h := &bindOnCreate{bind: r.bindCreated}
 
 	stamped := func(token string) *metav1.PartialObjectMetadata {
@@ -42,7 +42,7 @@ func TestBindOnCreate(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		m := target.VirtualMachine.NewMetadata()
+		m := kinds.VirtualMachine.NewMetadata()
 		m.ObjectMeta = metav1.ObjectMeta{Namespace: "n", Name: token, UID: "uid-" + types.UID(token),
 			Annotations: map[string]string{vmipamv1.TokenAnnotation: token, vmipamv1.PoolAnnotation: "p", vmipamv1.AddressAnnotation: a.String()},
 			Labels:      map[string]string{vmipamv1.HolderLabel: reg.HolderLabel()}, Finalizers: []string{vmipamv1.Finalizer}}

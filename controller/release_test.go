@@ -19,8 +19,8 @@ import (
 	"github.com/vmipam/vmipam/controller"
 	"github.com/vmipam/vmipam/internal/app"
 	"github.com/vmipam/vmipam/ipam"
+	"github.com/vmipam/vmipam/kinds"
 	"github.com/vmipam/vmipam/pools/poolstest"
-	"github.com/vmipam/vmipam/target"
 )
 
 // TestReleaseRetry: the cooldown must end a whole cooldown after the VM
@@ -72,7 +72,7 @@ func TestReleaseRetry(t *testing.T) {
 			}
 			// The reader is the cache: it may show an older object.
 			reader := &staleReader{Reader: c}
-			gc := &controller.VMReconciler{Client: c, Reader: reader, APIReader: c, Registry: reg, Target: target.VirtualMachine}
+			gc := &controller.VMReconciler{Client: c, Reader: reader, APIReader: c, Registry: reg, Kind: kinds.VirtualMachine}
 			req := ctrl.Request{NamespacedName: client.ObjectKeyFromObject(vm)}
 			if _, err := gc.Reconcile(ctx, req); err != nil {
 				t.Fatal(err)
@@ -116,7 +116,7 @@ type staleReader struct {
 
 func (r *staleReader) remember(ctx context.Context, t *testing.T, key client.ObjectKey) {
 	t.Helper()
-	obj := target.VirtualMachine.New()
+	obj := kinds.VirtualMachine.New()
 	if err := r.Reader.Get(ctx, key, obj); err != nil {
 		t.Fatal(err)
 	}

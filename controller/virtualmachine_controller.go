@@ -34,8 +34,8 @@ import (
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/ipam"
+	"github.com/vmipam/vmipam/kinds"
 	"github.com/vmipam/vmipam/pools"
-	"github.com/vmipam/vmipam/target"
 )
 
 // The kinds' own RBAC comes from the kinds configuration (vmipam
@@ -63,7 +63,7 @@ type VMReconciler struct {
 	// waits for its finalizer's removal. Nil reads through Client.
 	APIReader client.Reader
 	Registry  *pools.Registry
-	Target    target.Target
+	Kind    kinds.Kind
 	Recorder  events.EventRecorder
 	// MaxConcurrentReconciles defaults to 16: a reconcile mostly waits for
 	// its finalizer patch, so more in flight keep mass deletions moving,
@@ -74,14 +74,14 @@ type VMReconciler struct {
 // finalized reports whether obj, as the API server has it now, is gone or
 // no longer carries vmipam's finalizer.
 func (r *VMReconciler) finalized(ctx context.Context, obj client.Object) (bool, error) {
-	cur := r.Target.New()
+	cur := r.Kind.New()
 	if err := readerOr(r.APIReader, r.Client).Get(ctx, client.ObjectKeyFromObject(obj), cur); err != nil {
 		if apierrors.IsNotFound(err) {
 			return true, nil
 		}
 		return false, fmt.Errorf("read %s again: %w", client.ObjectKeyFromObject(obj), err)
 	}
-	return cur.GetUID() != obj.GetUID() || !target.HasFinalizer(cur), nil
+	return cur.GetUID() != obj.GetUID() || !kinds.HasFinalizer(cur), nil
 }
 
 // Getter reads one object; a client.Reader is one.
@@ -104,21 +104,21 @@ func (r *VMReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		n = 16
 	}
 	b := ctrl.NewControllerManagedBy(mgr).
-		Named(Name(r.Target)).
+		Named(Name(r.Kind)).
 		// Every replica runs it: each looks after the objects whose
 		// addresses it holds.
 		WithOptions(crcontroller.Options{MaxConcurrentReconciles: n, NeedLeaderElection: ptr.To(false)})
 	switch {
-	case r.Own != nil && r.Target.MetadataSuffices():
+	case r.Own != nil && r.Kind.MetadataSuffices():
 		// The objects vmipam stamped, as metadata: Reader rebuilds them.
-		b = b.WatchesRawSource(source.Kind(r.Own, r.Target.NewMetadata(), &bindOnCreate{bind: r.bindCreated}))
+		b = b.WatchesRawSource(source.Kind(r.Own, r.Kind.NewMetadata(), &bindOnCreate{bind: r.bindCreated}))
 	case r.Own != nil:
-		b = b.WatchesRawSource(source.Kind(r.Own, r.Target.New(), &handler.TypedEnqueueRequestForObject[*unstructured.Unstructured]{}))
+		b = b.WatchesRawSource(source.Kind(r.Own, r.Kind.New(), &handler.TypedEnqueueRequestForObject[*unstructured.Unstructured]{}))
 	default:
-		b = b.For(r.Target.New())
+		b = b.For(r.Kind.New())
 	}
 	if r.Unlabeled != nil {
-		b = b.WatchesRawSource(source.Kind(r.Unlabeled, r.Target.New(), &handler.TypedEnqueueRequestForObject[*unstructured.Unstructured]{}))
+		b = b.WatchesRawSource(source.Kind(r.Unlabeled, r.Kind.New(), &handler.TypedEnqueueRequestForObject[*unstructured.Unstructured]{}))
 	}
 	return b.Complete(r)
 }
@@ -158,7 +158,7 @@ func (r *VMReconciler) bindCreated(m *metav1.PartialObjectMetadata) bool {
 		return false
 	}
 	pool := r.Registry.Get(poolName)
-	stamped := target.StampedAddresses(ann[vmipamv1.AddressAnnotation])
+	stamped := kinds.StampedAddresses(ann[vmipamv1.AddressAnnotation])
 	if pool == nil || !pool.Ready() || len(stamped) == 0 {
 		return false
 	}
@@ -184,7 +184,7 @@ func (r *VMReconciler) bindCreated(m *metav1.PartialObjectMetadata) bool {
 		r.Recorder.Eventf(m, nil, corev1.EventTypeNormal, "SingleStack", "Assign", "Got %s only (PreferDualStack): %s", stamped[0], note)
 	}
 	if logf.Log.V(1).Enabled() {
-		logf.Log.WithName(Name(r.Target)).V(1).Info("Bound address", "object", pools.Ref(m.Namespace, m.Name), "addresses", stamped, "pool", poolName)
+		logf.Log.WithName(Name(r.Kind)).V(1).Info("Bound address", "object", pools.Ref(m.Namespace, m.Name), "addresses", stamped, "pool", poolName)
 	}
 	return true
 }
@@ -192,8 +192,8 @@ func (r *VMReconciler) bindCreated(m *metav1.PartialObjectMetadata) bool {
 // Name names the garbage collector of kind t, in logs and
 // metrics: address-gc for vmipam's own kind, address-gc-<resource>.<group>
 // for the others.
-func Name(t target.Target) string {
-	if t.GVR() == target.VirtualMachine.GVR() {
+func Name(t kinds.Kind) string {
+	if t.GVR() == kinds.VirtualMachine.GVR() {
 		return "address-gc"
 	}
 	return "address-gc-" + t.Resource + "." + t.GVK.Group
@@ -201,7 +201,7 @@ func Name(t target.Target) string {
 
 // Reconcile binds, releases or repairs the address of one object.
 func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	obj := r.Target.New()
+	obj := r.Kind.New()
 	if err := readerOr(r.Reader, r.Client).Get(ctx, req.NamespacedName, obj); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
@@ -220,7 +220,7 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 		return ctrl.Result{}, nil
 	}
 	ann := obj.GetAnnotations()
-	if ann[vmipamv1.TokenAnnotation] == "" && obj.GetDeletionTimestamp() == nil && !target.HasFinalizer(obj) && !r.Target.InScope(obj) {
+	if ann[vmipamv1.TokenAnnotation] == "" && obj.GetDeletionTimestamp() == nil && !kinds.HasFinalizer(obj) && !r.Kind.InScope(obj) {
 		// Its kind's condition leaves it out, and vmipam never gave it an
 		// address: not vmipam's, whatever pool or address it names.
 		return ctrl.Result{}, nil
@@ -232,13 +232,13 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 	case hasAddr:
 		pool = r.Registry.PoolFor(addr)
 	case obj.GetDeletionTimestamp() == nil:
-		if !r.Target.InScope(obj) {
+		if !r.Kind.InScope(obj) {
 			// Its kind's condition leaves it out: no address for it.
 			return ctrl.Result{}, nil
 		}
-		named, err := r.Target.Pool(obj)
+		named, err := r.Kind.Pool(obj)
 		if err == nil {
-			pool, err = r.Registry.Select(ctx, r.Target, obj.GetNamespace(), named)
+			pool, err = r.Registry.Select(ctx, r.Kind, obj.GetNamespace(), named)
 		}
 		if err != nil {
 			r.event(obj, corev1.EventTypeWarning, "NoPool", "Assign", "%v", err)
@@ -246,7 +246,7 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 		}
 	}
 	if pool == nil {
-		if obj.GetDeletionTimestamp() != nil && target.HasFinalizer(obj) {
+		if obj.GetDeletionTimestamp() != nil && kinds.HasFinalizer(obj) {
 			if err := r.Registry.Ready(ctx); err != nil {
 				// Not every pool is known yet: this one may still be
 				// recovering, and its address must go into cooldown.
@@ -303,7 +303,7 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 			return ctrl.Result{RequeueAfter: r.lookAgain(obj)}, nil
 		case obj.GetDeletionTimestamp() != nil:
 			// No replica holds the address: nothing to release.
-			if target.HasFinalizer(obj) {
+			if kinds.HasFinalizer(obj) {
 				return ctrl.Result{}, r.removeFinalizer(ctx, obj)
 			}
 			return ctrl.Result{}, nil
@@ -313,7 +313,7 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 	}
 
 	if obj.GetDeletionTimestamp() != nil {
-		if !target.HasFinalizer(obj) {
+		if !kinds.HasFinalizer(obj) {
 			return ctrl.Result{}, nil
 		}
 		if hasAddr {
@@ -364,8 +364,8 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 		}
 		return r.assign(ctx, obj, pool)
 	}
-	if !target.HasFinalizer(obj) {
-		target.AddFinalizer(obj)
+	if !kinds.HasFinalizer(obj) {
+		kinds.AddFinalizer(obj)
 		if err := r.patchMetadata(ctx, obj, "finalizers", obj.GetFinalizers()); err != nil {
 			return ctrl.Result{}, fmt.Errorf("add finalizer: %w", err)
 		}
@@ -393,7 +393,7 @@ func (r *VMReconciler) holdSecond(ctx context.Context, obj *unstructured.Unstruc
 		var err error
 		switch st, o, _ := pool.Lookup(a); {
 		case obj.GetDeletionTimestamp() != nil:
-			if target.HasFinalizer(obj) {
+			if kinds.HasFinalizer(obj) {
 				err = pool.Release(ctx, a, owner)
 			}
 		case st != ipam.StateAllocated || o.UID != owner.UID:
@@ -464,10 +464,10 @@ func (r *VMReconciler) assign(ctx context.Context, obj *unstructured.Unstructure
 	// The families it asks for, as the webhook would have planned them.
 	var policy string
 	var families []string
-	if p := r.Target.FamilyPolicyField; len(p) > 0 {
+	if p := r.Kind.FamilyPolicyField; len(p) > 0 {
 		policy, _, _ = unstructured.NestedString(obj.Object, p...)
 	}
-	if p := r.Target.FamiliesField; len(p) > 0 {
+	if p := r.Kind.FamiliesField; len(p) > 0 {
 		families, _, _ = unstructured.NestedStringSlice(obj.Object, p...)
 	}
 	fams, require := pool.FamiliesFor(policy, families)
@@ -495,7 +495,7 @@ func (r *VMReconciler) assign(ctx context.Context, obj *unstructured.Unstructure
 		return ctrl.Result{}, fmt.Errorf("allocate for %s: %w", client.ObjectKeyFromObject(obj), err)
 	}
 	base := obj.DeepCopy()
-	if err := r.Target.Stamp(obj, target.Stamp{Addrs: strs, Pool: pool.Name(), Token: token, Holder: r.Registry.HolderLabel(), Network: pool.Network(addrs...)}); err != nil {
+	if err := r.Kind.Stamp(obj, kinds.Stamp{Addrs: strs, Pool: pool.Name(), Token: token, Holder: r.Registry.HolderLabel(), Network: pool.Network(addrs...)}); err != nil {
 		return ctrl.Result{}, err
 	}
 	if err := r.Client.Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
@@ -517,7 +517,7 @@ func (r *VMReconciler) settle(ctx context.Context, obj *unstructured.Unstructure
 		return err
 	}
 	sub, _ := pool.Subnet(addr)
-	fill := r.Target.StatusFill(obj, addr, sub.Prefix)
+	fill := r.Kind.StatusFill(obj, addr, sub.Prefix)
 	if fill == nil {
 		return nil
 	}
@@ -534,11 +534,11 @@ func (r *VMReconciler) settle(ctx context.Context, obj *unstructured.Unstructure
 		}
 		r.event(obj, corev1.EventTypeWarning, "NoStatusSubresource", "FillStatus",
 			"%s has no status subresource: vmipam cannot fill %s; configure the address elsewhere, or give the CRD a status subresource",
-			r.Target.GVR().GroupResource(), strings.Join(r.Target.Status.Address, "."))
-		return fmt.Errorf("fill %s: %s has no status subresource: %w", strings.Join(r.Target.Status.Address, "."), r.Target.GVR().GroupResource(), err)
+			r.Kind.GVR().GroupResource(), strings.Join(r.Kind.Status.Address, "."))
+		return fmt.Errorf("fill %s: %s has no status subresource: %w", strings.Join(r.Kind.Status.Address, "."), r.Kind.GVR().GroupResource(), err)
 	}
 	if err != nil {
-		return fmt.Errorf("fill %s: %w", strings.Join(r.Target.Status.Address, "."), err)
+		return fmt.Errorf("fill %s: %w", strings.Join(r.Kind.Status.Address, "."), err)
 	}
 	return nil
 }
@@ -549,7 +549,7 @@ func (r *VMReconciler) settle(ctx context.Context, obj *unstructured.Unstructure
 // change of the object reaches this replica only while no replica's label
 // is on it.
 func (r *VMReconciler) label(ctx context.Context, obj *unstructured.Unstructured) error {
-	if !target.SetHolder(obj, r.Registry.HolderLabel()) {
+	if !kinds.SetHolder(obj, r.Registry.HolderLabel()) {
 		return nil
 	}
 	if err := r.patchMetadata(ctx, obj, "labels", map[string]string{vmipamv1.HolderLabel: obj.GetLabels()[vmipamv1.HolderLabel]}); err != nil {
@@ -559,7 +559,7 @@ func (r *VMReconciler) label(ctx context.Context, obj *unstructured.Unstructured
 }
 
 func (r *VMReconciler) removeFinalizer(ctx context.Context, obj *unstructured.Unstructured) error {
-	target.RemoveFinalizer(obj)
+	kinds.RemoveFinalizer(obj)
 	if err := r.patchMetadata(ctx, obj, "finalizers", obj.GetFinalizers()); err != nil {
 		return client.IgnoreNotFound(fmt.Errorf("remove finalizer: %w", err))
 	}
@@ -579,7 +579,7 @@ func (r *VMReconciler) patchMetadata(ctx context.Context, obj *unstructured.Unst
 	if err != nil {
 		return fmt.Errorf("encode the patch of metadata.%s: %w", field, err)
 	}
-	m := r.Target.NewMetadata()
+	m := r.Kind.NewMetadata()
 	m.Namespace, m.Name = obj.GetNamespace(), obj.GetName()
 	if err := r.Client.Patch(ctx, m, client.RawPatch(types.MergePatchType, data)); err != nil {
 		return err
@@ -591,7 +591,7 @@ func (r *VMReconciler) patchMetadata(ctx context.Context, obj *unstructured.Unst
 // addresses returns the addresses obj carries: at most one per family,
 // the first the one whose holder looks after the object.
 func (r *VMReconciler) addresses(obj *unstructured.Unstructured) ([]netip.Addr, error) {
-	ss, err := r.Target.Addresses(obj)
+	ss, err := r.Kind.Addresses(obj)
 	if err != nil || len(ss) == 0 {
 		return nil, err
 	}
@@ -599,13 +599,13 @@ func (r *VMReconciler) addresses(obj *unstructured.Unstructured) ([]netip.Addr, 
 	for i, s := range ss[:min(len(ss), 2)] {
 		a, err := netip.ParseAddr(s)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %q is not an IP address", r.Target.AddressesPath(), ss[i])
+			return nil, fmt.Errorf("%s: %q is not an IP address", r.Kind.AddressesPath(), ss[i])
 		}
 		// However the object spells it (it may have bypassed the webhook),
 		// it holds this address.
 		a = ipam.Canonical(a)
 		if len(out) == 1 && out[0].Is4() == a.Is4() {
-			return nil, fmt.Errorf("%s holds two addresses of one family (%s, %s): vmipam looks after one per family", r.Target.AddressesPath(), out[0], a)
+			return nil, fmt.Errorf("%s holds two addresses of one family (%s, %s): vmipam looks after one per family", r.Kind.AddressesPath(), out[0], a)
 		}
 		out = append(out, a)
 	}

@@ -15,7 +15,7 @@ import (
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/ipam"
-	"github.com/vmipam/vmipam/target"
+	"github.com/vmipam/vmipam/kinds"
 )
 
 // listPage bounds one page of a list of the target kind from the API
@@ -74,7 +74,7 @@ func (r *Registry) liveIn(ctx context.Context, pools map[string]*ipam.Ranges) (m
 // an address, its holding and the pool stamped on it.
 func (r *Registry) eachLive(ctx context.Context, fn func(obj *unstructured.Unstructured, h ipam.Holding, stamped string)) error {
 	return r.eachObject(ctx, "", func(obj *unstructured.Unstructured) {
-		if obj.GetDeletionTimestamp() != nil && !target.HasFinalizer(obj) {
+		if obj.GetDeletionTimestamp() != nil && !kinds.HasFinalizer(obj) {
 			return
 		}
 		hs, stamped := r.holdings(obj)
@@ -88,7 +88,7 @@ func (r *Registry) eachLive(ctx context.Context, fn func(obj *unstructured.Unstr
 // ns (every namespace when empty), read from the API server a page at a
 // time. A kind whose CRD is not installed has none.
 func (r *Registry) eachObject(ctx context.Context, ns string, fn func(obj *unstructured.Unstructured)) error {
-	for _, t := range r.opts.Targets {
+	for _, t := range r.opts.Kinds {
 		if t.ClusterScoped && ns != "" {
 			continue
 		}
@@ -99,7 +99,7 @@ func (r *Registry) eachObject(ctx context.Context, ns string, fn func(obj *unstr
 	return nil
 }
 
-func (r *Registry) eachOf(ctx context.Context, t target.Target, ns string, fn func(obj *unstructured.Unstructured)) error {
+func (r *Registry) eachOf(ctx context.Context, t kinds.Kind, ns string, fn func(obj *unstructured.Unstructured)) error {
 	opts := []client.ListOption{client.Limit(listPage)}
 	if ns != "" {
 		opts = append(opts, client.InNamespace(ns))
@@ -130,7 +130,7 @@ func (r *Registry) eachOf(ctx context.Context, t target.Target, ns string, fn fu
 // object that bypassed the webhook with a second spelling of an address
 // still holds that address.
 func (r *Registry) holdings(obj *unstructured.Unstructured) ([]ipam.Holding, string) {
-	t, ok := r.TargetOf(obj.GroupVersionKind())
+	t, ok := r.KindOf(obj.GroupVersionKind())
 	if !ok {
 		return nil, ""
 	}
@@ -166,14 +166,14 @@ func (r *Registry) served(gvk schema.GroupVersionKind) bool {
 	return r.servedKinds[gvk]
 }
 
-// TargetOf returns the configured kind gvk, if it is one.
-func (r *Registry) TargetOf(gvk schema.GroupVersionKind) (target.Target, bool) {
-	for _, t := range r.opts.Targets {
+// KindOf returns the configured kind gvk, if it is one.
+func (r *Registry) KindOf(gvk schema.GroupVersionKind) (kinds.Kind, bool) {
+	for _, t := range r.opts.Kinds {
 		if t.GVK == gvk {
 			return t, true
 		}
 	}
-	return target.Target{}, false
+	return kinds.Kind{}, false
 }
 
 // Ref names an object in messages: namespace/name, or the name alone.

@@ -32,8 +32,8 @@ import (
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/internal/cacheindex"
 	"github.com/vmipam/vmipam/ipam"
+	"github.com/vmipam/vmipam/kinds"
 	"github.com/vmipam/vmipam/kubestore"
-	"github.com/vmipam/vmipam/target"
 )
 
 // ErrNotReady means the registry has not loaded every IPPool yet, so it
@@ -47,9 +47,9 @@ type Options struct {
 	// APIReader reads from the API server directly: the blocks, and the
 	// quorum reads that prove a lapsed reservation unused.
 	APIReader client.Reader
-	// Targets are the kinds given addresses; a kind whose CRD is not
+	// Kinds are the kinds given addresses; a kind whose CRD is not
 	// installed has no objects.
-	Targets []target.Target
+	Kinds []kinds.Kind
 	// Holder names this replica in the pools' claims; stable across
 	// restarts.
 	Holder string

@@ -22,8 +22,8 @@ import (
 	"github.com/vmipam/vmipam/controller"
 	"github.com/vmipam/vmipam/internal/app"
 	"github.com/vmipam/vmipam/ipam"
+	"github.com/vmipam/vmipam/kinds"
 	"github.com/vmipam/vmipam/pools/poolstest"
-	"github.com/vmipam/vmipam/target"
 )
 
 // TestResyncKeepsAddressBoundDuringItsList: the periodic resync lists the
@@ -76,7 +76,7 @@ func TestResyncKeepsAddressBoundDuringItsList(t *testing.T) {
 	if err := c.Create(ctx, vm); err != nil {
 		t.Fatal(err)
 	}
-	gc := &controller.VMReconciler{Client: c, Registry: reg, Target: target.VirtualMachine}
+	gc := &controller.VMReconciler{Client: c, Registry: reg, Kind: kinds.VirtualMachine}
 	if _, err := gc.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(vm)}); err != nil {
 		t.Fatal(err)
 	}

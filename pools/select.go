@@ -17,7 +17,7 @@ import (
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/ipam"
-	"github.com/vmipam/vmipam/target"
+	"github.com/vmipam/vmipam/kinds"
 )
 
 // ErrNotAllowed means the object's namespace may not draw from the pool
@@ -33,7 +33,7 @@ var ErrNotAllowed = errors.New("namespace not allowed to use the pool")
 // own reason; ErrNotReady when a retry will do. A pool that ns may not use
 // is refused with the reason. t is the object's kind, whose pool field the
 // messages name.
-func (r *Registry) Select(ctx context.Context, t target.Target, ns, named string) (*Pool, error) {
+func (r *Registry) Select(ctx context.Context, t kinds.Kind, ns, named string) (*Pool, error) {
 	where := "the pool field of the kinds configuration"
 	if p := t.PoolPath(); p != "" {
 		where = p

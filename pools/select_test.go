@@ -17,9 +17,9 @@ import (
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/internal/app"
 	"github.com/vmipam/vmipam/ipam"
+	"github.com/vmipam/vmipam/kinds"
 	"github.com/vmipam/vmipam/pools"
 	"github.com/vmipam/vmipam/pools/poolstest"
-	"github.com/vmipam/vmipam/target"
 )
 
 // TestPoolTroubleStaysInPool: a pool that is not recovered yet, whose
@@ -59,7 +59,7 @@ func TestPoolTroubleStaysInPool(t *testing.T) {
 	if err := reg.Ensure(ctx, broken); err == nil {
 		t.Fatal("Ensure of a pool whose range is 10.0.1.0/33 succeeded")
 	}
-	vm := target.VirtualMachine
+	vm := kinds.VirtualMachine
 	if err := reg.Serving(ctx); err == nil || !strings.Contains(err.Error(), "late") {
 		t.Errorf("Serving before the pool late was tried: %v, want it not ready for late", err)
 	}

@@ -13,7 +13,7 @@ import (
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/ipam"
-	"github.com/vmipam/vmipam/target"
+	"github.com/vmipam/vmipam/kinds"
 )
 
 // clockSkew is how far vmipam's clock may be behind the API server's: a
@@ -91,7 +91,7 @@ type stamped struct {
 func (r *Registry) stampsIn(ctx context.Context, ns string) (map[string]stamped, map[netip.Addr]bool, error) {
 	tokens, addrs := map[string]stamped{}, map[netip.Addr]bool{}
 	err := r.eachObject(ctx, ns, func(obj *unstructured.Unstructured) {
-		if t, ok := r.TargetOf(obj.GroupVersionKind()); !ok {
+		if t, ok := r.KindOf(obj.GroupVersionKind()); !ok {
 			return
 		} else if as, err := t.Addresses(obj); err == nil {
 			for _, s := range as {
@@ -105,7 +105,7 @@ func (r *Registry) stampsIn(ctx context.Context, ns string) (map[string]stamped,
 			return
 		}
 		o := stamped{labelled: labelled{gvk: obj.GroupVersionKind(), key: client.ObjectKeyFromObject(obj), uid: obj.GetUID()}}
-		if obj.GetDeletionTimestamp() == nil || target.HasFinalizer(obj) {
+		if obj.GetDeletionTimestamp() == nil || kinds.HasFinalizer(obj) {
 			hs, _ := r.holdings(obj)
 			for _, h := range hs {
 				o.addrs = append(o.addrs, h.Addr)

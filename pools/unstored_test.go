@@ -15,7 +15,7 @@ import (
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/ipam"
-	"github.com/vmipam/vmipam/target"
+	"github.com/vmipam/vmipam/kinds"
 )
 
 // TestLapsedReservationOfAMislabelledVM: a VM stored with its
@@ -42,7 +42,7 @@ func TestLapsedReservationOfAMislabelledVM(t *testing.T) {
 			Watermarks: &vmipamv1.Watermarks{Low: 0, Target: 1, High: 1}},
 	}
 	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(pool.DeepCopy()).Build()
-	reg := NewRegistry(Options{Client: c, APIReader: c, Targets: target.Default(), Holder: "vmipam-a", Clock: clk,
+	reg := NewRegistry(Options{Client: c, APIReader: c, Kinds: kinds.Default(), Holder: "vmipam-a", Clock: clk,
 		RunInterval: time.Hour, ResyncInterval: time.Hour, StatusInterval: time.Hour, ProveInterval: time.Hour})
 	regCtx, stop := context.WithCancel(ctx)
 	var done sync.WaitGroup

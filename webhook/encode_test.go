@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
-	"github.com/vmipam/vmipam/target"
+	"github.com/vmipam/vmipam/kinds"
 )
 
 // stampOps is a stamp as the mutating webhook answers it: every value type
@@ -23,7 +23,7 @@ import (
 func stampOps(s string) []jsonpatch.Operation {
 	return []jsonpatch.Operation{
 		jsonpatch.NewOperation("add", "/metadata/annotations", map[string]string{"vmipam.io/token": s, "vmipam.io/pool": "default"}),
-		jsonpatch.NewOperation("add", "/metadata/annotations/"+target.EscapePointer("vmipam.io/address"), s),
+		jsonpatch.NewOperation("add", "/metadata/annotations/"+kinds.EscapePointer("vmipam.io/address"), s),
 		jsonpatch.NewOperation("add", "/metadata/finalizers", []string{"vmipam.io/release-address", s}),
 		jsonpatch.NewOperation("add", "/metadata/labels", map[string]string{"vmipam.io/holder": s}),
 		jsonpatch.NewOperation("add", "/spec", map[string]any{"addresses": []string{s}, "x": map[string]any{"y": s, "z": nil}}),

@@ -9,8 +9,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/kinds"
 	"github.com/vmipam/vmipam/pools"
-	"github.com/vmipam/vmipam/target"
 )
 
 // request is an address a create asks for.
@@ -56,7 +56,7 @@ func (p familyPlan) ordered(statics []request) []request {
 // families a create gets an address of: its family policy (SingleStack
 // when unset), its families in order (unset: those of its static requests,
 // then IPv4 before IPv6), and the families pool has ranges of.
-func planFamilies(t target.Target, v *target.View, statics []request, pool *pools.Pool) (familyPlan, *field.Error) {
+func planFamilies(t kinds.Kind, v *kinds.View, statics []request, pool *pools.Pool) (familyPlan, *field.Error) {
 	policyPath := field.NewPath(strings.Join(t.FamilyPolicyField, "."))
 	famPath := field.NewPath(strings.Join(t.FamiliesField, "."))
 	policy := vmipamv1.IPFamilyPolicy(v.FamilyPolicy)

@@ -19,8 +19,8 @@ import (
 	sigsjson "sigs.k8s.io/json"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/kinds"
 	"github.com/vmipam/vmipam/pools"
-	"github.com/vmipam/vmipam/target"
 )
 
 // newTestRegistry returns a registry with one recovered default pool over
@@ -40,7 +40,7 @@ func newTestRegistry(tb testing.TB, cidr string, mutate ...func(*vmipamv1.IPPool
 		f(pool)
 	}
 	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(pool.DeepCopy()).Build()
-	reg := pools.NewRegistry(pools.Options{Client: c, APIReader: c, Targets: target.Default(), Holder: "fuzz", RunInterval: time.Hour})
+	reg := pools.NewRegistry(pools.Options{Client: c, APIReader: c, Kinds: kinds.Default(), Holder: "fuzz", RunInterval: time.Hour})
 	ctx, cancel := context.WithCancel(context.Background())
 	tb.Cleanup(cancel)
 	go func() { _ = reg.Start(ctx) }()
@@ -58,8 +58,8 @@ func fuzzServers(f *testing.F) map[string]http.Handler {
 	srv := NewServer(Limits{})
 	wrap := func(h admission.Handler) http.Handler { return srv.Handler(h) }
 	return map[string]http.Handler{
-		"mutate":   wrap(&VMDefaulter{Registry: reg, Target: target.VirtualMachine}),
-		"validate": wrap(&VMValidator{Target: target.VirtualMachine}),
+		"mutate":   wrap(&VMDefaulter{Registry: reg, Kind: kinds.VirtualMachine}),
+		"validate": wrap(&VMValidator{Kind: kinds.VirtualMachine}),
 		"ippool":   wrap(NewIPPoolValidator(c, scheme)),
 	}
 }

@@ -93,7 +93,7 @@ func (l Limits) withDefaults() Limits {
 // time and concurrency: it reads at most Limits.MaxBodyBytes within
 // Limits.ReadTimeout, holds at most Limits.MaxInflightBytes of bodies at
 // once, decodes the AdmissionReview envelope without copying the objects
-// it carries (the handlers read them with target.Target.Read), and gives
+// it carries (the handlers read them with kinds.Kind.Read), and gives
 // each handler a context that ends at the request's ?timeout=. One Server
 // is shared by all of vmipam's webhooks, so the bounds hold for them
 // together.
@@ -268,7 +268,7 @@ var reviewPaths = [][]string{
 // decodeReview reads an AdmissionReview v1 request in one pass over the
 // body, decoding only the strings and the flag the handlers read, with no
 // reflection: the objects it carries stay
-// slices of the body (the handlers read them with target.Target.Read), so
+// slices of the body (the handlers read them with kinds.Kind.Read), so
 // a request costs its body's bytes and a scan, however large its object.
 // The body is not validated as a whole: the API server sends valid JSON,
 // and a forged body gains nothing from a parse that differs (every field a

@@ -22,8 +22,8 @@ import (
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/ipam"
+	"github.com/vmipam/vmipam/kinds"
 	"github.com/vmipam/vmipam/pools"
-	"github.com/vmipam/vmipam/target"
 )
 
 // Paths the webhooks serve on; the manifests in deploy/ point at them.
@@ -39,7 +39,7 @@ const (
 // MutatePath is the path the mutating webhook of kind t serves on:
 // DefaulterPath for vmipam's own kind, and after the same pattern for the
 // others (/mutate-vm-neon-tech-v1-virtualmachine).
-func MutatePath(t target.Target) string { return "/mutate-" + t.PathName() }
+func MutatePath(t kinds.Kind) string { return "/mutate-" + t.PathName() }
 
 // VMDefaulter gives an object its address on CREATE: it picks the pool,
 // reserves an address under a fresh token (the object has no UID yet, and
@@ -51,7 +51,7 @@ func MutatePath(t target.Target) string { return "/mutate-" + t.PathName() }
 // from another object and is replaced, never trusted.
 type VMDefaulter struct {
 	Registry *pools.Registry
-	Target   target.Target
+	Kind   kinds.Kind
 	// Names, if set, tells whether the informer cache of the target kind
 	// holds an object of a name: a create whose name is already taken
 	// there is refused before it reserves anything, since the API server
@@ -69,22 +69,22 @@ var _ admission.Handler = (*VMDefaulter)(nil)
 
 // Handle implements admission.Handler.
 func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admission.Response {
-	if resp, ok := serves(req, d.Target, "mutating"); !ok {
+	if resp, ok := serves(req, d.Kind, "mutating"); !ok {
 		return resp
 	}
 	if req.Operation != admissionv1.Create {
 		return admission.Allowed("")
 	}
-	v, resp, ok := readObject(d.Target, req, req.Object.Raw)
+	v, resp, ok := readObject(d.Kind, req, req.Object.Raw)
 	if !ok {
 		return resp
 	}
 	// Values go on each line, not WithValues: that costs an encoding per
 	// request, and these lines are rare.
-	invalid := func(errs ...*field.Error) admission.Response { return deny(invalidErr(d.Target, v, errs)) }
+	invalid := func(errs ...*field.Error) admission.Response { return deny(invalidErr(d.Kind, v, errs)) }
 
-	if n := d.Target.MaxAddresses(); len(v.Addresses) > n {
-		return invalid(field.TooMany(field.NewPath(d.Target.AddressesPath()), len(v.Addresses), n))
+	if n := d.Kind.MaxAddresses(); len(v.Addresses) > n {
+		return invalid(field.TooMany(field.NewPath(d.Kind.AddressesPath()), len(v.Addresses), n))
 	}
 	statics := make([]request, 0, len(v.Addresses))
 	for i, s := range v.Addresses {
@@ -100,20 +100,20 @@ func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admissi
 		}
 		statics = append(statics, request{addr: a, bits: bits, raw: s, path: path})
 	}
-	pool, err := d.Registry.Select(ctx, d.Target, v.Namespace, v.Pool)
+	pool, err := d.Registry.Select(ctx, d.Kind, v.Namespace, v.Pool)
 	if errors.Is(err, pools.ErrNotReady) {
 		return deny(apierrors.NewServiceUnavailable(err.Error() + "; retry in a few seconds"))
 	}
 	if errors.Is(err, pools.ErrNotAllowed) {
-		return deny(apierrors.NewForbidden(gr(d.Target), name(v), fmt.Errorf("%s: %w", d.Target.PoolPath(), err)))
+		return deny(apierrors.NewForbidden(gr(d.Kind), name(v), fmt.Errorf("%s: %w", d.Kind.PoolPath(), err)))
 	}
 	if err != nil {
-		return invalid(field.Invalid(field.NewPath(d.Target.PoolPath()), v.Pool, err.Error()))
+		return invalid(field.Invalid(field.NewPath(d.Kind.PoolPath()), v.Pool, err.Error()))
 	}
 	if !pool.Ready() {
 		return deny(apierrors.NewServiceUnavailable(fmt.Sprintf("IPPool %s is recovering its state; retry in a few seconds", pool.Name())))
 	}
-	plan, ferr := planFamilies(d.Target, v, statics, pool)
+	plan, ferr := planFamilies(d.Kind, v, statics, pool)
 	if ferr != nil {
 		return invalid(ferr)
 	}
@@ -135,7 +135,7 @@ func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admissi
 			}
 			addrs = append(addrs, st.addr)
 		}
-		return patched(d.Target.DryRunPatch(v, pool.Name(), addrs))
+		return patched(d.Kind.DryRunPatch(v, pool.Name(), addrs))
 	}
 
 	token, err := newToken()
@@ -183,7 +183,7 @@ func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admissi
 	for i, a := range addrs {
 		out[i] = a.String()
 	}
-	ops, err := d.Target.StampPatch(v, target.Stamp{Addrs: out, Pool: pool.Name(), Token: token, Holder: d.Registry.HolderLabel(),
+	ops, err := d.Kind.StampPatch(v, kinds.Stamp{Addrs: out, Pool: pool.Name(), Token: token, Holder: d.Registry.HolderLabel(),
 		Network: pool.Network(addrs...), SingleStack: note})
 	if err != nil {
 		pool.Cancel(token)
@@ -191,7 +191,7 @@ func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admissi
 	}
 	resp = patched(ops)
 	if note != "" {
-		resp.Warnings = append(resp.Warnings, fmt.Sprintf("%s %s gets one address family (PreferDualStack): %s", d.Target.GVK.Kind, v.Describe(), note))
+		resp.Warnings = append(resp.Warnings, fmt.Sprintf("%s %s gets one address family (PreferDualStack): %s", d.Kind.GVK.Kind, v.Describe(), note))
 	}
 	return resp
 }
@@ -199,26 +199,26 @@ func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admissi
 // addrPath is how the i-th address is named in messages.
 func (d *VMDefaulter) addrPath(i int) *field.Path {
 	if i == 0 {
-		return field.NewPath(d.Target.AddressPath())
+		return field.NewPath(d.Kind.AddressPath())
 	}
-	return field.NewPath(d.Target.AddressesPath()).Index(i)
+	return field.NewPath(d.Kind.AddressesPath()).Index(i)
 }
 
 // refused is the answer to a create whose address of family f (a static
 // request st, or nil) could not be had.
-func (d *VMDefaulter) refused(ctx context.Context, err error, v *target.View, pool *pools.Pool, st *request, f vmipamv1.IPFamily) admission.Response {
+func (d *VMDefaulter) refused(ctx context.Context, err error, v *kinds.View, pool *pools.Pool, st *request, f vmipamv1.IPFamily) admission.Response {
 	switch {
 	case errors.Is(err, ipam.ErrNotReady):
 		return deny(apierrors.NewServiceUnavailable(fmt.Sprintf("IPPool %s is recovering its state; retry in a few seconds", pool.Name())))
 	case errors.Is(err, ipam.ErrExhausted):
-		return deny(apierrors.NewForbidden(gr(d.Target), name(v), errors.New(unwrapMessage(err))))
+		return deny(apierrors.NewForbidden(gr(d.Kind), name(v), errors.New(unwrapMessage(err))))
 	case errors.Is(err, ipam.ErrNoAnswer) && st != nil:
 		// The address may well be free with its replica: a retry asks again.
 		return deny(apierrors.NewServiceUnavailable(fmt.Sprintf("%s: %s", st.path, unwrapMessage(err))))
 	case errors.Is(err, ipam.ErrTooManyPending):
 		return deny(apierrors.NewTooManyRequests(unwrapMessage(err), 5))
 	case st != nil && (errors.Is(err, ipam.ErrInUse) || errors.Is(err, ipam.ErrCoolingDown) || errors.Is(err, ipam.ErrConflict) || errors.Is(err, ipam.ErrOutOfRange)):
-		return deny(invalidErr(d.Target, v, field.ErrorList{field.Invalid(st.path, st.raw, unwrapMessage(err))}))
+		return deny(invalidErr(d.Kind, v, field.ErrorList{field.Invalid(st.path, st.raw, unwrapMessage(err))}))
 	case ctx.Err() != nil:
 		return deny(apierrors.NewTimeoutError(fmt.Sprintf("vmipam could not claim an address of IPPool %s before the request's deadline", pool.Name()), 1))
 	default:
@@ -254,11 +254,11 @@ func checkRequest(pool *pools.Pool, st request) *field.Error {
 // objects and the unlabelled ones, not other replicas' (see
 // vmipamv1.HolderLabel); a reservation for a name one of those holds is
 // returned by the proof that it was never stored.
-func (d *VMDefaulter) nameTaken(ctx context.Context, v *target.View) (admission.Response, bool) {
+func (d *VMDefaulter) nameTaken(ctx context.Context, v *kinds.View) (admission.Response, bool) {
 	if d.Names == nil || v.Name == "" || !d.Names.Has(ctx, v.Namespace, v.Name) {
 		return admission.Response{}, false
 	}
-	return deny(apierrors.NewAlreadyExists(gr(d.Target), v.Name)), true
+	return deny(apierrors.NewAlreadyExists(gr(d.Kind), v.Name)), true
 }
 
 // VMValidator keeps what vmipam stamped immutable: the address, the pool,
@@ -270,28 +270,28 @@ func (d *VMDefaulter) nameTaken(ctx context.Context, v *target.View) (admission.
 //
 // The manifests no longer register it: the same checks run in the API
 // server, as the ValidatingAdmissionPolicy `vmipam manifests` renders for
-// each kind (target.Target.PolicyRules), so a VM's create costs one webhook
+// each kind (kinds.Kind.PolicyRules), so a VM's create costs one webhook
 // call and its updates none. It keeps serving ValidatorPath for an upgrade
 // from a version whose ValidatingWebhookConfiguration still calls it.
 type VMValidator struct {
-	Target target.Target
+	Kind kinds.Kind
 }
 
 var _ admission.Handler = (*VMValidator)(nil)
 
 // Handle implements admission.Handler.
 func (v *VMValidator) Handle(_ context.Context, req admission.Request) admission.Response {
-	if resp, ok := serves(req, v.Target, "validating"); !ok {
+	if resp, ok := serves(req, v.Kind, "validating"); !ok {
 		return resp
 	}
 	if req.Operation != admissionv1.Create && req.Operation != admissionv1.Update {
 		return admission.Allowed("")
 	}
-	obj, resp, ok := readObject(v.Target, req, req.Object.Raw)
+	obj, resp, ok := readObject(v.Kind, req, req.Object.Raw)
 	if !ok {
 		return resp
 	}
-	addrPath := field.NewPath(v.Target.AddressPath())
+	addrPath := field.NewPath(v.Kind.AddressPath())
 	ann := field.NewPath("metadata", "annotations")
 	var errs field.ErrorList
 	switch req.Operation {
@@ -311,7 +311,7 @@ func (v *VMValidator) Handle(_ context.Context, req admission.Request) admission
 				obj.StampedAddress)))
 		}
 	case admissionv1.Update:
-		old, resp, ok := readObject(v.Target, req, req.OldObject.Raw)
+		old, resp, ok := readObject(v.Kind, req, req.OldObject.Raw)
 		if !ok {
 			return resp
 		}
@@ -337,14 +337,14 @@ func (v *VMValidator) Handle(_ context.Context, req admission.Request) admission
 		}
 	}
 	if len(errs) > 0 {
-		return deny(invalidErr(v.Target, obj, errs))
+		return deny(invalidErr(v.Kind, obj, errs))
 	}
 	return admission.Allowed("")
 }
 
 // serves refuses, without any side effect, a review of a kind, resource or
 // subresource the webhook does not serve: a misrouted or forged request.
-func serves(req admission.Request, t target.Target, which string) (admission.Response, bool) {
+func serves(req admission.Request, t kinds.Kind, which string) (admission.Response, bool) {
 	gvk := t.GVK
 	if req.Kind.Group == gvk.Group && req.Kind.Version == gvk.Version && req.Kind.Kind == gvk.Kind &&
 		req.Resource.Group == gvk.Group && req.Resource.Version == gvk.Version && req.Resource.Resource == t.Resource &&
@@ -366,7 +366,7 @@ func subresource(s string) string {
 
 // readObject reads the View of raw, refusing what no API server would
 // send: not an object, another kind, another namespace than the request's.
-func readObject(t target.Target, req admission.Request, raw []byte) (*target.View, admission.Response, bool) {
+func readObject(t kinds.Kind, req admission.Request, raw []byte) (*kinds.View, admission.Response, bool) {
 	if len(raw) == 0 {
 		return nil, admission.Errored(http.StatusBadRequest, fmt.Errorf("the request carries no %s", t.GVK.Kind)), false
 	}
@@ -468,16 +468,16 @@ func patched(ops []jsonpatch.Operation) admission.Response {
 	}
 }
 
-func name(v *target.View) string {
+func name(v *kinds.View) string {
 	if v.Name != "" {
 		return v.Name
 	}
 	return v.GenerateName
 }
 
-func gr(t target.Target) schema.GroupResource { return t.GVR().GroupResource() }
+func gr(t kinds.Kind) schema.GroupResource { return t.GVR().GroupResource() }
 
-func invalidErr(t target.Target, v *target.View, errs field.ErrorList) *apierrors.StatusError {
+func invalidErr(t kinds.Kind, v *kinds.View, errs field.ErrorList) *apierrors.StatusError {
 	return apierrors.NewInvalid(t.GVK.GroupKind(), name(v), errs)
 }
 

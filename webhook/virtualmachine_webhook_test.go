@@ -21,8 +21,8 @@ import (
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/ipam"
+	"github.com/vmipam/vmipam/kinds"
 	"github.com/vmipam/vmipam/pools"
-	"github.com/vmipam/vmipam/target"
 )
 
 // vmJSON is a VirtualMachine as the API server sends it, with extra
@@ -222,7 +222,7 @@ func TestVMDefaulter(t *testing.T) {
 				p.Spec.Ranges[0].Gateway = "10.0.0.1"
 				p.Spec.Ranges[0].Routes = []vmipamv1.Route{{Destination: "10.200.0.0/16"}, {Destination: "10.201.0.0/16", Via: "10.0.0.254"}}
 			})
-			d := &VMDefaulter{Registry: reg, Target: target.VirtualMachine}
+			d := &VMDefaulter{Registry: reg, Kind: kinds.VirtualMachine}
 			req := vmRequest(admissionv1.Create, tc.obj)
 			if tc.edit != nil {
 				tc.edit(&req)
@@ -282,7 +282,7 @@ func stampedAs(addr string) func(t *testing.T, o map[string]any) {
 // object's reservation holds it, and its token is replaced.
 func TestVMDefaulterCopiedStamp(t *testing.T) {
 	reg, _, _ := newTestRegistry(t, "10.0.0.0/24")
-	d := &VMDefaulter{Registry: reg, Target: target.VirtualMachine}
+	d := &VMDefaulter{Registry: reg, Kind: kinds.VirtualMachine}
 	obj := vmJSON(t, map[string]any{"name": nil, "generateName": "db-"}, nil)
 	first := d.Handle(t.Context(), vmRequest(admissionv1.Create, obj, func(r *admission.Request) { r.Name = "" }))
 	if !first.Allowed {
@@ -326,7 +326,7 @@ func TestVMDefaulterBounds(t *testing.T) {
 		p.Spec.MaxPendingPerNamespace = ptr.To(int32(2))
 		p.Spec.AllowedNamespaces = &vmipamv1.NamespaceRestriction{Names: []string{"team-a"}}
 	})
-	d := &VMDefaulter{Registry: reg, Target: target.VirtualMachine}
+	d := &VMDefaulter{Registry: reg, Kind: kinds.VirtualMachine}
 	for i, want := range []bool{true, true, false} {
 		resp := d.Handle(t.Context(), vmRequest(admissionv1.Create, vmJSON(t, map[string]any{"name": nil, "generateName": "x-"}, nil)))
 		if resp.Allowed != want {
@@ -353,7 +353,7 @@ func TestVMValidator(t *testing.T) {
 	unstamped := map[string]any{vmipamv1.TokenAnnotation: "tok", vmipamv1.PoolAnnotation: "fuzz"}
 	held := vmJSON(t, map[string]any{"annotations": stamp}, map[string]any{"addresses": []any{"10.0.0.9"}})
 	moved := vmJSON(t, map[string]any{"annotations": stamp}, map[string]any{"addresses": []any{"10.0.0.10"}})
-	v := &VMValidator{Target: target.VirtualMachine}
+	v := &VMValidator{Kind: kinds.VirtualMachine}
 	tests := map[string]struct {
 		req     admission.Request
 		allowed bool
@@ -435,7 +435,7 @@ func TestVMDefaulterDualStack(t *testing.T) {
 				}
 			}
 			v4Before, _ := pool.FamilySnapshot(vmipamv1.IPv4)
-			d := &VMDefaulter{Registry: reg, Target: target.VirtualMachine}
+			d := &VMDefaulter{Registry: reg, Kind: kinds.VirtualMachine}
 			obj := vmJSON(t, nil, tc.spec)
 			resp := d.Handle(t.Context(), vmRequest(admissionv1.Create, obj))
 			if tc.code != 0 {
@@ -511,7 +511,7 @@ func TestDualStackProperties(t *testing.T) {
 				p.Spec.Cooldown = &metav1.Duration{}
 			})
 			pool := reg.Get("dual")
-			d := &VMDefaulter{Registry: reg, Target: target.VirtualMachine}
+			d := &VMDefaulter{Registry: reg, Kind: kinds.VirtualMachine}
 			type vm struct {
 				uid   string
 				addrs []netip.Addr

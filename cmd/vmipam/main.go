@@ -32,9 +32,9 @@ import (
 	"github.com/vmipam/vmipam/certs/clientauth"
 	"github.com/vmipam/vmipam/internal/app"
 	"github.com/vmipam/vmipam/internal/lazylog"
+	"github.com/vmipam/vmipam/kinds"
 	"github.com/vmipam/vmipam/metrics"
 	"github.com/vmipam/vmipam/pools"
-	"github.com/vmipam/vmipam/target"
 	"github.com/vmipam/vmipam/webhook"
 )
 
@@ -155,7 +155,7 @@ func run(o options) error {
 	if err := o.validate(); err != nil {
 		return err
 	}
-	kinds, err := target.LoadOrDefault(o.kindsConfig)
+	kinds, err := kinds.LoadOrDefault(o.kindsConfig)
 	if err != nil {
 		return fmt.Errorf("--kinds-config: %w", err)
 	}
@@ -206,7 +206,7 @@ func run(o options) error {
 	var draining atomic.Bool
 	o.limits.Draining = draining.Load
 	if _, err := app.Setup(mgr, app.Options{
-		Holder: o.holder, Namespace: o.namespace, ResyncInterval: o.resync, Limits: o.limits, Draining: draining.Load, Targets: kinds,
+		Holder: o.holder, Namespace: o.namespace, ResyncInterval: o.resync, Limits: o.limits, Draining: draining.Load, Kinds: kinds,
 		Lease: pools.LeaseOptions{Duration: o.leaseDuration, RenewDeadline: o.renewDeadline, RetryPeriod: o.retryPeriod},
 	}); err != nil {
 		return err

@@ -6,7 +6,7 @@ import (
 	"io"
 
 	"github.com/vmipam/vmipam/internal/manifests"
-	"github.com/vmipam/vmipam/target"
+	"github.com/vmipam/vmipam/kinds"
 )
 
 // renderManifests is `vmipam manifests`: it writes to w the wiring of the
@@ -27,7 +27,7 @@ func renderManifests(args []string, w io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	kinds, err := target.LoadOrDefault(path)
+	kinds, err := kinds.LoadOrDefault(path)
 	if err != nil {
 		return err
 	}

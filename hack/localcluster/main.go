@@ -36,7 +36,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/vmipam/vmipam/internal/localcluster"
-	"github.com/vmipam/vmipam/target"
+	"github.com/vmipam/vmipam/kinds"
 )
 
 func main() {
@@ -64,7 +64,7 @@ func run(dir, root, webhookURL, namespace, kindsConfig string, crds []string) er
 	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
 		return errors.New("KUBEBUILDER_ASSETS is not set: run through 'make run' or 'make local-up', which build the control plane with hack/envtest-assets.sh")
 	}
-	kinds, err := target.LoadOrDefault(kindsConfig)
+	kinds, err := kinds.LoadOrDefault(kindsConfig)
 	if err != nil {
 		return err
 	}

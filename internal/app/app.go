@@ -27,9 +27,9 @@ import (
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/controller"
 	"github.com/vmipam/vmipam/ipam"
+	"github.com/vmipam/vmipam/kinds"
 	"github.com/vmipam/vmipam/metrics"
 	"github.com/vmipam/vmipam/pools"
-	"github.com/vmipam/vmipam/target"
 	"github.com/vmipam/vmipam/webhook"
 )
 
@@ -50,9 +50,9 @@ type Options struct {
 	Namespace string
 	// Lease times the holder Lease; zero fields take the defaults.
 	Lease pools.LeaseOptions
-	// Targets are the kinds given addresses (the kinds configuration);
+	// Kinds are the kinds given addresses (the kinds configuration);
 	// empty means vmipam's own VirtualMachine.
-	Targets []target.Target
+	Kinds []kinds.Kind
 	// Clock defaults to the system clock.
 	Clock ipam.Clock
 	// RunInterval, ResyncInterval, StatusInterval and ProveInterval: see
@@ -87,11 +87,11 @@ func CacheOptions(namespace string) cache.Options {
 // chosen for one that needs one, labels it). An object labelled for
 // another replica is in neither. The replica's own objects, which vmipam
 // stamped, are watched as metadata only where that suffices
-// (target.Target.MetadataSuffices; shardReader reads them); the others
-// whole (target.Target.Trim), since an object that bypassed the webhook
+// (kinds.Kind.MetadataSuffices; shardReader reads them); the others
+// whole (kinds.Kind.Trim), since an object that bypassed the webhook
 // may hold its address anywhere and its kind's condition may read its
 // spec.
-func kindCaches(mgr ctrl.Manager, t target.Target, holder string) (own, unlabeled cache.Cache, err error) {
+func kindCaches(mgr ctrl.Manager, t kinds.Kind, holder string) (own, unlabeled cache.Cache, err error) {
 	none, err := labels.NewRequirement(vmipamv1.HolderLabel, selection.DoesNotExist, nil)
 	if err != nil {
 		return nil, nil, fmt.Errorf("select unlabelled objects: %w", err)
@@ -135,7 +135,7 @@ func holderOr(holder string) string {
 // Setup adds the pool registry, the controllers, the webhooks and the
 // health checks to mgr and returns the registry.
 func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
-	ts := target.OrDefault(opts.Targets)
+	ts := kinds.OrDefault(opts.Kinds)
 	opts.Holder = holderOr(opts.Holder)
 	lease := opts.Lease
 	lease.Namespace = opts.Namespace
@@ -143,7 +143,7 @@ func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
 		lease.Namespace = "vmipam-system"
 	}
 	reg := pools.NewRegistry(pools.Options{
-		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Targets: ts, Holder: opts.Holder, Clock: opts.Clock,
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Kinds: ts, Holder: opts.Holder, Clock: opts.Clock,
 		Lease: lease, Informers: mgr.GetCache(),
 		RunInterval: opts.RunInterval, ResyncInterval: opts.ResyncInterval, StatusInterval: opts.StatusInterval, ProveInterval: opts.ProveInterval,
 		Recorder:          mgr.GetEventRecorder("vmipam"),
@@ -167,7 +167,7 @@ func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
 	for _, t := range ts {
 		// What the controller and the webhook read of the objects: this
 		// replica's, and the unlabelled ones, once the kind is served.
-		objects := &shardReader{target: t, api: mgr.GetAPIReader()}
+		objects := &shardReader{kind: t, api: mgr.GetAPIReader()}
 		if err := whenServed(mgr, t, func(mgr ctrl.Manager) error {
 			reg.MarkServed(t.GVK)
 			own, unlabeled, err := kindCaches(mgr, t, opts.Holder)
@@ -179,26 +179,26 @@ func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
 				return fmt.Errorf("index the caches of %s: %w", t.GVR().GroupResource(), err)
 			}
 			return (&controller.VMReconciler{
-				Client: mgr.GetClient(), Reader: objects, Own: own, Unlabeled: unlabeled, APIReader: mgr.GetAPIReader(), Registry: reg, Target: t,
+				Client: mgr.GetClient(), Reader: objects, Own: own, Unlabeled: unlabeled, APIReader: mgr.GetAPIReader(), Registry: reg, Kind: t,
 				Recorder: mgr.GetEventRecorder("vmipam"), MaxConcurrentReconciles: opts.MaxConcurrentReconciles,
 			}).SetupWithManager(mgr)
 		}); err != nil {
 			return nil, err
 		}
 		name := t.Resource + "." + t.GVK.Group + "-mutating"
-		if t.GVR() == target.VirtualMachine.GVR() {
+		if t.GVR() == kinds.VirtualMachine.GVR() {
 			name = "virtualmachine-mutating"
 			// Earlier versions' ValidatingWebhookConfiguration calls it;
 			// served for an upgrade from one (see webhook.VMValidator).
 			handlers[webhook.ValidatorPath] = struct {
 				name    string
 				handler admission.Handler
-			}{"virtualmachine-validating", &webhook.VMValidator{Target: t}}
+			}{"virtualmachine-validating", &webhook.VMValidator{Kind: t}}
 		}
 		handlers[webhook.MutatePath(t)] = struct {
 			name    string
 			handler admission.Handler
-		}{name, &webhook.VMDefaulter{Registry: reg, Target: t, Names: objects}}
+		}{name, &webhook.VMDefaulter{Registry: reg, Kind: t, Names: objects}}
 	}
 	srv := mgr.GetWebhookServer()
 	// One admission server for all webhooks, so its bounds on memory and

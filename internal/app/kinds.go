@@ -9,8 +9,8 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
+	"github.com/vmipam/vmipam/kinds"
 	"github.com/vmipam/vmipam/metrics"
-	"github.com/vmipam/vmipam/target"
 )
 
 // crdPollInterval is how often vmipam looks again for the CRD of a
@@ -23,7 +23,7 @@ const crdPollInterval = 10 * time.Second
 // naming the CRD and the fix, and vmipam_kind_served at 0, while vmipam
 // serves the other kinds. Until then no object of the kind exists, so no
 // admission of it can come and no pool holds an address for it.
-func whenServed(mgr ctrl.Manager, t target.Target, setup func(ctrl.Manager) error) error {
+func whenServed(mgr ctrl.Manager, t kinds.Kind, setup func(ctrl.Manager) error) error {
 	served := func() (bool, error) {
 		_, err := mgr.GetRESTMapper().RESTMapping(t.GVK.GroupKind(), t.GVK.Version)
 		switch {

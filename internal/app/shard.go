@@ -12,7 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/vmipam/vmipam/internal/cacheindex"
-	"github.com/vmipam/vmipam/target"
+	"github.com/vmipam/vmipam/kinds"
 )
 
 // shardReader reads objects of one kind from the two caches that hold what
@@ -21,15 +21,15 @@ import (
 // and reads as not found, as does every object before the caches are set
 // (the kind's CRD is not installed yet, so none exists).
 //
-// Where the own cache holds metadata only (target.Target.MetadataSuffices),
+// Where the own cache holds metadata only (kinds.Kind.MetadataSuffices),
 // an object read from it is rebuilt from its metadata and vmipam's stamp
-// (target.Target.FromMetadata); one labelled for this replica without a
+// (kinds.Kind.FromMetadata); one labelled for this replica without a
 // stamp (adopted after it bypassed the webhook) is read whole from the API
 // server. Objects are read into *unstructured.Unstructured. It reads one
 // object at a time (controller.Getter) and tells whether a name is taken
 // (webhook.Names); nothing lists the caches.
 type shardReader struct {
-	target target.Target
+	kind kinds.Kind
 	// api reads an object whole from the API server.
 	api    client.Reader
 	caches atomic.Pointer[[2]client.Reader]
@@ -45,15 +45,15 @@ func (r *shardReader) set(own, unlabeled client.Reader) {
 // setIndexes gives r the caches' indexes, for Has: own's holds metadata
 // where that suffices for the kind, unlabeled's whole objects.
 func (r *shardReader) setIndexes(ctx context.Context, own, unlabeled cacheindex.Informers) error {
-	ownObj := client.Object(r.target.New())
-	if r.target.MetadataSuffices() {
-		ownObj = r.target.NewMetadata()
+	ownObj := client.Object(r.kind.New())
+	if r.kind.MetadataSuffices() {
+		ownObj = r.kind.NewMetadata()
 	}
 	o, err := cacheindex.For(ctx, own, ownObj)
 	if err != nil {
 		return err
 	}
-	u, err := cacheindex.For(ctx, unlabeled, r.target.New())
+	u, err := cacheindex.For(ctx, unlabeled, r.kind.New())
 	if err != nil {
 		return err
 	}
@@ -73,7 +73,7 @@ func (r *shardReader) Has(ctx context.Context, namespace, name string) bool {
 	for _, i := range idx {
 		_, found, synced := i.Get(namespace, name)
 		if !synced {
-			return r.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, r.target.New()) == nil
+			return r.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, r.kind.New()) == nil
 		}
 		if found {
 			return true
@@ -96,19 +96,19 @@ func (r *shardReader) Get(ctx context.Context, key client.ObjectKey, obj client.
 }
 
 func (r *shardReader) getOwn(ctx context.Context, own client.Reader, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
-	if !r.target.MetadataSuffices() {
+	if !r.kind.MetadataSuffices() {
 		return own.Get(ctx, key, obj, opts...)
 	}
 	u, ok := obj.(*unstructured.Unstructured)
 	if !ok {
 		return fmt.Errorf("read %s: into a %T, not an unstructured object", key, obj)
 	}
-	m := r.target.NewMetadata()
+	m := r.kind.NewMetadata()
 	// FromMetadata copies what it reads, so the cache's own copy will do.
 	if err := own.Get(ctx, key, m, &client.GetOptions{UnsafeDisableDeepCopy: ptr.To(true)}); err != nil {
 		return err
 	}
-	if whole, ok := r.target.FromMetadata(m); ok {
+	if whole, ok := r.kind.FromMetadata(m); ok {
 		u.Object = whole.Object
 		return nil
 	}

@@ -11,7 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
-	"github.com/vmipam/vmipam/target"
+	"github.com/vmipam/vmipam/kinds"
 )
 
 // TestShardReader: an object is read from the replica's own cache (held as
@@ -31,8 +31,8 @@ func TestShardReader(t *testing.T) {
 	own := fake.NewClientBuilder().WithScheme(Scheme).WithObjects(stamped, adopted).Build()
 	api := fake.NewClientBuilder().WithScheme(Scheme).WithObjects(stamped.DeepCopy(), adopted.DeepCopy()).Build()
 	unlabeled := fake.NewClientBuilder().WithScheme(Scheme).WithObjects(vm("unlabelled", nil, "10.0.0.7")).Build()
-	r := &shardReader{target: target.VirtualMachine, api: api}
-	if err := r.Get(t.Context(), client.ObjectKey{Namespace: "ns", Name: "mine"}, target.VirtualMachine.New()); !apierrors.IsNotFound(err) {
+	r := &shardReader{kind: kinds.VirtualMachine, api: api}
+	if err := r.Get(t.Context(), client.ObjectKey{Namespace: "ns", Name: "mine"}, kinds.VirtualMachine.New()); !apierrors.IsNotFound(err) {
 		t.Errorf("Get before the kind is served: %v; want not found", err)
 	}
 	r.set(own, unlabeled)
@@ -41,7 +41,7 @@ func TestShardReader(t *testing.T) {
 		found bool
 		addr  string
 	}{{"mine", true, "10.0.0.5"}, {"adopted", true, "10.0.0.6"}, {"unlabelled", true, "10.0.0.7"}, {"another replica's", false, ""}} {
-		obj := target.VirtualMachine.New()
+		obj := kinds.VirtualMachine.New()
 		err := r.Get(t.Context(), client.ObjectKey{Namespace: "ns", Name: tt.name}, obj)
 		if !tt.found {
 			if !apierrors.IsNotFound(err) {
@@ -49,9 +49,9 @@ func TestShardReader(t *testing.T) {
 			}
 			continue
 		}
-		addrs, aerr := target.VirtualMachine.Addresses(obj)
+		addrs, aerr := kinds.VirtualMachine.Addresses(obj)
 		if err != nil || obj.GetName() != tt.name || obj.GetUID() != types.UID("uid-"+tt.name) || aerr != nil || !slices.Equal(addrs, []string{tt.addr}) ||
-			!target.HasFinalizer(obj) || obj.GetLabels()[vmipamv1.HolderLabel] != "h" {
+			!kinds.HasFinalizer(obj) || obj.GetLabels()[vmipamv1.HolderLabel] != "h" {
 			t.Errorf("Get %s: %v, %+v", tt.name, err, obj.Object)
 		}
 	}

@@ -20,7 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/vmipam/vmipam/internal/manifests"
-	"github.com/vmipam/vmipam/target"
+	"github.com/vmipam/vmipam/kinds"
 )
 
 // InstallWebhooks installs the generated webhook configurations under the
@@ -28,8 +28,8 @@ import (
 // webhook, the admission policies and the RBAC `vmipam manifests` renders;
 // vmipam's own kind when empty), pointing at a vmipam on this machine and
 // excluding vmipam's namespace. vmipam injects its own CA into them.
-func InstallWebhooks(ctx context.Context, c client.Client, file, url, namespace string, kinds []target.Target) error {
-	for _, o := range manifests.All(target.OrDefault(kinds), manifests.Options{URL: url, Namespace: namespace}) {
+func InstallWebhooks(ctx context.Context, c client.Client, file, url, namespace string, ks []kinds.Kind) error {
+	for _, o := range manifests.All(kinds.OrDefault(ks), manifests.Options{URL: url, Namespace: namespace}) {
 		obj, ok := o.(client.Object)
 		if !ok {
 			continue

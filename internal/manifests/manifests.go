@@ -19,7 +19,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
-	"github.com/vmipam/vmipam/target"
+	"github.com/vmipam/vmipam/kinds"
 	"github.com/vmipam/vmipam/webhook"
 )
 
@@ -50,9 +50,9 @@ type Options struct {
 }
 
 // writers is who the policies let write vmipam's stamp.
-func (o Options) writers() target.Writers {
+func (o Options) writers() kinds.Writers {
 	o = o.withDefaults()
-	return target.Writers{
+	return kinds.Writers{
 		Users:  []string{"system:serviceaccount:" + o.Namespace + ":" + o.ServiceAccount},
 		Groups: o.AdminGroups,
 	}
@@ -77,8 +77,8 @@ func (o Options) withDefaults() Options {
 // WebhookName is the name of kind t's mutating webhook: vmipam's own kind
 // keeps the name earlier versions gave it, so that an apply updates it in
 // place.
-func WebhookName(t target.Target) string {
-	if t.GVR() == target.VirtualMachine.GVR() {
+func WebhookName(t kinds.Kind) string {
+	if t.GVR() == kinds.VirtualMachine.GVR() {
 		return "mvirtualmachine.vmipam.io"
 	}
 	g := t.GVK.Group
@@ -93,13 +93,13 @@ func WebhookName(t target.Target) string {
 // (the name the single policy of earlier versions had, so that applying
 // the new wiring replaces it rather than leaves it beside), and that with
 // -create for creates.
-func PolicyName(t target.Target, op string) string {
+func PolicyName(t kinds.Kind, op string) string {
 	g := t.GVK.Group
 	if g == "" {
 		g = "core"
 	}
 	name := "vmipam-" + t.Resource + "." + g
-	if op == target.OpCreate {
+	if op == kinds.OpCreate {
 		name += "-create"
 	}
 	return name
@@ -108,7 +108,7 @@ func PolicyName(t target.Target, op string) string {
 // Mutating returns the MutatingWebhookConfiguration that calls vmipam on
 // the CREATE of every object of the kinds in scope: vmipam's only call per
 // VM. Updates and deletes of VMs never call vmipam.
-func Mutating(ts []target.Target, o Options) *admissionregv1.MutatingWebhookConfiguration {
+func Mutating(ts []kinds.Kind, o Options) *admissionregv1.MutatingWebhookConfiguration {
 	o = o.withDefaults()
 	m := &admissionregv1.MutatingWebhookConfiguration{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "MutatingWebhookConfiguration"},
@@ -165,16 +165,16 @@ func clientConfig(o Options, path string) admissionregv1.WebhookClientConfig {
 }
 
 // Policies returns, for each kind, the ValidatingAdmissionPolicies that
-// run target.Target.PolicyRules in the API server, one for creates and one
+// run kinds.Kind.PolicyRules in the API server, one for creates and one
 // for updates, and their bindings, which leave vmipam's own namespace out
 // as the webhook does. Two policies, not one with a test of
 // request.operation in every rule: a create, which every VM pays for,
 // evaluates its one rule and none of the update's.
-func Policies(ts []target.Target, o Options) []runtime.Object {
+func Policies(ts []kinds.Kind, o Options) []runtime.Object {
 	o = o.withDefaults()
 	var out []runtime.Object
 	for _, t := range ts {
-		for _, op := range []string{target.OpCreate, target.OpUpdate} {
+		for _, op := range []string{kinds.OpCreate, kinds.OpUpdate} {
 			out = append(out, policy(t, op, o)...)
 		}
 	}
@@ -183,9 +183,9 @@ func Policies(ts []target.Target, o Options) []runtime.Object {
 
 // policy returns kind t's ValidatingAdmissionPolicy for operation op and
 // its binding.
-func policy(t target.Target, op string, o Options) []runtime.Object {
+func policy(t kinds.Kind, op string, o Options) []runtime.Object {
 	resources := []string{t.Resource}
-	if t.Status != nil && op == target.OpUpdate {
+	if t.Status != nil && op == kinds.OpUpdate {
 		// The status subresource is only ever updated.
 		resources = append(resources, t.Resource+"/status")
 	}
@@ -235,7 +235,7 @@ func policy(t target.Target, op string, o Options) []runtime.Object {
 // RBAC returns the ClusterRole that grants vmipam what it does with the
 // kinds (read and watch them, stamp and label them, remove its finalizer,
 // fill status fields), and its binding to vmipam's ServiceAccount.
-func RBAC(ts []target.Target, o Options) []runtime.Object {
+func RBAC(ts []kinds.Kind, o Options) []runtime.Object {
 	o = o.withDefaults()
 	byGroup := map[string][]string{}
 	status := map[string][]string{}
@@ -275,7 +275,7 @@ func RBAC(ts []target.Target, o Options) []runtime.Object {
 }
 
 // All returns everything the kinds need, in the order to apply it.
-func All(ts []target.Target, o Options) []runtime.Object {
+func All(ts []kinds.Kind, o Options) []runtime.Object {
 	out := RBAC(ts, o)
 	out = append(out, Policies(ts, o)...)
 	return append(out, Mutating(ts, o))

@@ -9,22 +9,22 @@ import (
 	admissionregv1 "k8s.io/api/admissionregistration/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 
-	"github.com/vmipam/vmipam/target"
+	"github.com/vmipam/vmipam/kinds"
 )
 
 // TestAll: every configured kind gets its webhook (CREATE only, its own
 // path, its condition as a match condition), its policy (with the status
 // subresource for a status kind) and its RBAC.
 func TestAll(t *testing.T) {
-	var kinds []target.Target
+	var all []kinds.Kind
 	for _, f := range []string{"kinds.yaml", "examples/neonvm.yaml", "examples/kubevirt.yaml"} {
-		ts, err := target.Load(filepath.Join("..", "..", "deploy", "kinds", f))
+		ts, err := kinds.Load(filepath.Join("..", "..", "deploy", "kinds", f))
 		if err != nil {
 			t.Fatal(err)
 		}
-		kinds = append(kinds, ts...)
+		all = append(all, ts...)
 	}
-	objs := All(kinds, Options{})
+	objs := All(all, Options{})
 	var m *admissionregv1.MutatingWebhookConfiguration
 	policies := map[string]*admissionregv1.ValidatingAdmissionPolicy{}
 	var role *rbacv1.ClusterRole
@@ -43,7 +43,7 @@ func TestAll(t *testing.T) {
 	}
 	paths := map[string]bool{}
 	for i, w := range m.Webhooks {
-		k := kinds[i]
+		k := all[i]
 		if p := *w.ClientConfig.Service.Path; paths[p] {
 			t.Errorf("two webhooks on path %s", p)
 		} else {
@@ -58,7 +58,7 @@ func TestAll(t *testing.T) {
 		if *w.FailurePolicy != admissionregv1.Fail || *w.SideEffects != admissionregv1.SideEffectClassNoneOnDryRun || w.NamespaceSelector == nil {
 			t.Errorf("%s: %+v", w.Name, w)
 		}
-		for _, op := range []string{target.OpCreate, target.OpUpdate} {
+		for _, op := range []string{kinds.OpCreate, kinds.OpUpdate} {
 			p := policies[PolicyName(k, op)]
 			if p == nil {
 				t.Fatalf("no %s policy for %s", op, k.GVR())
@@ -67,7 +67,7 @@ func TestAll(t *testing.T) {
 			if len(rule.Operations) != 1 || string(rule.Operations[0]) != op {
 				t.Errorf("%s: the %s policy matches %v", k.GVR(), op, rule.Operations)
 			}
-			if want := k.Status != nil && op == target.OpUpdate; slices.Contains(rule.Resources, k.Resource+"/status") != want {
+			if want := k.Status != nil && op == kinds.OpUpdate; slices.Contains(rule.Resources, k.Resource+"/status") != want {
 				t.Errorf("%s: %s policy resources %v", k.GVR(), op, rule.Resources)
 			}
 			// Every variable a policy declares is read by one of its
@@ -86,7 +86,7 @@ func TestAll(t *testing.T) {
 				}
 			}
 		}
-		if n := len(policies[PolicyName(k, target.OpCreate)].Spec.Validations); n > 2 {
+		if n := len(policies[PolicyName(k, kinds.OpCreate)].Spec.Validations); n > 2 {
 			t.Errorf("%s: a create evaluates %d rules", k.GVR(), n)
 		}
 	}
@@ -111,7 +111,7 @@ func TestAll(t *testing.T) {
 	if err != nil || !strings.HasPrefix(string(out), "# header\n---\n") || strings.Contains(string(out), "creationTimestamp") {
 		t.Errorf("YAML: %v\n%s", err, out)
 	}
-	u := Mutating(kinds[:1], Options{URL: "https://127.0.0.1:9443/"})
+	u := Mutating(all[:1], Options{URL: "https://127.0.0.1:9443/"})
 	if got := *u.Webhooks[0].ClientConfig.URL; got != "https://127.0.0.1:9443/mutate-vmipam-io-v1alpha1-virtualmachine" {
 		t.Errorf("URL %s", got)
 	}

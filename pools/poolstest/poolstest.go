@@ -16,8 +16,8 @@ import (
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/ipam"
+	"github.com/vmipam/vmipam/kinds"
 	"github.com/vmipam/vmipam/pools"
-	"github.com/vmipam/vmipam/target"
 )
 
 // Scheme returns a scheme that knows the built-in kinds and vmipam's.
@@ -38,7 +38,7 @@ func Scheme(t testing.TB) *runtime.Scheme {
 // with each of ps recovered.
 func Start(t testing.TB, c client.Client, clk ipam.Clock, holder string, ps ...*vmipamv1.IPPool) *pools.Registry {
 	t.Helper()
-	reg := pools.NewRegistry(pools.Options{Client: c, APIReader: c, Targets: target.Default(), Holder: holder, Clock: clk,
+	reg := pools.NewRegistry(pools.Options{Client: c, APIReader: c, Kinds: kinds.Default(), Holder: holder, Clock: clk,
 		RunInterval: time.Hour, ResyncInterval: time.Hour, StatusInterval: time.Hour})
 	ctx, stop := context.WithCancel(context.Background())
 	var done sync.WaitGroup

@@ -42,7 +42,7 @@ import (
 	"github.com/vmipam/vmipam/certs"
 	"github.com/vmipam/vmipam/certs/pki"
 	"github.com/vmipam/vmipam/internal/manifests"
-	"github.com/vmipam/vmipam/target"
+	"github.com/vmipam/vmipam/kinds"
 	"github.com/vmipam/vmipam/test/harness"
 )
 
@@ -231,11 +231,11 @@ func install(ctx context.Context, c client.Client, port int) error {
 		cc.Service.Name, cc.Service.Namespace, cc.Service.Port = service, namespace, &p
 	}
 	// The kinds' wiring, as vmipam manifests renders it.
-	m := manifests.Mutating(target.Default(), manifests.Options{Namespace: namespace, Service: service})
+	m := manifests.Mutating(kinds.Default(), manifests.Options{Namespace: namespace, Service: service})
 	for i := range m.Webhooks {
 		toService(&m.Webhooks[i].ClientConfig)
 	}
-	for _, o := range append(manifests.Policies(target.Default(), manifests.Options{Namespace: namespace, Service: service}), m) {
+	for _, o := range append(manifests.Policies(kinds.Default(), manifests.Options{Namespace: namespace, Service: service}), m) {
 		if err := c.Create(ctx, o.(client.Object)); err != nil {
 			return fmt.Errorf("create %s: %w", o.(client.Object).GetName(), err)
 		}

@@ -35,7 +35,7 @@ import (
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/internal/manifests"
-	"github.com/vmipam/vmipam/target"
+	"github.com/vmipam/vmipam/kinds"
 	"github.com/vmipam/vmipam/test/harness"
 )
 
@@ -770,13 +770,13 @@ func TestNeonVMKind(t *testing.T) {
 	if _, err := kubectl("apply", "--server-side", "-f", filepath.Join(env.repo, "test", "kinds", "testdata", "neonvm-crd.yaml")); err != nil {
 		t.Fatal(err)
 	}
-	all := target.Config{APIVersion: target.ConfigAPIVersion, Kind: target.ConfigKind}
+	all := kinds.Config{APIVersion: kinds.ConfigAPIVersion, Kind: kinds.ConfigKind}
 	for _, f := range []string{"kinds.yaml", "examples/neonvm.yaml"} {
 		raw, err := os.ReadFile(filepath.Join(env.repo, "deploy", "kinds", f))
 		if err != nil {
 			t.Fatal(err)
 		}
-		var one target.Config
+		var one kinds.Config
 		if err := yaml.Unmarshal(raw, &one); err != nil {
 			t.Fatal(err)
 		}
@@ -786,7 +786,7 @@ func TestNeonVMKind(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kinds, err := target.Parse(config)
+	kinds, err := kinds.Parse(config)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,7 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/vmipam/vmipam/internal/localcluster"
-	"github.com/vmipam/vmipam/target"
+	"github.com/vmipam/vmipam/kinds"
 )
 
 // Namespace is vmipam's own namespace in the harness.
@@ -146,7 +146,7 @@ func (c *Cluster) installWebhooks(ctx context.Context, root string) error {
 	if err := c.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}}); err != nil {
 		return fmt.Errorf("create namespace: %w", err)
 	}
-	kinds, err := target.LoadOrDefault(c.kindsConfig)
+	kinds, err := kinds.LoadOrDefault(c.kindsConfig)
 	if err != nil {
 		return err
 	}

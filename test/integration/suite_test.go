@@ -33,8 +33,8 @@ import (
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/internal/app"
 	"github.com/vmipam/vmipam/internal/manifests"
+	"github.com/vmipam/vmipam/kinds"
 	"github.com/vmipam/vmipam/pools"
-	"github.com/vmipam/vmipam/target"
 	"github.com/vmipam/vmipam/test/harness"
 	"github.com/vmipam/vmipam/webhook"
 )
@@ -66,7 +66,7 @@ func TestMain(m *testing.M) {
 			return nil, errors.Join(fmt.Errorf("create namespace %s: %w", harness.Namespace, err), env.Stop())
 		}
 		// The checks the API server runs with no call to vmipam.
-		for _, o := range manifests.Policies(target.Default(), manifests.Options{Namespace: harness.Namespace}) {
+		for _, o := range manifests.Policies(kinds.Default(), manifests.Options{Namespace: harness.Namespace}) {
 			if err := k8sClient.Create(context.Background(), o.(client.Object)); err != nil {
 				return nil, errors.Join(fmt.Errorf("create admission policy: %w", err), env.Stop())
 			}

@@ -40,7 +40,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
-	"github.com/vmipam/vmipam/target"
+	kinds1 "github.com/vmipam/vmipam/kinds"
 	"github.com/vmipam/vmipam/test/harness"
 )
 
@@ -119,7 +119,7 @@ var kinds = []kind{
 				"spec": map[string]any{"guest": map[string]any{"cpus": map[string]any{"min": int64(1)}}, "extraNetwork": map[string]any{"enable": true}},
 			})
 			if static != "" {
-				u.SetAnnotations(map[string]string{target.DefaultRequestAnnotation: static})
+				u.SetAnnotations(map[string]string{kinds1.DefaultRequestAnnotation: static})
 			}
 			return u
 		},
@@ -178,16 +178,16 @@ func decodeNetwork(s string) *vmipamv1.Network {
 // user who serves all three would.
 func config(t *testing.T) string {
 	t.Helper()
-	all := target.Config{APIVersion: target.ConfigAPIVersion, Kind: target.ConfigKind}
+	all := kinds1.Config{APIVersion: kinds1.ConfigAPIVersion, Kind: kinds1.ConfigKind}
 	for _, f := range []string{"kinds.yaml", "examples/neonvm.yaml", "examples/kubevirt.yaml"} {
 		raw, err := os.ReadFile(filepath.Join(root, "deploy", "kinds", f))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := target.Parse(raw); err != nil {
+		if _, err := kinds1.Parse(raw); err != nil {
 			t.Fatalf("deploy/kinds/%s: %v", f, err)
 		}
-		var c target.Config
+		var c kinds1.Config
 		if err := yaml.Unmarshal(raw, &c); err != nil {
 			t.Fatal(err)
 		}
@@ -564,7 +564,7 @@ func laterWebhook(t *testing.T, k kind) *httptest.Server {
 		if k.name == "neonvm" {
 			// Status is dropped on create: what a later webhook can do is
 			// remove vmipam's record of the address.
-			target.RemoveAnnotation(obj, vmipamv1.AddressAnnotation)
+			kinds1.RemoveAnnotation(obj, vmipamv1.AddressAnnotation)
 		} else {
 			k.set(obj, "10.71.0.99")
 		}

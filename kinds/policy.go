@@ -1,4 +1,4 @@
-package target
+package kinds
 
 import (
 	"regexp"
@@ -55,7 +55,7 @@ func celQuote(s string) string { return "'" + s + "'" }
 
 // celValue returns the address location's value under root: a list of
 // strings for a list field ([] when absent), a string otherwise (”).
-func (t Target) celValue(root string) (expr, empty string) {
+func (t Kind) celValue(root string) (expr, empty string) {
 	loc, kind := t.location()
 	switch kind {
 	case locList:
@@ -69,7 +69,7 @@ func (t Target) celValue(root string) (expr, empty string) {
 // celRender returns how the address location holds the addresses of the
 // CEL string s, vmipam's address annotation (comma-separated), as vmipam
 // stamps them.
-func (t Target) celRender(s string) string {
+func (t Kind) celRender(s string) string {
 	_, kind := t.location()
 	switch {
 	case kind == locList:
@@ -119,7 +119,7 @@ func celList(ss []string) string {
 //   - a status address of an object in scope is the one vmipam recorded,
 //     and immutable once set;
 //   - only w move vmipam's holder label.
-func (t Target) PolicyRules(w Writers) ([]Variable, []Rule) {
+func (t Kind) PolicyRules(w Writers) ([]Variable, []Rule) {
 	where := t.AddressesPath()
 	vars := []Variable{
 		{"token", stampOf("object", vmipamv1.TokenAnnotation)},
@@ -217,7 +217,7 @@ func holderOf(root string) string {
 
 // Policy returns the rules of PolicyRules that check operation op, and the
 // variables they read: what the kind's policy for op holds.
-func (t Target) Policy(op string, w Writers) ([]Variable, []Rule) {
+func (t Kind) Policy(op string, w Writers) ([]Variable, []Rule) {
 	vars, rules := t.PolicyRules(w)
 	var keep []Rule
 	for _, r := range rules {

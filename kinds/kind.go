@@ -1,9 +1,9 @@
-// Package target describes where vmipam finds the pool choice and writes
+// Package kinds describes where vmipam finds the pool choice and writes
 // the address on the objects it manages, so the webhook and the controller
 // work on any kind (vmipam's reference VirtualMachine, or another project's
 // kind that keeps its address in a field or an annotation) through
 // unstructured objects and configuration rather than Go types.
-package target
+package kinds
 
 import (
 	"encoding/json"
@@ -20,11 +20,11 @@ import (
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 )
 
-// Target is a kind vmipam gives addresses to, and where on it the address
+// Kind is a kind vmipam gives addresses to, and where on it the address
 // and the pool choice live. Exactly one of AddressesField, AddressField,
 // AddressAnnotation and Status says where the address goes; Load builds
-// Targets from a configuration file and checks that.
-type Target struct {
+// Kinds from a configuration file and checks that.
+type Kind struct {
 	// GVK is the kind.
 	GVK schema.GroupVersionKind
 	// Resource is the kind's plural resource name, as admission requests
@@ -122,7 +122,7 @@ const (
 )
 
 // VirtualMachine is vmipam's reference kind.
-var VirtualMachine = Target{
+var VirtualMachine = Kind{
 	GVK:               vmipamv1.GroupVersion.WithKind("VirtualMachine"),
 	Resource:          "virtualmachines",
 	AddressesField:    []string{"spec", "addresses"},
@@ -135,7 +135,7 @@ var VirtualMachine = Target{
 // MaxAddresses is how many addresses the kind's address location holds:
 // one of each family for a list field or an annotation in list format,
 // one otherwise.
-func (t Target) MaxAddresses() int {
+func (t Kind) MaxAddresses() int {
 	_, k := t.location()
 	switch {
 	case t.Status != nil:
@@ -164,7 +164,7 @@ func StampedAddresses(s string) []string {
 // networkLocation returns the path the network identity is written to,
 // ending in the annotation's key for an annotation, and whether it is an
 // annotation; nil when the kind takes none.
-func (t Target) networkLocation() ([]string, bool) {
+func (t Kind) networkLocation() ([]string, bool) {
 	switch {
 	case len(t.NetworkField) > 0:
 		return t.NetworkField, false
@@ -180,14 +180,14 @@ func (t Target) networkLocation() ([]string, bool) {
 
 // networkOnMetadata reports whether the network goes into an annotation
 // of the object's own metadata, which the stamp writes with vmipam's.
-func (t Target) networkOnMetadata() bool {
+func (t Kind) networkOnMetadata() bool {
 	p, ann := t.networkLocation()
 	return ann && len(p) == 3 && p[0] == "metadata"
 }
 
 // NetworkPath is how the network's location is written in messages, or
 // "" when the kind takes none.
-func (t Target) NetworkPath() string {
+func (t Kind) NetworkPath() string {
 	p, ann := t.networkLocation()
 	if ann {
 		return strings.Join(p[:len(p)-1], ".") + "[" + p[len(p)-1] + "]"
@@ -197,7 +197,7 @@ func (t Target) NetworkPath() string {
 
 // networkValue is what the network location is given: the object, or
 // its JSON for an annotation.
-func (t Target) networkValue(n *vmipamv1.Network) (any, error) {
+func (t Kind) networkValue(n *vmipamv1.Network) (any, error) {
 	raw, err := json.Marshal(n)
 	if err != nil {
 		return nil, fmt.Errorf("encode the network of %s: %w", t.NetworkPath(), err)
@@ -220,7 +220,7 @@ const (
 // location returns the path the address (or, for a status kind, the
 // static request) is read from and written to, and what it holds. A path
 // under metadata.annotations of the object itself ends in the key.
-func (t Target) location() ([]string, locKind) {
+func (t Kind) location() ([]string, locKind) {
 	switch {
 	case len(t.AddressesField) > 0:
 		return t.AddressesField, locList
@@ -238,13 +238,13 @@ func (t Target) location() ([]string, locKind) {
 
 // onMetadata reports whether the address location is an annotation of the
 // object's own metadata, which the stamp writes with vmipam's annotations.
-func (t Target) onMetadata() bool {
+func (t Kind) onMetadata() bool {
 	p, k := t.location()
 	return k == locAnnotation && len(p) == 3 && p[0] == "metadata"
 }
 
 // format is the format of an annotation location.
-func (t Target) format() Format {
+func (t Kind) format() Format {
 	if t.Status != nil || t.AnnotationFormat == "" {
 		return FormatPlain
 	}
@@ -253,7 +253,7 @@ func (t Target) format() Format {
 
 // Render writes addrs as the address location holds them, for a location
 // that holds a string.
-func (t Target) Render(addrs []string) string {
+func (t Kind) Render(addrs []string) string {
 	if t.format() == FormatJSON {
 		b, _ := json.Marshal(addrs)
 		return string(b)
@@ -262,7 +262,7 @@ func (t Target) Render(addrs []string) string {
 }
 
 // parse reads the addresses of an annotation or string location's value.
-func (t Target) parse(s string) ([]string, error) {
+func (t Kind) parse(s string) ([]string, error) {
 	if s == "" {
 		return nil, nil
 	}
@@ -294,13 +294,13 @@ func (t Target) parse(s string) ([]string, error) {
 }
 
 // GVR is the kind's group, version and resource.
-func (t Target) GVR() schema.GroupVersionResource {
+func (t Kind) GVR() schema.GroupVersionResource {
 	return t.GVK.GroupVersion().WithResource(t.Resource)
 }
 
 // AddressPath is how the address's location is written in messages to the
 // user, such as "spec.addresses[0]".
-func (t Target) AddressPath() string {
+func (t Kind) AddressPath() string {
 	if _, k := t.location(); k == locList {
 		return t.AddressesPath() + "[0]"
 	}
@@ -310,7 +310,7 @@ func (t Target) AddressPath() string {
 // AddressesPath is how the whole address location is written in
 // messages, such as "spec.addresses" or
 // "spec.template.metadata.annotations[cni.projectcalico.org/ipAddrs]".
-func (t Target) AddressesPath() string {
+func (t Kind) AddressesPath() string {
 	p, k := t.location()
 	if k == locAnnotation {
 		return strings.Join(p[:len(p)-1], ".") + "[" + p[len(p)-1] + "]"
@@ -319,22 +319,22 @@ func (t Target) AddressesPath() string {
 }
 
 // PoolPath is how the pool's location is written in messages.
-func (t Target) PoolPath() string {
+func (t Kind) PoolPath() string {
 	if t.PoolAnnotation != "" {
 		return "metadata.annotations[" + t.PoolAnnotation + "]"
 	}
 	return strings.Join(t.PoolField, ".")
 }
 
-// New returns an empty object of the target's kind.
-func (t Target) New() *unstructured.Unstructured {
+// New returns an empty object of the kind.
+func (t Kind) New() *unstructured.Unstructured {
 	u := &unstructured.Unstructured{}
 	u.SetGroupVersionKind(t.GVK)
 	return u
 }
 
-// NewList returns an empty list of the target's kind.
-func (t Target) NewList() *unstructured.UnstructuredList {
+// NewList returns an empty list of the kind.
+func (t Kind) NewList() *unstructured.UnstructuredList {
 	u := &unstructured.UnstructuredList{}
 	u.SetGroupVersionKind(t.GVK.GroupVersion().WithKind(t.GVK.Kind + "List"))
 	return u
@@ -343,7 +343,7 @@ func (t Target) NewList() *unstructured.UnstructuredList {
 // Addresses returns the addresses on obj. For a kind whose address goes
 // into status, that is the address vmipam recorded at admission, or else
 // what the status holds.
-func (t Target) Addresses(obj *unstructured.Unstructured) ([]string, error) {
+func (t Kind) Addresses(obj *unstructured.Unstructured) ([]string, error) {
 	if t.Status != nil {
 		if a := obj.GetAnnotations()[vmipamv1.AddressAnnotation]; a != "" {
 			return StampedAddresses(a), nil
@@ -380,7 +380,7 @@ func wrapPath(p []string, err error) error {
 // SetAddresses writes the addresses on obj. For a kind whose address goes
 // into status, that is vmipam's record of it; the controller fills the
 // status fields (StatusPatch).
-func (t Target) SetAddresses(obj *unstructured.Unstructured, addrs []string) error {
+func (t Kind) SetAddresses(obj *unstructured.Unstructured, addrs []string) error {
 	if t.Status != nil {
 		SetAnnotation(obj, vmipamv1.AddressAnnotation, StampValue(addrs))
 		return nil
@@ -402,7 +402,7 @@ func (t Target) SetAddresses(obj *unstructured.Unstructured, addrs []string) err
 }
 
 // Pool returns the pool obj names, if any.
-func (t Target) Pool(obj *unstructured.Unstructured) (string, error) {
+func (t Kind) Pool(obj *unstructured.Unstructured) (string, error) {
 	if t.PoolAnnotation != "" {
 		return obj.GetAnnotations()[t.PoolAnnotation], nil
 	}
@@ -419,7 +419,7 @@ func (t Target) Pool(obj *unstructured.Unstructured) (string, error) {
 // Stamp writes st on obj: what vmipam gave it: the addresses, the pool and the
 // reservation token, the finalizer that makes deletion release it, and the
 // holder label naming the replica that looks after it (none if empty).
-func (t Target) Stamp(obj *unstructured.Unstructured, st Stamp) error {
+func (t Kind) Stamp(obj *unstructured.Unstructured, st Stamp) error {
 	if err := t.SetAddresses(obj, st.Addrs); err != nil {
 		return err
 	}
@@ -442,7 +442,7 @@ func (t Target) Stamp(obj *unstructured.Unstructured, st Stamp) error {
 
 // SetNetwork writes the network identity n on obj, where the kind takes
 // it; a nil n, or a kind that takes none, writes nothing.
-func (t Target) SetNetwork(obj *unstructured.Unstructured, n *vmipamv1.Network) error {
+func (t Kind) SetNetwork(obj *unstructured.Unstructured, n *vmipamv1.Network) error {
 	p, ann := t.networkLocation()
 	if n == nil || p == nil {
 		return nil
@@ -535,7 +535,7 @@ func RemoveAnnotation(obj *unstructured.Unstructured, k string) {
 // StatusFill returns the status fields a kind whose address goes into
 // status must hold for addr in subnet prefix, as a merge patch of the
 // status subresource, or nil when obj holds them already.
-func (t Target) StatusFill(obj *unstructured.Unstructured, addr netip.Addr, prefix netip.Prefix) map[string]any {
+func (t Kind) StatusFill(obj *unstructured.Unstructured, addr netip.Addr, prefix netip.Prefix) map[string]any {
 	if t.Status == nil {
 		return nil
 	}

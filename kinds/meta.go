@@ -1,4 +1,4 @@
-package target
+package kinds
 
 import (
 	"slices"
@@ -21,10 +21,10 @@ import (
 // (PartialObjectMetadata, which the API server encodes as protobuf even for
 // a custom resource, where a whole object comes as JSON): decoding the VM
 // watch's JSON was a fifth of vmipam's CPU per create.
-func (t Target) MetadataSuffices() bool { return t.Status == nil }
+func (t Kind) MetadataSuffices() bool { return t.Status == nil }
 
 // NewMetadata returns an empty PartialObjectMetadata of the kind.
-func (t Target) NewMetadata() *metav1.PartialObjectMetadata {
+func (t Kind) NewMetadata() *metav1.PartialObjectMetadata {
 	m := &metav1.PartialObjectMetadata{}
 	m.SetGroupVersionKind(t.GVK)
 	return m
@@ -35,7 +35,7 @@ func (t Target) NewMetadata() *metav1.PartialObjectMetadata {
 // vmipam's address annotation), if m carries that annotation. Without it
 // (an object that bypassed the webhook and was adopted, whose address only
 // its own location holds) it reports false: read the whole object.
-func (t Target) FromMetadata(m *metav1.PartialObjectMetadata) (*unstructured.Unstructured, bool) {
+func (t Kind) FromMetadata(m *metav1.PartialObjectMetadata) (*unstructured.Unstructured, bool) {
 	addr := m.Annotations[vmipamv1.AddressAnnotation]
 	if addr == "" {
 		return nil, false
@@ -86,7 +86,7 @@ func (t Target) FromMetadata(m *metav1.PartialObjectMetadata) (*unstructured.Uns
 // cache.ByObject Transform) of a kind watched as metadata: it keeps what
 // FromMetadata reads, and drops the managed fields and the labels and
 // annotations that are not vmipam's.
-func (t Target) TrimMetadata(obj any) (any, error) {
+func (t Kind) TrimMetadata(obj any) (any, error) {
 	m, ok := obj.(*metav1.PartialObjectMetadata)
 	if !ok {
 		return obj, nil

@@ -1,4 +1,4 @@
-package target
+package kinds
 
 import (
 	"encoding/json"
@@ -15,26 +15,26 @@ import (
 )
 
 // byAnnotation is a kind that keeps its address in an annotation.
-var byAnnotation = Target{
+var byAnnotation = Kind{
 	GVK: schema.GroupVersionKind{Group: "example.com", Version: "v1", Kind: "Box"}, Resource: "boxes",
 	AddressAnnotation: "example.com/ip", NetworkField: []string{"spec", "net"},
 }
 
 // deep is a kind whose address field lies three objects down.
-var deep = Target{
+var deep = Kind{
 	GVK: schema.GroupVersionKind{Group: "example.com", Version: "v1", Kind: "Deep"}, Resource: "deeps",
 	AddressesField: []string{"spec", "network", "addresses"}, PoolField: []string{"spec", "network", "pool"},
 	NetworkField: []string{"spec", "network", "identity"},
 }
 
 // oneString is a kind whose address is a string field.
-var oneString = Target{
+var oneString = Kind{
 	GVK: schema.GroupVersionKind{Group: "example.com", Version: "v1", Kind: "One"}, Resource: "ones",
 	AddressField: []string{"spec", "net", "ip"}, PoolAnnotation: "example.com/pool",
 }
 
 // jsonOnMetadata keeps its address as a JSON list in its own annotation.
-var jsonOnMetadata = Target{
+var jsonOnMetadata = Kind{
 	GVK: schema.GroupVersionKind{Group: "example.com", Version: "v1", Kind: "Calico"}, Resource: "calicos",
 	AddressAnnotation: "cni.projectcalico.org/ipAddrs", AnnotationFormat: FormatJSON,
 	NetworkAnnotation: "example.com/network",
@@ -42,7 +42,7 @@ var jsonOnMetadata = Target{
 
 // readBack is the addresses a stamped object carries where its kind keeps
 // them.
-func readBack(tg Target, v *View) []string {
+func readBack(tg Kind, v *View) []string {
 	if tg.Status != nil {
 		return StampedAddresses(v.StampedAddress)
 	}
@@ -51,7 +51,7 @@ func readBack(tg Target, v *View) []string {
 
 // stampAddrs is what the tests stamp on an object of tg: an address of
 // each family where its location holds two, else one.
-func stampAddrs(tg Target) []string {
+func stampAddrs(tg Kind) []string {
 	if tg.MaxAddresses() == 2 {
 		return []string{"10.0.0.5", "fd00::5"}
 	}
@@ -66,7 +66,7 @@ var testNetwork = &vmipamv1.Network{
 
 // networkOf reads the network identity where tg writes it on obj; nil
 // when there is none.
-func networkOf(t *testing.T, tg Target, obj map[string]any) *vmipamv1.Network {
+func networkOf(t *testing.T, tg Kind, obj map[string]any) *vmipamv1.Network {
 	t.Helper()
 	loc, ann := tg.networkLocation()
 	if loc == nil {
@@ -120,51 +120,51 @@ func apply(t *testing.T, obj []byte, ops []jsonpatch.Operation, errs ...error) m
 
 func TestReadAndStamp(t *testing.T) {
 	tests := map[string]struct {
-		target Target
+		kind Kind
 		obj    string
 		// want is the stamped object's address, pool and token as read
 		// back by Read.
 		wantErr string
 	}{
-		"empty spec":                  {target: VirtualMachine, obj: `{"apiVersion":"vmipam.io/v1alpha1","kind":"VirtualMachine","metadata":{"name":"a"},"spec":{}}`},
-		"no spec":                     {target: VirtualMachine, obj: `{"apiVersion":"vmipam.io/v1alpha1","kind":"VirtualMachine","metadata":{"name":"a"}}`},
-		"null spec, null lists":       {target: VirtualMachine, obj: `{"metadata":{"annotations":null,"finalizers":null},"spec":null}`},
-		"no metadata":                 {target: VirtualMachine, obj: `{"spec":{"ipPool":"p"}}`},
-		"other annotations":           {target: VirtualMachine, obj: `{"metadata":{"annotations":{"a/b":"c","vmipam.io/pool":"old"},"finalizers":["x"]}}`},
-		"our finalizer already":       {target: VirtualMachine, obj: `{"metadata":{"finalizers":["vmipam.io/release-address"]}}`},
-		"escaped key":                 {target: VirtualMachine, obj: `{"metadata":{"annotations":{"vmipam.io\/token":"copied"}}}`},
-		"other labels":                {target: VirtualMachine, obj: `{"metadata":{"labels":{"app":"db"}}}`},
-		"null labels":                 {target: VirtualMachine, obj: `{"metadata":{"labels":null}}`},
-		"another holder":              {target: VirtualMachine, obj: `{"metadata":{"labels":{"app":"db","vmipam.io/holder":"h2"}}}`},
-		"holder not a string":         {target: VirtualMachine, obj: `{"metadata":{"labels":{"vmipam.io/holder":1}}}`, wantErr: "metadata.labels[vmipam.io/holder]"},
-		"deep, nothing":               {target: deep, obj: `{"metadata":{}}`},
-		"deep, half":                  {target: deep, obj: `{"spec":{"other":1}}`},
-		"deep, full":                  {target: deep, obj: `{"spec":{"network":{"pool":"p","addresses":[]}}}`},
-		"annotation":                  {target: byAnnotation, obj: `{"metadata":{"annotations":{"x":"y"}}}`},
-		"string field":                {target: oneString, obj: `{"metadata":{"annotations":{"example.com/pool":"p"}},"spec":{"net":{"ip":""}}}`},
-		"string field, absent":        {target: oneString, obj: `{"spec":{}}`},
-		"string field, number":        {target: oneString, obj: `{"spec":{"net":{"ip":5}}}`, wantErr: "spec.net.ip: Invalid value"},
-		"json on metadata":            {target: jsonOnMetadata, obj: `{"metadata":{"annotations":{"cni.projectcalico.org/ipAddrs":"[\"10.0.0.5\"]"}}}`},
-		"json on metadata, respelled": {target: jsonOnMetadata, obj: `{"metadata":{"annotations":{"cni.projectcalico.org/ipAddrs":"[ \"10.0.0.5\" ]"}}}`},
-		"json, not json":              {target: jsonOnMetadata, obj: `{"metadata":{"annotations":{"cni.projectcalico.org/ipAddrs":"10.0.0.5"}}}`, wantErr: "must be a JSON list of strings"},
-		"template, nothing":           {target: kubevirtLike, obj: `{"spec":{"running":true}}`},
-		"template, no metadata":       {target: kubevirtLike, obj: `{"spec":{"template":{"spec":{}}}}`},
-		"template, other annotation":  {target: kubevirtLike, obj: `{"spec":{"template":{"metadata":{"annotations":{"a/b":"c"}}}}}`},
-		"template, static":            {target: kubevirtLike, obj: `{"spec":{"template":{"metadata":{"annotations":{"cni.projectcalico.org/ipAddrs":"[\"10.0.0.5\"]"}}}}}`},
-		"template not an object":      {target: kubevirtLike, obj: `{"spec":{"template":[]}}`, wantErr: "spec.template: Invalid value"},
-		"status kind":                 {target: neonLike, obj: `{"spec":{"extraNetwork":{"enable":true}}}`},
-		"status kind, filled":         {target: neonLike, obj: `{"status":{"extraNetIP":"10.0.0.5"}}`},
-		"spec not an object":          {target: VirtualMachine, obj: `{"spec":5}`, wantErr: "spec: Invalid value"},
-		"addresses not strings":       {target: VirtualMachine, obj: `{"spec":{"addresses":[1]}}`, wantErr: "spec.addresses: Invalid value"},
-		"too many addresses":          {target: VirtualMachine, obj: `{"spec":{"addresses":["1","2","3","4","5","6","7","8","9","10","11","12","13","14","15","16","17"]}}`, wantErr: "more than 16"},
-		"name not a string":           {target: VirtualMachine, obj: `{"metadata":{"name":7}}`, wantErr: "metadata.name: Invalid value"},
-		"metadata not object":         {target: VirtualMachine, obj: `{"metadata":"x"}`, wantErr: "metadata: Invalid value"},
-		"finalizers not a list":       {target: VirtualMachine, obj: `{"metadata":{"finalizers":{}}}`, wantErr: "metadata.finalizers"},
-		"token not a string":          {target: VirtualMachine, obj: `{"metadata":{"annotations":{"vmipam.io/token":1}}}`, wantErr: "vmipam.io/token"},
+		"empty spec":                  {kind: VirtualMachine, obj: `{"apiVersion":"vmipam.io/v1alpha1","kind":"VirtualMachine","metadata":{"name":"a"},"spec":{}}`},
+		"no spec":                     {kind: VirtualMachine, obj: `{"apiVersion":"vmipam.io/v1alpha1","kind":"VirtualMachine","metadata":{"name":"a"}}`},
+		"null spec, null lists":       {kind: VirtualMachine, obj: `{"metadata":{"annotations":null,"finalizers":null},"spec":null}`},
+		"no metadata":                 {kind: VirtualMachine, obj: `{"spec":{"ipPool":"p"}}`},
+		"other annotations":           {kind: VirtualMachine, obj: `{"metadata":{"annotations":{"a/b":"c","vmipam.io/pool":"old"},"finalizers":["x"]}}`},
+		"our finalizer already":       {kind: VirtualMachine, obj: `{"metadata":{"finalizers":["vmipam.io/release-address"]}}`},
+		"escaped key":                 {kind: VirtualMachine, obj: `{"metadata":{"annotations":{"vmipam.io\/token":"copied"}}}`},
+		"other labels":                {kind: VirtualMachine, obj: `{"metadata":{"labels":{"app":"db"}}}`},
+		"null labels":                 {kind: VirtualMachine, obj: `{"metadata":{"labels":null}}`},
+		"another holder":              {kind: VirtualMachine, obj: `{"metadata":{"labels":{"app":"db","vmipam.io/holder":"h2"}}}`},
+		"holder not a string":         {kind: VirtualMachine, obj: `{"metadata":{"labels":{"vmipam.io/holder":1}}}`, wantErr: "metadata.labels[vmipam.io/holder]"},
+		"deep, nothing":               {kind: deep, obj: `{"metadata":{}}`},
+		"deep, half":                  {kind: deep, obj: `{"spec":{"other":1}}`},
+		"deep, full":                  {kind: deep, obj: `{"spec":{"network":{"pool":"p","addresses":[]}}}`},
+		"annotation":                  {kind: byAnnotation, obj: `{"metadata":{"annotations":{"x":"y"}}}`},
+		"string field":                {kind: oneString, obj: `{"metadata":{"annotations":{"example.com/pool":"p"}},"spec":{"net":{"ip":""}}}`},
+		"string field, absent":        {kind: oneString, obj: `{"spec":{}}`},
+		"string field, number":        {kind: oneString, obj: `{"spec":{"net":{"ip":5}}}`, wantErr: "spec.net.ip: Invalid value"},
+		"json on metadata":            {kind: jsonOnMetadata, obj: `{"metadata":{"annotations":{"cni.projectcalico.org/ipAddrs":"[\"10.0.0.5\"]"}}}`},
+		"json on metadata, respelled": {kind: jsonOnMetadata, obj: `{"metadata":{"annotations":{"cni.projectcalico.org/ipAddrs":"[ \"10.0.0.5\" ]"}}}`},
+		"json, not json":              {kind: jsonOnMetadata, obj: `{"metadata":{"annotations":{"cni.projectcalico.org/ipAddrs":"10.0.0.5"}}}`, wantErr: "must be a JSON list of strings"},
+		"template, nothing":           {kind: kubevirtLike, obj: `{"spec":{"running":true}}`},
+		"template, no metadata":       {kind: kubevirtLike, obj: `{"spec":{"template":{"spec":{}}}}`},
+		"template, other annotation":  {kind: kubevirtLike, obj: `{"spec":{"template":{"metadata":{"annotations":{"a/b":"c"}}}}}`},
+		"template, static":            {kind: kubevirtLike, obj: `{"spec":{"template":{"metadata":{"annotations":{"cni.projectcalico.org/ipAddrs":"[\"10.0.0.5\"]"}}}}}`},
+		"template not an object":      {kind: kubevirtLike, obj: `{"spec":{"template":[]}}`, wantErr: "spec.template: Invalid value"},
+		"status kind":                 {kind: neonLike, obj: `{"spec":{"extraNetwork":{"enable":true}}}`},
+		"status kind, filled":         {kind: neonLike, obj: `{"status":{"extraNetIP":"10.0.0.5"}}`},
+		"spec not an object":          {kind: VirtualMachine, obj: `{"spec":5}`, wantErr: "spec: Invalid value"},
+		"addresses not strings":       {kind: VirtualMachine, obj: `{"spec":{"addresses":[1]}}`, wantErr: "spec.addresses: Invalid value"},
+		"too many addresses":          {kind: VirtualMachine, obj: `{"spec":{"addresses":["1","2","3","4","5","6","7","8","9","10","11","12","13","14","15","16","17"]}}`, wantErr: "more than 16"},
+		"name not a string":           {kind: VirtualMachine, obj: `{"metadata":{"name":7}}`, wantErr: "metadata.name: Invalid value"},
+		"metadata not object":         {kind: VirtualMachine, obj: `{"metadata":"x"}`, wantErr: "metadata: Invalid value"},
+		"finalizers not a list":       {kind: VirtualMachine, obj: `{"metadata":{"finalizers":{}}}`, wantErr: "metadata.finalizers"},
+		"token not a string":          {kind: VirtualMachine, obj: `{"metadata":{"annotations":{"vmipam.io/token":1}}}`, wantErr: "vmipam.io/token"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			v, err := tc.target.Read([]byte(tc.obj))
+			v, err := tc.kind.Read([]byte(tc.obj))
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("Read: %v, want an error saying %q", err, tc.wantErr)
@@ -174,30 +174,30 @@ func TestReadAndStamp(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			addrs := stampAddrs(tc.target)
-			ops, err := tc.target.StampPatch(v, Stamp{Addrs: addrs, Pool: "pool-a", Token: "tok", Holder: "h1", Network: testNetwork})
+			addrs := stampAddrs(tc.kind)
+			ops, err := tc.kind.StampPatch(v, Stamp{Addrs: addrs, Pool: "pool-a", Token: "tok", Holder: "h1", Network: testNetwork})
 			stamped := apply(t, []byte(tc.obj), ops, err)
 			raw, _ := json.Marshal(stamped)
-			back, err := tc.target.Read(raw)
+			back, err := tc.kind.Read(raw)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !reflect.DeepEqual(readBack(tc.target, back), addrs) || back.StampedPool != "pool-a" || back.Token != "tok" || !back.HasFinalizer || back.Holder != "h1" {
+			if !reflect.DeepEqual(readBack(tc.kind, back), addrs) || back.StampedPool != "pool-a" || back.Token != "tok" || !back.HasFinalizer || back.Holder != "h1" {
 				t.Fatalf("stamped object reads back as %+v, want the addresses %v", back, addrs)
 			}
-			if loc, _ := tc.target.networkLocation(); loc != nil {
-				if got := networkOf(t, tc.target, stamped); !reflect.DeepEqual(got, testNetwork) {
-					t.Errorf("the network at %s reads back as %+v, want %+v", tc.target.NetworkPath(), got, testNetwork)
+			if loc, _ := tc.kind.networkLocation(); loc != nil {
+				if got := networkOf(t, tc.kind, stamped); !reflect.DeepEqual(got, testNetwork) {
+					t.Errorf("the network at %s reads back as %+v, want %+v", tc.kind.NetworkPath(), got, testNetwork)
 				}
 			}
 			// Stamping again, without a network, changes nothing.
-			if ops, _ := tc.target.StampPatch(back, Stamp{Addrs: addrs, Pool: "pool-a", Token: "tok", Holder: "h1"}); len(ops) != 0 {
+			if ops, _ := tc.kind.StampPatch(back, Stamp{Addrs: addrs, Pool: "pool-a", Token: "tok", Holder: "h1"}); len(ops) != 0 {
 				t.Errorf("a second stamp patches %v", ops)
 			}
 			// A dry run stamps the pool and the finalizer, and no token.
-			dry := apply(t, []byte(tc.obj), tc.target.DryRunPatch(v, "pool-a", nil))
+			dry := apply(t, []byte(tc.obj), tc.kind.DryRunPatch(v, "pool-a", nil))
 			raw, _ = json.Marshal(dry)
-			if back, err = tc.target.Read(raw); err != nil || back.HasToken || back.StampedPool != "pool-a" || !back.HasFinalizer {
+			if back, err = tc.kind.Read(raw); err != nil || back.HasToken || back.StampedPool != "pool-a" || !back.HasFinalizer {
 				t.Fatalf("dry run reads back as %+v, %v", back, err)
 			}
 			// Nothing else is lost.
@@ -275,7 +275,7 @@ func FuzzStampPatch(f *testing.F) {
 		if json.Unmarshal(obj, &m) != nil {
 			return
 		}
-		for _, tg := range []Target{VirtualMachine, deep, byAnnotation, oneString, jsonOnMetadata, kubevirtLike, neonLike} {
+		for _, tg := range []Kind{VirtualMachine, deep, byAnnotation, oneString, jsonOnMetadata, kubevirtLike, neonLike} {
 			v, err := tg.Read(obj)
 			if err != nil {
 				continue

@@ -1,4 +1,4 @@
-package target
+package kinds
 
 import (
 	"encoding/json"
@@ -12,7 +12,7 @@ import (
 // variables first, then every rule; it returns the messages of the rules
 // that fail. Fields missing from an object read as absent, as in the API
 // server.
-func admit(t *testing.T, tg Target, op, obj, old, user string) []string {
+func admit(t *testing.T, tg Kind, op, obj, old, user string) []string {
 	t.Helper()
 	env, err := cel.NewEnv(cel.Variable("object", cel.DynType), cel.Variable("oldObject", cel.DynType),
 		cel.Variable("request", cel.DynType), cel.Variable("variables", cel.DynType), ext.Strings())
@@ -73,10 +73,10 @@ func admit(t *testing.T, tg Target, op, obj, old, user string) []string {
 	return failed
 }
 
-var kubevirtLike = Target{AddressAnnotation: "cni.projectcalico.org/ipAddrs", AnnotationPath: []string{"spec", "template", "metadata"}, AnnotationFormat: FormatJSON,
+var kubevirtLike = Kind{AddressAnnotation: "cni.projectcalico.org/ipAddrs", AnnotationPath: []string{"spec", "template", "metadata"}, AnnotationFormat: FormatJSON,
 	NetworkAnnotation: "vmipam.io/network", NetworkAnnotationPath: []string{"spec", "template", "metadata"}}
 
-var neonLike = Target{Status: &StatusFields{Address: []string{"status", "extraNetIP"}, RequestAnnotation: DefaultRequestAnnotation},
+var neonLike = Kind{Status: &StatusFields{Address: []string{"status", "extraNetIP"}, RequestAnnotation: DefaultRequestAnnotation},
 	Condition: "has(object.spec) && has(object.spec.extraNetwork) && object.spec.extraNetwork.enable == true"}
 
 // vmipamSA is vmipam's ServiceAccount, as the API server names it.
@@ -96,7 +96,7 @@ func TestPolicyRules(t *testing.T) {
 		return `{"metadata":{` + meta + `},"spec":{"extraNetwork":{"enable":true}},"status":{"extraNetIP":"` + ip + `"}}`
 	}
 	tests := map[string]struct {
-		target   Target
+		kind   Kind
 		op       string
 		obj, old string
 		denied   bool
@@ -147,7 +147,7 @@ func TestPolicyRules(t *testing.T) {
 			if user == "" {
 				user = "alice"
 			}
-			failed := admit(t, tc.target, tc.op, tc.obj, tc.old, user)
+			failed := admit(t, tc.kind, tc.op, tc.obj, tc.old, user)
 			if tc.denied != (len(failed) > 0) {
 				t.Errorf("denied: %v (%q), want denied %v", len(failed) > 0, failed, tc.denied)
 			}

@@ -1,4 +1,4 @@
-package target
+package kinds
 
 import (
 	"encoding/json"
@@ -116,7 +116,7 @@ func unwrapAll(err error) error {
 }
 
 func TestInScope(t *testing.T) {
-	neon := Target{Condition: "has(object.spec.extraNetwork) && has(object.spec.extraNetwork.enable) && object.spec.extraNetwork.enable == true"}
+	neon := Kind{Condition: "has(object.spec.extraNetwork) && has(object.spec.extraNetwork.enable) && object.spec.extraNetwork.enable == true"}
 	for _, tc := range []struct {
 		obj  string
 		want bool
@@ -135,17 +135,17 @@ func TestInScope(t *testing.T) {
 			t.Errorf("InScope(%s) = %v, want %v", tc.obj, got, tc.want)
 		}
 	}
-	if !(Target{}).InScope(&unstructured.Unstructured{Object: map[string]any{}}) {
+	if !(Kind{}).InScope(&unstructured.Unstructured{Object: map[string]any{}}) {
 		t.Error("a kind without a condition must take every object")
 	}
 }
 
 func TestStatusFill(t *testing.T) {
-	neon := Target{Status: &StatusFields{Address: []string{"status", "extraNetIP"}, Mask: []string{"status", "extraNetMask"}, MaskFormat: MaskDotted}}
+	neon := Kind{Status: &StatusFields{Address: []string{"status", "extraNetIP"}, Mask: []string{"status", "extraNetMask"}, MaskFormat: MaskDotted}}
 	p24, p64 := netip.MustParsePrefix("10.0.0.0/24"), netip.MustParsePrefix("fd00::/64")
 	for _, tc := range []struct {
 		name   string
-		tg     Target
+		tg     Kind
 		status map[string]any
 		addr   netip.Addr
 		prefix netip.Prefix

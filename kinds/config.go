@@ -1,4 +1,4 @@
-package target
+package kinds
 
 import (
 	"fmt"
@@ -124,10 +124,10 @@ type StatusConfig struct {
 const DefaultRequestAnnotation = "vmipam.io/requested-address"
 
 // Default is the configuration without a file: vmipam's own kind.
-func Default() []Target { return []Target{VirtualMachine} }
+func Default() []Kind { return []Kind{VirtualMachine} }
 
 // OrDefault returns ts, or Default when ts is empty.
-func OrDefault(ts []Target) []Target {
+func OrDefault(ts []Kind) []Kind {
 	if len(ts) == 0 {
 		return Default()
 	}
@@ -136,7 +136,7 @@ func OrDefault(ts []Target) []Target {
 
 // LoadOrDefault is Load, or Default when path is empty (no
 // --kinds-config).
-func LoadOrDefault(path string) ([]Target, error) {
+func LoadOrDefault(path string) ([]Kind, error) {
 	if path == "" {
 		return Default(), nil
 	}
@@ -144,7 +144,7 @@ func LoadOrDefault(path string) ([]Target, error) {
 }
 
 // Load reads and checks the kinds configuration file at path.
-func Load(path string) ([]Target, error) {
+func Load(path string) ([]Kind, error) {
 	raw, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read the kinds configuration: %w", err)
@@ -156,9 +156,9 @@ func Load(path string) ([]Target, error) {
 	return ts, nil
 }
 
-// Parse checks a kinds configuration and returns its Targets. Every
+// Parse checks a kinds configuration and returns its Kinds. Every
 // problem is reported, naming its field and the fix.
-func Parse(raw []byte) ([]Target, error) {
+func Parse(raw []byte) ([]Kind, error) {
 	var c Config
 	if err := yaml.UnmarshalStrict(raw, &c); err != nil {
 		return nil, fmt.Errorf("parse: %w", err)
@@ -175,12 +175,12 @@ func Parse(raw []byte) ([]Target, error) {
 	case len(c.Kinds) > maxKinds:
 		errs = append(errs, field.TooMany(root, len(c.Kinds), maxKinds))
 	}
-	var out []Target
+	var out []Kind
 	seen := map[schema.GroupResource]int{}
 	paths := map[string]int{}
 	for i, k := range c.Kinds {
 		p := root.Index(i)
-		t, kerrs := k.target(p)
+		t, kerrs := k.kind(p)
 		errs = append(errs, kerrs...)
 		if j, dup := seen[t.GVR().GroupResource()]; dup && len(kerrs) == 0 {
 			errs = append(errs, field.Duplicate(p.Child("resource"), fmt.Sprintf("%s.%s, already kinds[%d]", k.Resource, k.Group, j)))
@@ -199,7 +199,7 @@ func Parse(raw []byte) ([]Target, error) {
 
 // PathName names the kind in a URL path: its group with dashes for dots,
 // its version and its kind in lower case (vmipam-io-v1alpha1-virtualmachine).
-func (t Target) PathName() string {
+func (t Kind) PathName() string {
 	g := strings.ReplaceAll(t.GVK.Group, ".", "-")
 	if g == "" {
 		g = "core"
@@ -253,14 +253,14 @@ func annotationKey(p *field.Path, k string) *field.Error {
 	return nil
 }
 
-func (k KindConfig) target(p *field.Path) (Target, field.ErrorList) {
+func (k KindConfig) kind(p *field.Path) (Kind, field.ErrorList) {
 	var errs field.ErrorList
 	add := func(e *field.Error) {
 		if e != nil {
 			errs = append(errs, e)
 		}
 	}
-	t := Target{GVK: schema.GroupVersionKind{Group: k.Group, Version: k.Version, Kind: k.Kind}, Resource: k.Resource, Condition: k.Condition}
+	t := Kind{GVK: schema.GroupVersionKind{Group: k.Group, Version: k.Version, Kind: k.Kind}, Resource: k.Resource, Condition: k.Condition}
 	if k.Group != "" {
 		for _, m := range validation.IsDNS1123Subdomain(k.Group) {
 			add(field.Invalid(p.Child("group"), k.Group, m))
@@ -385,7 +385,7 @@ func annotationPath(p *field.Path, path string, add func(*field.Error)) []string
 }
 
 // network reads the network location into t.
-func (k KindConfig) network(np *field.Path, t *Target, add func(*field.Error)) {
+func (k KindConfig) network(np *field.Path, t *Kind, add func(*field.Error)) {
 	n := k.Network
 	switch {
 	case (n.Field != "") == (n.Annotation != nil):
@@ -413,7 +413,7 @@ func (k KindConfig) network(np *field.Path, t *Target, add func(*field.Error)) {
 
 // families reads the family fields into t, whose address location must
 // hold two addresses.
-func (k KindConfig) families(fp *field.Path, t *Target, add func(*field.Error)) {
+func (k KindConfig) families(fp *field.Path, t *Kind, add func(*field.Error)) {
 	f := k.Families
 	if t.MaxAddresses() < 2 {
 		add(field.Invalid(fp, "", "the address location holds one address: dual-stack needs a list field, or an annotation in comma or json format"))
@@ -468,7 +468,7 @@ func compileCondition(expr string) (cel.Program, error) {
 // condition holds, or it has none. A condition that fails to evaluate
 // (a field it reads is missing) does not hold, as it would not match in
 // the API server's webhook either.
-func (t Target) InScope(obj *unstructured.Unstructured) bool {
+func (t Kind) InScope(obj *unstructured.Unstructured) bool {
 	if t.Condition == "" {
 		return true
 	}

@@ -1,4 +1,4 @@
-package target
+package kinds
 
 import (
 	"maps"
@@ -20,7 +20,7 @@ func TestFromMetadata(t *testing.T) {
 	kubevirt := kubevirtLike
 	kubevirt.GVK = deep.GVK
 	stamp := map[string]string{vmipamv1.AddressAnnotation: "10.0.0.5", vmipamv1.TokenAnnotation: "t", vmipamv1.PoolAnnotation: "p", "other": "o"}
-	for name, tg := range map[string]Target{
+	for name, tg := range map[string]Kind{
 		"vmipam's": VirtualMachine, "annotation": byAnnotation, "deep list": deep, "string": oneString,
 		"json on metadata": jsonOnMetadata, "json in the template": kubevirt,
 	} {

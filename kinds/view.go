@@ -1,4 +1,4 @@
-package target
+package kinds
 
 import (
 	"errors"
@@ -36,7 +36,7 @@ type View struct {
 	Addresses    []string
 	Pool         string
 	// FamilyPolicy and Families are what the object asks of the address
-	// families (see Target.FamilyPolicyField), empty when it says nothing.
+	// families (see Kind.FamilyPolicyField), empty when it says nothing.
 	FamilyPolicy                         string
 	Families                             []string
 	hasMetadata, hasAnnotations, hasFins bool
@@ -77,7 +77,7 @@ const (
 // admission server checks it). A field of the wrong type is a
 // *field.Error naming it; anything else that is not an object is a plain
 // error.
-func (t Target) Read(raw []byte) (*View, error) {
+func (t Kind) Read(raw []byte) (*View, error) {
 	if jsonscan.KindOf(raw) != jsonscan.KindObject {
 		return nil, errors.New("the object is not a JSON object")
 	}
@@ -222,7 +222,7 @@ func depth(loc []string, vals [][]byte, checked int, errs *[]error) int {
 }
 
 // poolLocation is the path Read extracts the pool from, if any.
-func (t Target) poolLocation() []string {
+func (t Kind) poolLocation() []string {
 	if t.PoolAnnotation != "" {
 		return []string{"metadata", "annotations", t.PoolAnnotation}
 	}
@@ -264,7 +264,7 @@ type Stamp struct {
 // address annotation), their network identity, the pool and the
 // reservation token, vmipam's finalizer, and the holder label. It is built
 // from v alone: the object is never copied or re-encoded.
-func (t Target) StampPatch(v *View, st Stamp) ([]jsonpatch.Operation, error) {
+func (t Kind) StampPatch(v *View, st Stamp) ([]jsonpatch.Operation, error) {
 	addrs, holder, n := st.Addrs, st.Holder, st.Network
 	set := map[string]string{vmipamv1.PoolAnnotation: st.Pool, vmipamv1.TokenAnnotation: st.Token, vmipamv1.AddressAnnotation: StampValue(addrs)}
 	if st.SingleStack != "" {
@@ -326,7 +326,7 @@ func commonPrefix(a, b []string) int {
 // reserves nothing). A static request, if valid, is written as the stamp
 // would write it (without the prefix length it may have been given), so
 // that the dry run passes the same validation as the create.
-func (t Target) DryRunPatch(v *View, pool string, statics []netip.Addr) []jsonpatch.Operation {
+func (t Kind) DryRunPatch(v *View, pool string, statics []netip.Addr) []jsonpatch.Operation {
 	set := map[string]string{vmipamv1.PoolAnnotation: pool}
 	addrs := make([]string, len(statics))
 	for i, a := range statics {
@@ -347,7 +347,7 @@ func (t Target) DryRunPatch(v *View, pool string, statics []netip.Addr) []jsonpa
 // addressOpFor returns the operation that writes addrs in the address
 // location of a kind whose address goes into a field or an annotation
 // not of its own metadata, and false when the location holds it already.
-func (t Target) addressOpFor(v *View, addrs []string) (jsonpatch.Operation, bool) {
+func (t Kind) addressOpFor(v *View, addrs []string) (jsonpatch.Operation, bool) {
 	_, kind := t.location()
 	want := t.Render(addrs)
 	var value any = want
@@ -362,7 +362,7 @@ func (t Target) addressOpFor(v *View, addrs []string) (jsonpatch.Operation, bool
 
 // FinalizerPatch returns the patch that adds vmipam's finalizer, if the
 // object lacks it.
-func (t Target) FinalizerPatch(v *View) []jsonpatch.Operation {
+func (t Kind) FinalizerPatch(v *View) []jsonpatch.Operation {
 	return t.metadataOps(v, nil, false)
 }
 
@@ -375,7 +375,7 @@ func holderOp(v *View, holder string) jsonpatch.Operation {
 	return jsonpatch.NewOperation("add", "/metadata/labels/"+EscapePointer(vmipamv1.HolderLabel), holder)
 }
 
-func (t Target) metadataOps(v *View, set map[string]string, dropToken bool) []jsonpatch.Operation {
+func (t Kind) metadataOps(v *View, set map[string]string, dropToken bool) []jsonpatch.Operation {
 	var ops []jsonpatch.Operation
 	if !v.hasMetadata {
 		md := map[string]any{}
@@ -421,7 +421,7 @@ func (t Target) metadataOps(v *View, set map[string]string, dropToken bool) []js
 
 // addressOp sets the address location to value, creating the objects on
 // its way.
-func (t Target) addressOp(v *View, value any) jsonpatch.Operation {
+func (t Kind) addressOp(v *View, value any) jsonpatch.Operation {
 	f, _ := t.location()
 	if v.addrPresent {
 		return jsonpatch.NewOperation("replace", pointer(f), value)

@@ -1,4 +1,4 @@
-package target
+package kinds
 
 import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -15,7 +15,7 @@ import (
 // large objects costs what vmipam needs and no more. Patches computed from
 // a trimmed object name only the fields they change, so nothing else is
 // lost when the controller writes.
-func (t Target) Trim(obj any) (any, error) {
+func (t Kind) Trim(obj any) (any, error) {
 	u, ok := obj.(*unstructured.Unstructured)
 	if !ok {
 		return obj, nil
@@ -86,7 +86,7 @@ func (t Target) Trim(obj any) (any, error) {
 
 // metadataAddressKey is the annotation of the object's own metadata the
 // address (or a static request) is read from, if any.
-func (t Target) metadataAddressKey() string {
+func (t Kind) metadataAddressKey() string {
 	if !t.onMetadata() {
 		return ""
 	}
