@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	"github.com/vmipam/vmipam/api/scheme"
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/ipam"
 	"github.com/vmipam/vmipam/kinds"
@@ -30,7 +31,7 @@ func TestBindOnCreate(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Name: "p", UID: "uid-pool", Generation: 1},
 		Spec:       vmipamv1.IPPoolSpec{Ranges: []vmipamv1.IPRange{{CIDR: "10.98.0.0/28"}}},
 	}
-	c := fake.NewClientBuilder().WithScheme(poolstest.Scheme(t)).WithObjects(pool.DeepCopy()).Build()
+	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(pool.DeepCopy()).Build()
 	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	reg := poolstest.Start(t, c, clk, "vmipam", pool)
 	p := reg.Get(pool.Name)

@@ -15,9 +15,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
+	"github.com/vmipam/vmipam/api/scheme"
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/controller"
-	"github.com/vmipam/vmipam/internal/app"
 	"github.com/vmipam/vmipam/ipam"
 	"github.com/vmipam/vmipam/kinds"
 	"github.com/vmipam/vmipam/pools/poolstest"
@@ -50,7 +50,7 @@ func TestReleaseRetry(t *testing.T) {
 					Cooldown: &metav1.Duration{Duration: cooldown}, PendingTTL: &metav1.Duration{Duration: time.Minute}},
 			}
 			var failNext atomic.Bool
-			c := interceptor.NewClient(fake.NewClientBuilder().WithScheme(app.Scheme).WithObjects(pool.DeepCopy()).Build(), interceptor.Funcs{
+			c := interceptor.NewClient(fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(pool.DeepCopy()).Build(), interceptor.Funcs{
 				Patch: func(ctx context.Context, cl client.WithWatch, obj client.Object, p client.Patch, opts ...client.PatchOption) error {
 					if failNext.CompareAndSwap(true, false) {
 						return errors.New("injected: the API server did not answer")

@@ -63,7 +63,7 @@ type VMReconciler struct {
 	// waits for its finalizer's removal. Nil reads through Client.
 	APIReader client.Reader
 	Registry  *pools.Registry
-	Kind    kinds.Kind
+	Kind      kinds.Kind
 	Recorder  events.EventRecorder
 	// MaxConcurrentReconciles defaults to 16: a reconcile mostly waits for
 	// its finalizer patch, so more in flight keep mass deletions moving,

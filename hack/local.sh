@@ -29,7 +29,7 @@
 # where hack/lbproxy listens (.local/lbproxy.pid, .local/lbproxy.log): a
 # round-robin TCP proxy standing in for the Service, sending each new
 # connection to a replica whose /readyz passes (polled every 100 ms). It is
-# not kube-proxy (see internal/lbproxy): it notices a dead replica in
+# not kube-proxy (see test/lbproxy): it notices a dead replica in
 # 100 ms where a cluster takes seconds, and like kube-proxy it balances
 # connections, not requests, so the API server's kept-alive connections
 # stay on the replica they reached. Its backends and connection counts:

@@ -77,7 +77,7 @@ func TestRequestSeenDuringServingRead(t *testing.T) {
 		asked := new(Bitmap)
 		asked.Set(blockOffset(want))
 		b.Requests = map[string]Request{"h1": {Addrs: asked}}
-		v, err := st.MemoryStore.Put(ctx, b)
+		v, err := st.Put(ctx, b)
 		if err != nil {
 			t.Error(err)
 			return

@@ -96,7 +96,7 @@ func TestPolicyRules(t *testing.T) {
 		return `{"metadata":{` + meta + `},"spec":{"extraNetwork":{"enable":true}},"status":{"extraNetIP":"` + ip + `"}}`
 	}
 	tests := map[string]struct {
-		kind   Kind
+		kind     Kind
 		op       string
 		obj, old string
 		denied   bool

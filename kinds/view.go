@@ -12,7 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
-	"github.com/vmipam/vmipam/internal/jsonscan"
+	"github.com/vmipam/vmipam/lib/jsonscan"
 )
 
 // maxAddressItems bounds the address list decoded from a request: a

@@ -121,7 +121,7 @@ func apply(t *testing.T, obj []byte, ops []jsonpatch.Operation, errs ...error) m
 func TestReadAndStamp(t *testing.T) {
 	tests := map[string]struct {
 		kind Kind
-		obj    string
+		obj  string
 		// want is the stamped object's address, pool and token as read
 		// back by Read.
 		wantErr string

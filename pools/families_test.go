@@ -13,8 +13,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
+	"github.com/vmipam/vmipam/api/scheme"
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
-	"github.com/vmipam/vmipam/internal/app"
 	"github.com/vmipam/vmipam/ipam"
 	"github.com/vmipam/vmipam/pools/poolstest"
 )
@@ -36,7 +36,7 @@ func TestPoolOfBothFamilies(t *testing.T) {
 			Cooldown: &metav1.Duration{Duration: time.Hour}, PendingTTL: &metav1.Duration{Duration: time.Minute},
 		},
 	}
-	c := fake.NewClientBuilder().WithScheme(app.Scheme).WithObjects(pool.DeepCopy()).Build()
+	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(pool.DeepCopy()).Build()
 	reg := poolstest.Start(t, c, clk, "vmipam", pool)
 	p := reg.Get("dual")
 	if got := p.Families(); len(got) != 2 || got[0] != vmipamv1.IPv4 || got[1] != vmipamv1.IPv6 {

@@ -30,10 +30,10 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
-	"github.com/vmipam/vmipam/internal/cacheindex"
 	"github.com/vmipam/vmipam/ipam"
 	"github.com/vmipam/vmipam/kinds"
 	"github.com/vmipam/vmipam/kubestore"
+	"github.com/vmipam/vmipam/lib/cacheindex"
 )
 
 // ErrNotReady means the registry has not loaded every IPPool yet, so it

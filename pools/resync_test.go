@@ -18,9 +18,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
+	"github.com/vmipam/vmipam/api/scheme"
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/controller"
-	"github.com/vmipam/vmipam/internal/app"
 	"github.com/vmipam/vmipam/ipam"
 	"github.com/vmipam/vmipam/kinds"
 	"github.com/vmipam/vmipam/pools/poolstest"
@@ -47,7 +47,7 @@ func TestResyncKeepsAddressBoundDuringItsList(t *testing.T) {
 	// test lets it go on.
 	var armed atomic.Bool
 	listed, resume := make(chan struct{}), make(chan struct{})
-	c := interceptor.NewClient(fake.NewClientBuilder().WithScheme(app.Scheme).WithObjects(pool.DeepCopy()).Build(), interceptor.Funcs{
+	c := interceptor.NewClient(fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(pool.DeepCopy()).Build(), interceptor.Funcs{
 		List: func(ctx context.Context, cl client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
 			err := cl.List(ctx, list, opts...)
 			if _, vms := list.(*unstructured.UnstructuredList); vms && armed.CompareAndSwap(true, false) {

@@ -14,8 +14,8 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
+	"github.com/vmipam/vmipam/api/scheme"
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
-	"github.com/vmipam/vmipam/internal/app"
 	"github.com/vmipam/vmipam/ipam"
 	"github.com/vmipam/vmipam/kinds"
 	"github.com/vmipam/vmipam/pools"
@@ -53,7 +53,7 @@ func TestPoolTroubleStaysInPool(t *testing.T) {
 		}
 		return n
 	}
-	c := fake.NewClientBuilder().WithScheme(app.Scheme).
+	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).
 		WithObjects(good.DeepCopy(), broken.DeepCopy(), late.DeepCopy(), ns("team-a", ""), ns("team-b", "b"), ns("team-c", "c")).Build()
 	reg := poolstest.Start(t, c, clk, "vmipam", good)
 	if err := reg.Ensure(ctx, broken); err == nil {
@@ -136,7 +136,7 @@ func TestLostAllocatorRebuilt(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Name: "p", UID: "uid-p", Generation: 1},
 		Spec:       vmipamv1.IPPoolSpec{Ranges: []vmipamv1.IPRange{{CIDR: "10.0.0.0/28"}}, Default: true},
 	}
-	c := fake.NewClientBuilder().WithScheme(app.Scheme).WithObjects(pool.DeepCopy()).Build()
+	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(pool.DeepCopy()).Build()
 	reg := poolstest.Start(t, c, clk, "vmipam", pool)
 	p := reg.Get("p")
 	a, err := p.Allocate(ctx, ipam.Reservation{Token: "t1"})

@@ -22,7 +22,7 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
-	"github.com/vmipam/vmipam/internal/jsonscan"
+	"github.com/vmipam/vmipam/lib/jsonscan"
 )
 
 // Limits bound what one admission request may cost vmipam. The defaults

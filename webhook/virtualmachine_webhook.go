@@ -51,7 +51,7 @@ func MutatePath(t kinds.Kind) string { return "/mutate-" + t.PathName() }
 // from another object and is replaced, never trusted.
 type VMDefaulter struct {
 	Registry *pools.Registry
-	Kind   kinds.Kind
+	Kind     kinds.Kind
 	// Names, if set, tells whether the informer cache of the target kind
 	// holds an object of a name: a create whose name is already taken
 	// there is refused before it reserves anything, since the API server

@@ -28,11 +28,12 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 
+	"github.com/vmipam/vmipam/api/scheme"
 	"github.com/vmipam/vmipam/certs"
 	"github.com/vmipam/vmipam/certs/clientauth"
 	"github.com/vmipam/vmipam/internal/app"
-	"github.com/vmipam/vmipam/internal/lazylog"
 	"github.com/vmipam/vmipam/kinds"
+	"github.com/vmipam/vmipam/lib/lazylog"
 	"github.com/vmipam/vmipam/metrics"
 	"github.com/vmipam/vmipam/pools"
 	"github.com/vmipam/vmipam/webhook"
@@ -182,7 +183,7 @@ func run(o options) error {
 		return err
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                 app.Scheme,
+		Scheme:                 scheme.Scheme,
 		Metrics:                metricsOptions(o, tlsOpts),
 		HealthProbeBindAddress: o.probeAddr,
 		PprofBindAddress:       o.pprofAddr,

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/vmipam/vmipam/internal/manifests"
 	"github.com/vmipam/vmipam/kinds"
+	"github.com/vmipam/vmipam/kinds/manifests"
 )
 
 // renderManifests is `vmipam manifests`: it writes to w the wiring of the

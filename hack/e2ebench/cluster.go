@@ -23,8 +23,8 @@ import (
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/vmipam/vmipam/api/scheme"
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
-	"github.com/vmipam/vmipam/internal/app"
 )
 
 // Namespaces of the four modes and the pool the runs with vmipam name.
@@ -160,7 +160,7 @@ func (b *bench) newClients() ([]client.Client, error) {
 		if err != nil {
 			return nil, err
 		}
-		return client.New(cfg, client.Options{Scheme: app.Scheme, Mapper: mapper, HTTPClient: hc})
+		return client.New(cfg, client.Options{Scheme: scheme.Scheme, Mapper: mapper, HTTPClient: hc})
 	}
 	clients := make([]client.Client, b.opts.c)
 	for i := range clients {

@@ -11,8 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/vmipam/vmipam/api/scheme"
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
-	"github.com/vmipam/vmipam/internal/app"
 )
 
 // noopFinalizer is the finalizer the no-op mutating webhook adds and the
@@ -45,7 +45,7 @@ type finalizerRemover struct {
 
 // startFinalizerRemover runs a remover until ctx ends.
 func (b *bench) startFinalizerRemover(ctx context.Context) error {
-	c, err := client.NewWithWatch(b.cl.Config, client.Options{Scheme: app.Scheme, Mapper: b.cl.Client.RESTMapper()})
+	c, err := client.NewWithWatch(b.cl.Config, client.Options{Scheme: scheme.Scheme, Mapper: b.cl.Client.RESTMapper()})
 	if err != nil {
 		return err
 	}

@@ -94,7 +94,7 @@ type replicasPhase struct {
 // disturbs none of the figures above. Each round stops what runs (SIGTERM:
 // a drain, the seal, the Lease released) and starts the other layout, then
 // creates its share with vmipam. The replicas run behind the stand-in for
-// the Service (internal/lbproxy) on the webhook port, so the API server's
+// the Service (test/lbproxy) on the webhook port, so the API server's
 // connections spread over them as over a Service's endpoints.
 func (b *bench) measureReplicas(ctx context.Context, rep *report) error {
 	o := b.opts
@@ -200,7 +200,7 @@ func (r *report) replicasSection(b *strings.Builder) {
 	w("## One replica against %d", many.replicas)
 	w("")
 	w("After the deletes, %d more VirtualMachines per layout with vmipam (pool `%s`) from the same %d clients, in %d rounds alternating one vmipam "+
-		"process and %d replicas behind the stand-in for the Service (`internal/lbproxy`, round robin over ready replicas). "+
+		"process and %d replicas behind the stand-in for the Service (`test/lbproxy`, round robin over ready replicas). "+
 		"Between rounds vmipam is stopped (SIGTERM: drain, seal, Lease released) and the other layout started and warmed up with "+
 		"unmeasured creates; the replicas share the same %d CPUs, so no gain is expected: the point is no loss. vmipam's CPU is summed over its processes.",
 		ph.n, poolName, r.opts.c, r.opts.rounds, many.replicas, r.cpus)

@@ -1,7 +1,7 @@
-// Command lbproxy runs internal/lbproxy as a process: a round-robin TCP
+// Command lbproxy runs test/lbproxy as a process: a round-robin TCP
 // proxy that stands in for the Service in front of several vmipam
 // replicas on one machine (`make local-up REPLICAS=3`). It is not kube-proxy;
-// see internal/lbproxy for how it differs.
+// see test/lbproxy for how it differs.
 //
 //	lbproxy --listen 127.0.0.1:9443 \
 //	  --backend vmipam-0,127.0.0.1:9444,http://127.0.0.1:8082/readyz \
@@ -28,7 +28,7 @@ import (
 	"github.com/go-logr/logr"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
-	"github.com/vmipam/vmipam/internal/lbproxy"
+	"github.com/vmipam/vmipam/test/lbproxy"
 )
 
 // backends is a repeatable --backend flag.

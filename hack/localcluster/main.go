@@ -35,8 +35,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"github.com/vmipam/vmipam/internal/localcluster"
 	"github.com/vmipam/vmipam/kinds"
+	"github.com/vmipam/vmipam/test/localcluster"
 )
 
 func main() {

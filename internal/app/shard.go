@@ -11,8 +11,8 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/vmipam/vmipam/internal/cacheindex"
 	"github.com/vmipam/vmipam/kinds"
+	"github.com/vmipam/vmipam/lib/cacheindex"
 )
 
 // shardReader reads objects of one kind from the two caches that hold what

@@ -10,6 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
+	"github.com/vmipam/vmipam/api/scheme"
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/kinds"
 )
@@ -28,9 +29,9 @@ func TestShardReader(t *testing.T) {
 	}
 	stamped := vm("mine", map[string]string{vmipamv1.AddressAnnotation: "10.0.0.5", vmipamv1.TokenAnnotation: "t", "other": "o"}, "10.0.0.5")
 	adopted := vm("adopted", nil, "10.0.0.6")
-	own := fake.NewClientBuilder().WithScheme(Scheme).WithObjects(stamped, adopted).Build()
-	api := fake.NewClientBuilder().WithScheme(Scheme).WithObjects(stamped.DeepCopy(), adopted.DeepCopy()).Build()
-	unlabeled := fake.NewClientBuilder().WithScheme(Scheme).WithObjects(vm("unlabelled", nil, "10.0.0.7")).Build()
+	own := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(stamped, adopted).Build()
+	api := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(stamped.DeepCopy(), adopted.DeepCopy()).Build()
+	unlabeled := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(vm("unlabelled", nil, "10.0.0.7")).Build()
 	r := &shardReader{kind: kinds.VirtualMachine, api: api}
 	if err := r.Get(t.Context(), client.ObjectKey{Namespace: "ns", Name: "mine"}, kinds.VirtualMachine.New()); !apierrors.IsNotFound(err) {
 		t.Errorf("Get before the kind is served: %v; want not found", err)

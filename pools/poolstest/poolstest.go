@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
@@ -19,19 +17,6 @@ import (
 	"github.com/vmipam/vmipam/kinds"
 	"github.com/vmipam/vmipam/pools"
 )
-
-// Scheme returns a scheme that knows the built-in kinds and vmipam's.
-func Scheme(t testing.TB) *runtime.Scheme {
-	t.Helper()
-	s := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(s); err != nil {
-		t.Fatal(err)
-	}
-	if err := vmipamv1.AddToScheme(s); err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
 
 // Start returns a Registry of vmipam's own kind for holder over c (its
 // client and its API reader), on clock clk, started until the test ends,

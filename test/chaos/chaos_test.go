@@ -23,8 +23,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/vmipam/vmipam/api/scheme"
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
-	"github.com/vmipam/vmipam/internal/app"
 	"github.com/vmipam/vmipam/ipam"
 	"github.com/vmipam/vmipam/kubestore"
 	"github.com/vmipam/vmipam/pools"
@@ -169,7 +169,7 @@ func TestChaos(t *testing.T) {
 		return nil
 	})
 
-	wc, err := client.NewWithWatch(cl.Config, client.Options{Scheme: app.Scheme})
+	wc, err := client.NewWithWatch(cl.Config, client.Options{Scheme: scheme.Scheme})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,7 +4,7 @@
 // of their own (each keeps at most CHAOS_MAX_VMS_PER_CLIENT, 16), retrying
 // every refusal with a backoff and counting it by reason. vmipam runs as
 // CHAOS_REPLICAS replicas (3) behind the stand-in for the Service
-// (internal/lbproxy), with a 10s holder lease. Meanwhile a replica is
+// (test/lbproxy), with a 10s holder lease. Meanwhile a replica is
 // SIGKILLed CHAOS_KILLS times (3) and replaced, under its holder (a
 // container restart) and under a new one (a pod replaced, taken over by
 // the others) in turn; every replica is replaced one at a time

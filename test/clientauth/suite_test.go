@@ -41,8 +41,8 @@ import (
 
 	"github.com/vmipam/vmipam/certs"
 	"github.com/vmipam/vmipam/certs/pki"
-	"github.com/vmipam/vmipam/internal/manifests"
 	"github.com/vmipam/vmipam/kinds"
+	"github.com/vmipam/vmipam/kinds/manifests"
 	"github.com/vmipam/vmipam/test/harness"
 )
 

@@ -34,8 +34,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
-	"github.com/vmipam/vmipam/internal/manifests"
 	"github.com/vmipam/vmipam/kinds"
+	"github.com/vmipam/vmipam/kinds/manifests"
 	"github.com/vmipam/vmipam/test/harness"
 )
 

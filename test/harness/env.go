@@ -15,7 +15,7 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
-	"github.com/vmipam/vmipam/internal/app"
+	"github.com/vmipam/vmipam/api/scheme"
 )
 
 // Assets returns the folder of the control-plane binaries the tests run
@@ -93,7 +93,7 @@ func StartEnv(o EnvOptions) (*Env, error) {
 	}
 	cfg.QPS, cfg.Burst = cmp.Or(o.QPS, 1000), cmp.Or(o.Burst, 2000)
 	e.Config = cfg
-	if e.Client, err = client.New(cfg, client.Options{Scheme: app.Scheme}); err != nil {
+	if e.Client, err = client.New(cfg, client.Options{Scheme: scheme.Scheme}); err != nil {
 		return nil, errors.Join(fmt.Errorf("client: %w", err), e.Stop())
 	}
 	return e, nil

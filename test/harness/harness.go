@@ -27,8 +27,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"github.com/vmipam/vmipam/internal/localcluster"
 	"github.com/vmipam/vmipam/kinds"
+	"github.com/vmipam/vmipam/test/localcluster"
 )
 
 // Namespace is vmipam's own namespace in the harness.

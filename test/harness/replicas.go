@@ -15,16 +15,16 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/vmipam/vmipam/internal/lbproxy"
+	"github.com/vmipam/vmipam/test/lbproxy"
 )
 
 // Replicas is several vmipam processes serving the webhook behind one
 // address, the stand-in for a Deployment's pods behind their Service: a
-// round-robin TCP proxy (internal/lbproxy) on the Cluster's WebhookPort,
+// round-robin TCP proxy (test/lbproxy) on the Cluster's WebhookPort,
 // where the webhook configurations point, forwards each connection of the
 // API server to a replica whose /readyz passes. It balances connections,
 // not requests, and notices readiness within about 100 ms, much sooner than
-// kube-proxy would; see internal/lbproxy for how else it differs.
+// kube-proxy would; see test/lbproxy for how else it differs.
 //
 // The replicas share the Cluster's kubeconfig, namespace and self-managed
 // certificate. Its methods are safe for concurrent use.

@@ -30,10 +30,11 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 
+	"github.com/vmipam/vmipam/api/scheme"
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/internal/app"
-	"github.com/vmipam/vmipam/internal/manifests"
 	"github.com/vmipam/vmipam/kinds"
+	"github.com/vmipam/vmipam/kinds/manifests"
 	"github.com/vmipam/vmipam/pools"
 	"github.com/vmipam/vmipam/test/harness"
 	"github.com/vmipam/vmipam/webhook"
@@ -88,7 +89,7 @@ func startVMIPAM(t *testing.T, clk *clocktesting.FakeClock) *vmipam {
 	t.Helper()
 	wo := &testEnv.WebhookInstallOptions
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                 app.Scheme,
+		Scheme:                 scheme.Scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
 		WebhookServer: crwebhook.NewServer(crwebhook.Options{

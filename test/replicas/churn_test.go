@@ -14,7 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/vmipam/vmipam/internal/app"
+	"github.com/vmipam/vmipam/api/scheme"
 )
 
 // TestChurnOneSmallPool runs clients that create and delete VMs through
@@ -37,7 +37,7 @@ func TestChurnOneSmallPool(t *testing.T) {
 	s := newSuite(t)
 	s.startReplicas(3)
 	d := time.Duration(envInt(t, "REPLICAS_CHURN", 20, 1)) * time.Second
-	wc, err := client.NewWithWatch(s.cl.Config, client.Options{Scheme: app.Scheme})
+	wc, err := client.NewWithWatch(s.cl.Config, client.Options{Scheme: scheme.Scheme})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,8 +12,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/vmipam/vmipam/api/scheme"
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
-	"github.com/vmipam/vmipam/internal/app"
 	"github.com/vmipam/vmipam/test/harness"
 )
 
@@ -45,7 +45,7 @@ func TestRollingRestart(t *testing.T) {
 	prefix, usable := s.createPool(poolSpec{name: pool, cidr: "10.50.0.0/22", cooldown: cooldown, pendingTTL: pendingTTL})
 	old := s.rs.Live()
 
-	wc, err := client.NewWithWatch(s.cl.Config, client.Options{Scheme: app.Scheme})
+	wc, err := client.NewWithWatch(s.cl.Config, client.Options{Scheme: scheme.Scheme})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,7 @@
 // Package replicas is an envtest integration suite for vmipam run as
 // several replicas behind one Service (test/harness's Replicas: the vmipam
 // binary, each process with its own holder name and holder Lease, behind
-// the round-robin proxy of internal/lbproxy). The tests share one control
+// the round-robin proxy of test/lbproxy). The tests share one control
 // plane and one build of vmipam (TestMain); each starts its own replicas
 // with its own namespace and IPPool, and checks, from the API server, what
 // a user of a Deployment of vmipam relies on:

@@ -4,7 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 
-	"github.com/vmipam/vmipam/internal/jsonscan"
+	"github.com/vmipam/vmipam/lib/jsonscan"
 )
 
 func ExampleExtract() {

@@ -19,8 +19,8 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/vmipam/vmipam/internal/manifests"
 	"github.com/vmipam/vmipam/kinds"
+	"github.com/vmipam/vmipam/kinds/manifests"
 )
 
 // InstallWebhooks installs the generated webhook configurations under the
