@@ -35,11 +35,11 @@ func TestBindOnCreate(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	reg := poolstest.Start(t, c, clk, "vmipam", pool)
 	p := reg.Get(pool.Name)
-	r := &VMReconciler{Registry: reg, Kind: kinds.VirtualMachine}
+	r := &AddressGC{Registry: reg, Kind: kinds.VirtualMachine}
 	h := &bindOnCreate{bind: r.bindCreated}
 
 	stamped := func(token string) *metav1.PartialObjectMetadata {
-		a, err := p.Allocate(ctx, ipam.Reservation{Token: token})
+		a, err := p.AllocateFamily(ctx, ipam.Reservation{Token: token}, vmipamv1.IPv4)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -60,7 +60,7 @@ func TestReleaseRetry(t *testing.T) {
 			})
 			reg := poolstest.Start(t, c, clk, "vmipam", pool)
 			p := reg.Get(pool.Name)
-			a, err := p.Allocate(ctx, ipam.Reservation{Token: "token-1"})
+			a, err := p.AllocateFamily(ctx, ipam.Reservation{Token: "token-1"}, vmipamv1.IPv4)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -72,7 +72,7 @@ func TestReleaseRetry(t *testing.T) {
 			}
 			// The reader is the cache: it may show an older object.
 			reader := &staleReader{Reader: c}
-			gc := &controller.VMReconciler{Client: c, Reader: reader, APIReader: c, Registry: reg, Kind: kinds.VirtualMachine}
+			gc := &controller.AddressGC{Client: c, Reader: reader, APIReader: c, Registry: reg, Kind: kinds.VirtualMachine}
 			req := ctrl.Request{NamespacedName: client.ObjectKeyFromObject(vm)}
 			if _, err := gc.Reconcile(ctx, req); err != nil {
 				t.Fatal(err)

@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"net/netip"
-	"slices"
 	"sync"
 	"time"
 
-	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/ipam"
 )
 
@@ -218,37 +216,4 @@ func (p *Pool) SeenHolderOf(a netip.Addr) (string, bool) {
 		return m.SeenHolderOf(a)
 	}
 	return "", false
-}
-
-// FamiliesFor returns the families an object that asks for no specific
-// address gets an address of, in order, as the webhook plans them (see
-// webhook.planFamilies): policy SingleStack (or empty) one, the first of
-// families or the pool's first; PreferDualStack and RequireDualStack each
-// family the pool has, families' order first. require reports that every
-// one is needed. Unknown values count as unset.
-func (p *Pool) FamiliesFor(policy string, families []string) (fams []vmipamv1.IPFamily, require bool) {
-	var order []vmipamv1.IPFamily
-	for _, f := range families {
-		if f := vmipamv1.IPFamily(f); (f == vmipamv1.IPv4 || f == vmipamv1.IPv6) && !slices.Contains(order, f) {
-			order = append(order, f)
-		}
-	}
-	for _, f := range p.Families() {
-		if !slices.Contains(order, f) {
-			order = append(order, f)
-		}
-	}
-	switch vmipamv1.IPFamilyPolicy(policy) {
-	case vmipamv1.PreferDualStack, vmipamv1.RequireDualStack:
-		for _, f := range order {
-			if p.Serves(f) {
-				fams = append(fams, f)
-			}
-		}
-		return fams, policy == string(vmipamv1.RequireDualStack)
-	}
-	if !p.Serves(order[0]) {
-		return p.Families()[:1], false
-	}
-	return order[:1], false
 }

@@ -171,12 +171,6 @@ func (p *Pool) Deleting() bool {
 	return p.deleting
 }
 
-// Allocate reserves the next free address of the pool's first family (IPv4
-// in a pool of both) for r.
-func (p *Pool) Allocate(ctx context.Context, r ipam.Reservation) (netip.Addr, error) {
-	return p.ms[0].Allocate(ctx, r)
-}
-
 // AllocateFamily reserves the next free address of family f for r.
 func (p *Pool) AllocateFamily(ctx context.Context, r ipam.Reservation, f vmipamv1.IPFamily) (netip.Addr, error) {
 	m := p.family(f)
@@ -239,43 +233,6 @@ func (p *Pool) reserver(addr netip.Addr) (*ipam.Manager, error) {
 		return nil, fmt.Errorf("reserve %s in pool %q (usable: %s): %w", addr, p.name, p.ranges, ipam.ErrOutOfRange)
 	}
 	return m, nil
-}
-
-// Holding says how the pool holds addr for an object with the given token
-// and UID.
-type Holding int
-
-const (
-	// Held means pending for the token, or allocated to the UID.
-	Held Holding = iota
-	// Lapsed means nobody holds it; the object's reservation expired or was
-	// lost in a restart.
-	Lapsed
-	// HeldElsewhere means another object holds it, or it is not the pool's.
-	HeldElsewhere
-)
-
-// Holds says whether the pool holds addr for the object with token and
-// uid.
-func (p *Pool) Holds(addr netip.Addr, token, uid string) Holding {
-	m := p.of(addr)
-	if m == nil || !m.Ranges().Contains(addr) {
-		return HeldElsewhere
-	}
-	st, o, _ := m.Lookup(addr)
-	switch {
-	case st == ipam.StatePending && token != "" && o.Token == token,
-		st == ipam.StateAllocated && uid != "" && o.UID == uid:
-		return Held
-	case st == ipam.StatePending || st == ipam.StateAllocated:
-		return HeldElsewhere
-	}
-	if other, ok := m.Reserved(token); ok && other != ipam.Canonical(addr) {
-		// The token's reservation is for another address: the object's
-		// address was changed after vmipam stamped it.
-		return HeldElsewhere
-	}
-	return Lapsed
 }
 
 // Bind binds the reservation of o.Token of addr's family to the stored

@@ -64,9 +64,9 @@ func TestResyncKeepsAddressBoundDuringItsList(t *testing.T) {
 	resynced := make(chan error, 1)
 	go func() { resynced <- reg.Resync(ctx, p) }()
 	<-listed
-	// Meanwhile a VM is admitted (what VMDefaulter does), stored, and bound
+	// Meanwhile a VM is admitted (what Assigner does), stored, and bound
 	// by the address controller.
-	a, err := p.Allocate(ctx, ipam.Reservation{Token: "token-1"})
+	a, err := p.AllocateFamily(ctx, ipam.Reservation{Token: "token-1"}, vmipamv1.IPv4)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +76,7 @@ func TestResyncKeepsAddressBoundDuringItsList(t *testing.T) {
 	if err := c.Create(ctx, vm); err != nil {
 		t.Fatal(err)
 	}
-	gc := &controller.VMReconciler{Client: c, Registry: reg, Kind: kinds.VirtualMachine}
+	gc := &controller.AddressGC{Client: c, Registry: reg, Kind: kinds.VirtualMachine}
 	if _, err := gc.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(vm)}); err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +96,7 @@ func TestResyncKeepsAddressBoundDuringItsList(t *testing.T) {
 	}
 	// The consequence: after the cooldown the address goes to another VM.
 	clk.Step(cooldown + time.Second)
-	b, err := p.Allocate(ctx, ipam.Reservation{Token: "token-2"})
+	b, err := p.AllocateFamily(ctx, ipam.Reservation{Token: "token-2"}, vmipamv1.IPv4)
 	if err == nil && b == a {
 		t.Errorf("DUPLICATE: %s, still on the live %s, handed out again for another VM", a, vm.Name)
 	}

@@ -139,7 +139,7 @@ func TestLostAllocatorRebuilt(t *testing.T) {
 	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(pool.DeepCopy()).Build()
 	reg := poolstest.Start(t, c, clk, "vmipam", pool)
 	p := reg.Get("p")
-	a, err := p.Allocate(ctx, ipam.Reservation{Token: "t1"})
+	a, err := p.AllocateFamily(ctx, ipam.Reservation{Token: "t1"}, vmipamv1.IPv4)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +175,7 @@ func TestLostAllocatorRebuilt(t *testing.T) {
 		if i == 20 {
 			t.Fatalf("20 allocations after the takeover of its claims (the first %s), and the allocator still serves", a)
 		}
-		_, _ = p.Allocate(ctx, ipam.Reservation{Token: fmt.Sprint("more-", i)})
+		_, _ = p.AllocateFamily(ctx, ipam.Reservation{Token: fmt.Sprint("more-", i)}, vmipamv1.IPv4)
 	}
 	// No IPPool event comes: the registry rebuilds the lost allocator of
 	// its own, by the next renewal of its Lease at the latest.

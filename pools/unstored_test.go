@@ -52,7 +52,7 @@ func TestLapsedReservationOfAMislabelledVM(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := reg.Get(pool.Name)
-	a, err := p.Allocate(ctx, ipam.Reservation{Token: "token-1", Namespace: "default"})
+	a, err := p.AllocateFamily(ctx, ipam.Reservation{Token: "token-1", Namespace: "default"}, vmipamv1.IPv4)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +79,7 @@ func TestLapsedReservationOfAMislabelledVM(t *testing.T) {
 	}
 	clk.Step(cooldown + time.Second)
 	for i := range 6 {
-		if b, err := p.Allocate(ctx, ipam.Reservation{Token: "other-" + string(rune('a'+i)), Namespace: "default"}); err == nil && b == a {
+		if b, err := p.AllocateFamily(ctx, ipam.Reservation{Token: "other-" + string(rune('a'+i)), Namespace: "default"}, vmipamv1.IPv4); err == nil && b == a {
 			t.Fatalf("DUPLICATE: %s, on the live %s, handed out again", a, vm.Name)
 		}
 	}

@@ -51,7 +51,7 @@ func BenchmarkAdmissionHeap(b *testing.B) {
 		b.Run(tc.name, func(b *testing.B) {
 			body := admissionBody(b, tc.conditions)
 			reg, _, _ := newTestRegistry(b, "10.0.0.0/8")
-			h := NewServer(Limits{}).Handler(&VMDefaulter{Registry: reg, Kind: kinds.VirtualMachine})
+			h := NewServer(Limits{}).Handler(&Assigner{Registry: reg, Kind: kinds.VirtualMachine})
 			serve := func() {
 				req := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(body))
 				req.Header.Set("Content-Type", "application/json")

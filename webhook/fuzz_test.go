@@ -58,8 +58,8 @@ func fuzzServers(f *testing.F) map[string]http.Handler {
 	srv := NewServer(Limits{})
 	wrap := func(h admission.Handler) http.Handler { return srv.Handler(h) }
 	return map[string]http.Handler{
-		"mutate":   wrap(&VMDefaulter{Registry: reg, Kind: kinds.VirtualMachine}),
-		"validate": wrap(&VMValidator{Kind: kinds.VirtualMachine}),
+		"mutate":   wrap(&Assigner{Registry: reg, Kind: kinds.VirtualMachine}),
+		"validate": wrap(&StampGuard{Kind: kinds.VirtualMachine}),
 		"ippool":   wrap(NewIPPoolValidator(c, scheme)),
 	}
 }

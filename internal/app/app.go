@@ -167,7 +167,7 @@ func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
 			if err := objects.setIndexes(context.Background(), own, unlabeled); err != nil {
 				return fmt.Errorf("index the caches of %s: %w", t.GVR().GroupResource(), err)
 			}
-			return (&controller.VMReconciler{
+			return (&controller.AddressGC{
 				Client: mgr.GetClient(), Reader: objects, Own: own, Unlabeled: unlabeled, APIReader: mgr.GetAPIReader(), Registry: reg, Kind: t,
 				Recorder: mgr.GetEventRecorder("vmipam"), MaxConcurrentReconciles: opts.MaxConcurrentReconciles,
 			}).SetupWithManager(mgr)
@@ -178,16 +178,16 @@ func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
 		if t.GVR() == kinds.VirtualMachine.GVR() {
 			name = "virtualmachine-mutating"
 			// Earlier versions' ValidatingWebhookConfiguration calls it;
-			// served for an upgrade from one (see webhook.VMValidator).
-			handlers[webhook.ValidatorPath] = struct {
+			// served for an upgrade from one (see webhook.StampGuard).
+			handlers[webhook.StampGuardPath] = struct {
 				name    string
 				handler admission.Handler
-			}{"virtualmachine-validating", &webhook.VMValidator{Kind: t}}
+			}{"virtualmachine-validating", &webhook.StampGuard{Kind: t}}
 		}
 		handlers[webhook.MutatePath(t)] = struct {
 			name    string
 			handler admission.Handler
-		}{name, &webhook.VMDefaulter{Registry: reg, Kind: t, Names: objects}}
+		}{name, &webhook.Assigner{Registry: reg, Kind: t, Names: objects}}
 	}
 	srv := mgr.GetWebhookServer()
 	// One admission server for all webhooks, so its bounds on memory and

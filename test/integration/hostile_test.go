@@ -87,7 +87,7 @@ func TestHostileRequests(t *testing.T) {
 	ns := namespace(t)
 	newPool(t, v, "hostile", []vmipamv1.IPRange{{CIDR: "10.97.0.0/24"}, {CIDR: "fd00:97::/120"}})
 	hc, base := webhookClient(t)
-	mutate, validate := base+webhook.DefaulterPath, base+webhook.ValidatorPath
+	mutate, validate := base+webhook.AssignerPath, base+webhook.StampGuardPath
 	taken := vm(ns, "holder", "hostile", "10.97.0.6")
 	if err := k8sClient.Create(t.Context(), taken); err != nil {
 		t.Fatal(err)
@@ -239,7 +239,7 @@ func TestSlowBody(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = conn.Close() }()
-	_, _ = fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n{\"apiVersion\":", webhook.DefaulterPath)
+	_, _ = fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n{\"apiVersion\":", webhook.AssignerPath)
 	start := time.Now()
 	_ = conn.SetReadDeadline(time.Now().Add(20 * time.Second))
 	reply, _ := io.ReadAll(conn)

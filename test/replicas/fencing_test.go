@@ -57,7 +57,7 @@ func TestFencingPausedReplica(t *testing.T) {
 	all := s.rs.Live()
 	victim := all[2]
 	wc := s.webhookClient(t)
-	mutate := "https://127.0.0.1:" + strconv.Itoa(victim.WebhookPort) + webhook.DefaulterPath
+	mutate := "https://127.0.0.1:" + strconv.Itoa(victim.WebhookPort) + webhook.AssignerPath
 	// The client reaches the replica: a dry run reserves nothing.
 	if ans, err := s.review(wc, mutate, pool, "warmup", true); err != nil || !ans.allowed {
 		t.Fatalf("a dry-run review sent to %s directly: %+v, %v", victim.Holder, ans, err)

@@ -43,8 +43,8 @@ import (
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
 
-// VMReconciler is the garbage collector of addresses on target objects.
-type VMReconciler struct {
+// AddressGC is the garbage collector of addresses on target objects.
+type AddressGC struct {
 	// Client writes; it also reads unless Reader is set.
 	Client client.Client
 	// Reader reads the objects reconciled: the caches the controller's own
@@ -73,7 +73,7 @@ type VMReconciler struct {
 
 // finalized reports whether obj, as the API server has it now, is gone or
 // no longer carries vmipam's finalizer.
-func (r *VMReconciler) finalized(ctx context.Context, obj client.Object) (bool, error) {
+func (r *AddressGC) finalized(ctx context.Context, obj client.Object) (bool, error) {
 	cur := r.Kind.New()
 	if err := readerOr(r.APIReader, r.Client).Get(ctx, client.ObjectKeyFromObject(obj), cur); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -98,7 +98,7 @@ func readerOr(reader Getter, c client.Client) Getter {
 }
 
 // SetupWithManager registers the reconciler, on every replica.
-func (r *VMReconciler) SetupWithManager(mgr ctrl.Manager) error {
+func (r *AddressGC) SetupWithManager(mgr ctrl.Manager) error {
 	n := r.MaxConcurrentReconciles
 	if n == 0 {
 		n = 16
@@ -150,7 +150,7 @@ func (h *bindOnCreate) Create(ctx context.Context, e event.TypedCreateEvent[*met
 // pending in a ready pool under its token. Anything else (or a bind that
 // fails) is left to the reconcile. A reconcile of the same object running
 // meanwhile finds the address bound to it, as after its own bind.
-func (r *VMReconciler) bindCreated(m *metav1.PartialObjectMetadata) bool {
+func (r *AddressGC) bindCreated(m *metav1.PartialObjectMetadata) bool {
 	ann := m.Annotations
 	token, poolName := ann[vmipamv1.TokenAnnotation], ann[vmipamv1.PoolAnnotation]
 	if m.DeletionTimestamp != nil || token == "" || poolName == "" || m.Labels[vmipamv1.HolderLabel] != r.Registry.HolderLabel() ||
@@ -200,7 +200,7 @@ func Name(t kinds.Kind) string {
 }
 
 // Reconcile binds, releases or repairs the address of one object.
-func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+func (r *AddressGC) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	obj := r.Kind.New()
 	if err := readerOr(r.Reader, r.Client).Get(ctx, req.NamespacedName, obj); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
@@ -271,45 +271,32 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 	// With several replicas, each object is looked after by the one that
 	// holds its address; one no replica holds, by the replica chosen for
 	// its UID among the live ones.
-	if hasAddr && !pool.Held(addr) {
-		holder, claimed := pool.HolderOf(addr)
-		if !claimed || !r.Registry.Live(holder) {
-			// This replica's view of the block may lag (claimed since its
-			// last read, or taken over). The watch's last version may say
-			// whose it is, which is enough to leave it alone until the
-			// look below; to act on it, read the block again.
-			if seen, ok := pool.SeenHolderOf(addr); ok && r.Registry.Live(seen) {
-				holder, claimed = seen, true
-			} else {
-				if err := pool.Refresh(ctx, addr); err != nil {
-					return ctrl.Result{}, fmt.Errorf("read the block of %s: %w", addr, err)
-				}
-				holder, claimed = pool.HolderOf(addr)
-			}
+	if hasAddr {
+		keeper, err := r.Registry.KeeperOf(ctx, pool, addr, string(obj.GetUID()))
+		if err != nil {
+			return ctrl.Result{}, err
 		}
-		switch {
-		case pool.Held(addr):
-			// Its claim is this replica's after all: look after it below.
-		case claimed && r.Registry.Live(holder):
-			// Another replica's: it binds, releases and repairs it. Look
-			// again later, in case this replica's view of the block lags,
-			// or that holder dies before it is done: soon for an object
-			// being deleted, whose finalizer waits on it.
+		switch keeper {
+		case pools.KeeperPeer, pools.KeeperNotChosen:
+			// Another replica binds, releases and repairs it. Look again
+			// later, in case this replica's view of the block lags, or
+			// that holder dies before it is done: soon for an object being
+			// deleted, whose finalizer waits on it.
 			return ctrl.Result{RequeueAfter: r.lookAgain(obj)}, nil
-		case claimed:
+		case pools.KeeperLeaving:
 			// Its replica left: a live one takes its claims over soon.
 			return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
-		case !r.Registry.Chosen(string(obj.GetUID())):
-			return ctrl.Result{RequeueAfter: r.lookAgain(obj)}, nil
-		case obj.GetDeletionTimestamp() != nil:
-			// No replica holds the address: nothing to release.
-			if kinds.HasFinalizer(obj) {
-				return ctrl.Result{}, r.removeFinalizer(ctx, obj)
+		case pools.KeeperUnclaimed:
+			if obj.GetDeletionTimestamp() != nil {
+				// No replica holds the address: nothing to release.
+				if kinds.HasFinalizer(obj) {
+					return ctrl.Result{}, r.removeFinalizer(ctx, obj)
+				}
+				return ctrl.Result{}, nil
 			}
-			return ctrl.Result{}, nil
+			// Not deleted, and no replica holds it: this one claims and
+			// adopts it, below.
 		}
-		// Not deleted, and no replica holds it: this one claims and
-		// adopts it, below.
 	}
 
 	if obj.GetDeletionTimestamp() != nil {
@@ -385,7 +372,7 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 // that it does not hand them out again, and releases them once the object
 // goes; the holder of the first looks after the rest, and the finalizer.
 // Its resync does the same for the objects whose events it does not see.
-func (r *VMReconciler) holdSecond(ctx context.Context, obj *unstructured.Unstructured, pool *pools.Pool, addrs []netip.Addr, owner ipam.Owner) {
+func (r *AddressGC) holdSecond(ctx context.Context, obj *unstructured.Unstructured, pool *pools.Pool, addrs []netip.Addr, owner ipam.Owner) {
 	for _, a := range addrs {
 		if !pool.Held(a) {
 			continue
@@ -408,7 +395,7 @@ func (r *VMReconciler) holdSecond(ctx context.Context, obj *unstructured.Unstruc
 // hold makes addr allocated to obj, which carries it: bound under its
 // token, or adopted. done reports that it is, so that the object's next
 // address may be looked at.
-func (r *VMReconciler) hold(ctx context.Context, obj *unstructured.Unstructured, pool *pools.Pool, addr netip.Addr, owner ipam.Owner) (ctrl.Result, bool, error) {
+func (r *AddressGC) hold(ctx context.Context, obj *unstructured.Unstructured, pool *pools.Pool, addr netip.Addr, owner ipam.Owner) (ctrl.Result, bool, error) {
 	log := logf.FromContext(ctx)
 	if st, o, _ := pool.Lookup(addr); st == ipam.StateAllocated && o.UID == owner.UID {
 		return ctrl.Result{}, true, r.settle(ctx, obj, pool, addr)
@@ -458,41 +445,31 @@ func (r *VMReconciler) hold(ctx context.Context, obj *unstructured.Unstructured,
 // assign gives an address to an object that has none: it was created while
 // the webhook was bypassed. The token derives from the UID, so a retry after
 // a failed patch reserves the same address again.
-func (r *VMReconciler) assign(ctx context.Context, obj *unstructured.Unstructured, pool *pools.Pool) (ctrl.Result, error) {
+func (r *AddressGC) assign(ctx context.Context, obj *unstructured.Unstructured, pool *pools.Pool) (ctrl.Result, error) {
 	token := "uid-" + string(obj.GetUID())
 	res := ipam.Reservation{Token: token, Namespace: obj.GetNamespace(), Ref: pools.Ref(obj.GetNamespace(), obj.GetName())}
-	// The families it asks for, as the webhook would have planned them.
-	var policy string
-	var families []string
+	// The families it asks for, planned as the webhook would have, but
+	// leniently: the object is stored already.
+	var ask pools.Ask
 	if p := r.Kind.FamilyPolicyField; len(p) > 0 {
-		policy, _, _ = unstructured.NestedString(obj.Object, p...)
+		ask.Policy, _, _ = unstructured.NestedString(obj.Object, p...)
 	}
 	if p := r.Kind.FamiliesField; len(p) > 0 {
-		families, _, _ = unstructured.NestedStringSlice(obj.Object, p...)
+		ask.Families, _, _ = unstructured.NestedStringSlice(obj.Object, p...)
 	}
-	fams, require := pool.FamiliesFor(policy, families)
-	var addrs []netip.Addr
-	var strs []string
-	var err error
-	for _, f := range fams {
-		var a netip.Addr
-		if a, err = pool.AllocateFamily(ctx, res, f); err == nil {
-			addrs, strs = append(addrs, a), append(strs, a.String())
-			continue
-		}
-		if require || len(fams) == 1 || !errors.Is(err, ipam.ErrExhausted) {
-			// Nothing half-assigned: what this try reserved goes back.
-			pool.Cancel(token)
-			addrs = nil
-			break
-		}
-	}
-	if len(addrs) == 0 {
+	plan, _ := pools.PlanFamilies(r.Kind, ask, pool, false)
+	got, err := pool.Assign(ctx, res, plan)
+	if err != nil {
 		r.event(obj, corev1.EventTypeWarning, "NoAddress", "Assign", "%v", err)
 		if errors.Is(err, ipam.ErrExhausted) {
 			return ctrl.Result{RequeueAfter: 30 * time.Second}, nil
 		}
 		return ctrl.Result{}, fmt.Errorf("allocate for %s: %w", client.ObjectKeyFromObject(obj), err)
+	}
+	addrs := got.Addrs
+	strs := make([]string, len(addrs))
+	for i, a := range addrs {
+		strs[i] = a.String()
 	}
 	base := obj.DeepCopy()
 	if err := r.Kind.Stamp(obj, kinds.Stamp{Addrs: strs, Pool: pool.Name(), Token: token, Holder: r.Registry.HolderLabel(), Network: pool.Network(addrs...)}); err != nil {
@@ -512,7 +489,7 @@ func (r *VMReconciler) assign(ctx context.Context, obj *unstructured.Unstructure
 // status fields. Those are filled as soon as the address is bound, before
 // the kind's own controller may fill them another way (NeonVM allocates an
 // address of its own when status.extraNetIP is empty).
-func (r *VMReconciler) settle(ctx context.Context, obj *unstructured.Unstructured, pool *pools.Pool, addr netip.Addr) error {
+func (r *AddressGC) settle(ctx context.Context, obj *unstructured.Unstructured, pool *pools.Pool, addr netip.Addr) error {
 	if err := r.label(ctx, obj); err != nil {
 		return err
 	}
@@ -548,7 +525,7 @@ func (r *VMReconciler) settle(ctx context.Context, obj *unstructured.Unstructure
 // before vmipam had replicas, or whose label was changed. Without it, a
 // change of the object reaches this replica only while no replica's label
 // is on it.
-func (r *VMReconciler) label(ctx context.Context, obj *unstructured.Unstructured) error {
+func (r *AddressGC) label(ctx context.Context, obj *unstructured.Unstructured) error {
 	if !kinds.SetHolder(obj, r.Registry.HolderLabel()) {
 		return nil
 	}
@@ -558,7 +535,7 @@ func (r *VMReconciler) label(ctx context.Context, obj *unstructured.Unstructured
 	return nil
 }
 
-func (r *VMReconciler) removeFinalizer(ctx context.Context, obj *unstructured.Unstructured) error {
+func (r *AddressGC) removeFinalizer(ctx context.Context, obj *unstructured.Unstructured) error {
 	kinds.RemoveFinalizer(obj)
 	if err := r.patchMetadata(ctx, obj, "finalizers", obj.GetFinalizers()); err != nil {
 		return client.IgnoreNotFound(fmt.Errorf("remove finalizer: %w", err))
@@ -574,7 +551,7 @@ func (r *VMReconciler) removeFinalizer(ctx context.Context, obj *unstructured.Un
 // diff was a tenth of vmipam's CPU per delete). obj takes the
 // resourceVersion the write made, so that a later patch in the same
 // reconcile is locked to it.
-func (r *VMReconciler) patchMetadata(ctx context.Context, obj *unstructured.Unstructured, field string, value any) error {
+func (r *AddressGC) patchMetadata(ctx context.Context, obj *unstructured.Unstructured, field string, value any) error {
 	data, err := json.Marshal(map[string]any{"metadata": map[string]any{field: value, "resourceVersion": obj.GetResourceVersion()}})
 	if err != nil {
 		return fmt.Errorf("encode the patch of metadata.%s: %w", field, err)
@@ -590,7 +567,7 @@ func (r *VMReconciler) patchMetadata(ctx context.Context, obj *unstructured.Unst
 
 // addresses returns the addresses obj carries: at most one per family,
 // the first the one whose holder looks after the object.
-func (r *VMReconciler) addresses(obj *unstructured.Unstructured) ([]netip.Addr, error) {
+func (r *AddressGC) addresses(obj *unstructured.Unstructured) ([]netip.Addr, error) {
 	ss, err := r.Kind.Addresses(obj)
 	if err != nil || len(ss) == 0 {
 		return nil, err
@@ -612,7 +589,7 @@ func (r *VMReconciler) addresses(obj *unstructured.Unstructured) ([]netip.Addr, 
 	return out, nil
 }
 
-func (r *VMReconciler) event(obj *unstructured.Unstructured, typ, reason, action, note string, args ...any) {
+func (r *AddressGC) event(obj *unstructured.Unstructured, typ, reason, action, note string, args ...any) {
 	if r.Recorder != nil {
 		r.Recorder.Eventf(obj, nil, typ, reason, action, note, args...)
 	}
@@ -622,7 +599,7 @@ func (r *VMReconciler) event(obj *unstructured.Unstructured, typ, reason, action
 // again: soon while it is being deleted (the replica that should release
 // it may have died, and its taker has no event left to act on), else in a
 // minute.
-func (r *VMReconciler) lookAgain(obj client.Object) time.Duration {
+func (r *AddressGC) lookAgain(obj client.Object) time.Duration {
 	if obj.GetDeletionTimestamp() != nil {
 		return 5 * time.Second
 	}

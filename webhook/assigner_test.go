@@ -90,10 +90,10 @@ func annotations(obj map[string]any) map[string]any {
 	return a
 }
 
-// TestVMDefaulter drives the mutating handler through its decisions. Each
+// TestAssigner drives the mutating handler through its decisions. Each
 // row says whether the create is allowed, what the denial says, and how
 // many addresses it may reserve: none on any refusal.
-func TestVMDefaulter(t *testing.T) {
+func TestAssigner(t *testing.T) {
 	type row struct {
 		obj      []byte
 		edit     func(*admission.Request)
@@ -222,7 +222,7 @@ func TestVMDefaulter(t *testing.T) {
 				p.Spec.Ranges[0].Gateway = "10.0.0.1"
 				p.Spec.Ranges[0].Routes = []vmipamv1.Route{{Destination: "10.200.0.0/16"}, {Destination: "10.201.0.0/16", Via: "10.0.0.254"}}
 			})
-			d := &VMDefaulter{Registry: reg, Kind: kinds.VirtualMachine}
+			d := &Assigner{Registry: reg, Kind: kinds.VirtualMachine}
 			req := vmRequest(admissionv1.Create, tc.obj)
 			if tc.edit != nil {
 				tc.edit(&req)
@@ -276,13 +276,13 @@ func stampedAs(addr string) func(t *testing.T, o map[string]any) {
 	}
 }
 
-// TestVMDefaulterCopiedStamp: the API server calls the defaulter once per
+// TestAssignerCopiedStamp: the API server calls the assigner once per
 // admission, so a stamp already on an object was copied from another one:
 // its address is a static request like any other, refused while the first
 // object's reservation holds it, and its token is replaced.
-func TestVMDefaulterCopiedStamp(t *testing.T) {
+func TestAssignerCopiedStamp(t *testing.T) {
 	reg, _, _ := newTestRegistry(t, "10.0.0.0/24")
-	d := &VMDefaulter{Registry: reg, Kind: kinds.VirtualMachine}
+	d := &Assigner{Registry: reg, Kind: kinds.VirtualMachine}
 	obj := vmJSON(t, map[string]any{"name": nil, "generateName": "db-"}, nil)
 	first := d.Handle(t.Context(), vmRequest(admissionv1.Create, obj, func(r *admission.Request) { r.Name = "" }))
 	if !first.Allowed {
@@ -319,14 +319,14 @@ func TestVMDefaulterCopiedStamp(t *testing.T) {
 	}
 }
 
-// TestVMDefaulterBounds: a namespace's pending reservations are bounded,
+// TestAssignerBounds: a namespace's pending reservations are bounded,
 // and a pool restricted to some namespaces refuses the others.
-func TestVMDefaulterBounds(t *testing.T) {
+func TestAssignerBounds(t *testing.T) {
 	reg, _, _ := newTestRegistry(t, "10.0.0.0/24", func(p *vmipamv1.IPPool) {
 		p.Spec.MaxPendingPerNamespace = ptr.To(int32(2))
 		p.Spec.AllowedNamespaces = &vmipamv1.NamespaceRestriction{Names: []string{"team-a"}}
 	})
-	d := &VMDefaulter{Registry: reg, Kind: kinds.VirtualMachine}
+	d := &Assigner{Registry: reg, Kind: kinds.VirtualMachine}
 	for i, want := range []bool{true, true, false} {
 		resp := d.Handle(t.Context(), vmRequest(admissionv1.Create, vmJSON(t, map[string]any{"name": nil, "generateName": "x-"}, nil)))
 		if resp.Allowed != want {
@@ -346,14 +346,14 @@ func TestVMDefaulterBounds(t *testing.T) {
 	}
 }
 
-// TestVMValidator covers the immutability checks and the CREATE check of
+// TestStampGuard covers the immutability checks and the CREATE check of
 // the address vmipam reserved.
-func TestVMValidator(t *testing.T) {
+func TestStampGuard(t *testing.T) {
 	stamp := map[string]any{vmipamv1.TokenAnnotation: "tok", vmipamv1.PoolAnnotation: "fuzz", vmipamv1.AddressAnnotation: "10.0.0.9"}
 	unstamped := map[string]any{vmipamv1.TokenAnnotation: "tok", vmipamv1.PoolAnnotation: "fuzz"}
 	held := vmJSON(t, map[string]any{"annotations": stamp}, map[string]any{"addresses": []any{"10.0.0.9"}})
 	moved := vmJSON(t, map[string]any{"annotations": stamp}, map[string]any{"addresses": []any{"10.0.0.10"}})
-	v := &VMValidator{Kind: kinds.VirtualMachine}
+	v := &StampGuard{Kind: kinds.VirtualMachine}
 	tests := map[string]struct {
 		req     admission.Request
 		allowed bool
@@ -386,13 +386,13 @@ func TestVMValidator(t *testing.T) {
 
 func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
 
-// TestVMDefaulterDualStack: over a pool of both families, a create gets an
+// TestAssignerDualStack: over a pool of both families, a create gets an
 // address of each family it asks for, in its order, under one token; a
 // RequireDualStack create that cannot get one family gets nothing (the
 // other family's reservation goes back at once), a PreferDualStack one
 // gets what it can and says so; static requests name either family or
 // both.
-func TestVMDefaulterDualStack(t *testing.T) {
+func TestAssignerDualStack(t *testing.T) {
 	type row struct {
 		spec map[string]any
 		// fillV6 takes every IPv6 address (fd00::1 to fd00::7) first.
@@ -435,7 +435,7 @@ func TestVMDefaulterDualStack(t *testing.T) {
 				}
 			}
 			v4Before, _ := pool.FamilySnapshot(vmipamv1.IPv4)
-			d := &VMDefaulter{Registry: reg, Kind: kinds.VirtualMachine}
+			d := &Assigner{Registry: reg, Kind: kinds.VirtualMachine}
 			obj := vmJSON(t, nil, tc.spec)
 			resp := d.Handle(t.Context(), vmRequest(admissionv1.Create, obj))
 			if tc.code != 0 {
@@ -511,7 +511,7 @@ func TestDualStackProperties(t *testing.T) {
 				p.Spec.Cooldown = &metav1.Duration{}
 			})
 			pool := reg.Get("dual")
-			d := &VMDefaulter{Registry: reg, Kind: kinds.VirtualMachine}
+			d := &Assigner{Registry: reg, Kind: kinds.VirtualMachine}
 			type vm struct {
 				uid   string
 				addrs []netip.Addr

@@ -28,20 +28,20 @@ import (
 
 // Paths the webhooks serve on; the manifests in deploy/ point at them.
 const (
-	// DefaulterPath serves VMDefaulter.
-	DefaulterPath = "/mutate-vmipam-io-v1alpha1-virtualmachine"
-	// ValidatorPath serves VMValidator.
-	ValidatorPath = "/validate-vmipam-io-v1alpha1-virtualmachine"
+	// AssignerPath serves Assigner.
+	AssignerPath = "/mutate-vmipam-io-v1alpha1-virtualmachine"
+	// StampGuardPath serves StampGuard.
+	StampGuardPath = "/validate-vmipam-io-v1alpha1-virtualmachine"
 	// IPPoolValidatorPath serves IPPoolValidator.
 	IPPoolValidatorPath = "/validate-vmipam-io-v1alpha1-ippool"
 )
 
 // MutatePath is the path the mutating webhook of kind t serves on:
-// DefaulterPath for vmipam's own kind, and after the same pattern for the
+// AssignerPath for vmipam's own kind, and after the same pattern for the
 // others (/mutate-vm-neon-tech-v1-virtualmachine).
 func MutatePath(t kinds.Kind) string { return "/mutate-" + t.PathName() }
 
-// VMDefaulter gives an object its address on CREATE: it picks the pool,
+// Assigner gives an object its address on CREATE: it picks the pool,
 // reserves an address under a fresh token (the object has no UID yet, and
 // no name with generateName), and stamps the address, the pool, the token
 // and the releasing finalizer.
@@ -49,7 +49,7 @@ func MutatePath(t kinds.Kind) string { return "/mutate-" + t.PathName() }
 // The API server calls it once per admission (reinvocationPolicy: Never),
 // and any replica may answer: a token already on the object was copied
 // from another object and is replaced, never trusted.
-type VMDefaulter struct {
+type Assigner struct {
 	Registry *pools.Registry
 	Kind     kinds.Kind
 	// Names, if set, tells whether the informer cache of the target kind
@@ -65,10 +65,10 @@ type Names interface {
 	Has(ctx context.Context, namespace, name string) bool
 }
 
-var _ admission.Handler = (*VMDefaulter)(nil)
+var _ admission.Handler = (*Assigner)(nil)
 
 // Handle implements admission.Handler.
-func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admission.Response {
+func (d *Assigner) Handle(ctx context.Context, req admission.Request) admission.Response {
 	if resp, ok := serves(req, d.Kind, "mutating"); !ok {
 		return resp
 	}
@@ -86,19 +86,22 @@ func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admissi
 	if n := d.Kind.MaxAddresses(); len(v.Addresses) > n {
 		return invalid(field.TooMany(field.NewPath(d.Kind.AddressesPath()), len(v.Addresses), n))
 	}
-	statics := make([]request, 0, len(v.Addresses))
-	for i, s := range v.Addresses {
+	statics := make([]pools.Static, 0, len(v.Addresses))
+	// bits[i] is the prefix length statics[i] was written with, or -1.
+	bits := make([]int, 0, len(v.Addresses))
+	for i, raw := range v.Addresses {
 		path := d.addrPath(i)
-		a, bits, ferr := parseRequest(path, s)
+		a, n, ferr := parseRequest(path, raw)
 		if ferr != nil {
 			return invalid(ferr)
 		}
 		for _, o := range statics {
-			if pools.FamilyOf(o.addr) == pools.FamilyOf(a) {
-				return invalid(field.Invalid(path, s, fmt.Sprintf("a second %s address (with %s): an object holds one address per family", pools.FamilyOf(a), o.raw)))
+			if pools.FamilyOf(o.Addr) == pools.FamilyOf(a) {
+				return invalid(field.Invalid(path, raw, fmt.Sprintf("a second %s address (with %s): an object holds one address per family", pools.FamilyOf(a), o.Raw)))
 			}
 		}
-		statics = append(statics, request{addr: a, bits: bits, raw: s, path: path})
+		bits = append(bits, n)
+		statics = append(statics, pools.Static{Addr: a, Raw: raw, Path: path})
 	}
 	pool, err := d.Registry.Select(ctx, d.Kind, v.Namespace, v.Pool)
 	if errors.Is(err, pools.ErrNotReady) {
@@ -113,12 +116,12 @@ func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admissi
 	if !pool.Ready() {
 		return deny(apierrors.NewServiceUnavailable(fmt.Sprintf("IPPool %s is recovering its state; retry in a few seconds", pool.Name())))
 	}
-	plan, ferr := planFamilies(d.Kind, v, statics, pool)
+	plan, ferr := pools.PlanFamilies(d.Kind, pools.Ask{Policy: v.FamilyPolicy, Families: v.Families, Statics: statics}, pool, true)
 	if ferr != nil {
 		return invalid(ferr)
 	}
-	for _, st := range statics {
-		if ferr := checkRequest(pool, st); ferr != nil {
+	for i, st := range statics {
+		if ferr := checkRequest(pool, st, bits[i]); ferr != nil {
 			return invalid(ferr)
 		}
 	}
@@ -129,11 +132,11 @@ func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admissi
 		// No side effect: say whether the static addresses could be had,
 		// stamp nothing that a real create would reserve.
 		addrs := make([]netip.Addr, 0, len(statics))
-		for _, st := range plan.ordered(statics) {
-			if err := pool.CanReserve(st.addr); err != nil {
-				return invalid(field.Invalid(st.path, st.raw, unwrapMessage(err)))
+		for _, st := range plan.Statics() {
+			if err := pool.CanReserve(st.Addr); err != nil {
+				return invalid(field.Invalid(st.Path, st.Raw, unwrapMessage(err)))
 			}
-			addrs = append(addrs, st.addr)
+			addrs = append(addrs, st.Addr)
 		}
 		return patched(d.Kind.DryRunPatch(v, pool.Name(), addrs))
 	}
@@ -143,41 +146,18 @@ func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admissi
 		return admission.Errored(http.StatusInternalServerError, err)
 	}
 	r := ipam.Reservation{Token: token, Namespace: v.Namespace, Ref: v.Describe()}
-	addrs := make([]netip.Addr, 0, len(plan.families))
-	note := plan.note
-	// The debug lines' values are built only when they are written: this
-	// runs on every create.
-	debug := logf.Log.V(1).Enabled()
-	for _, f := range plan.families {
-		st := plan.static(statics, f)
-		var a netip.Addr
-		if st != nil {
-			if debug {
-				logf.FromContext(ctx).V(1).Info("Reserving address", "object", v.Describe(), "pool", pool.Name(), "address", st.addr)
-			}
-			a, err = st.addr, pool.Reserve(ctx, r, st.addr)
-		} else {
-			if debug {
-				logf.FromContext(ctx).V(1).Info("Allocating address", "object", v.Describe(), "pool", pool.Name(), "family", f)
-			}
-			a, err = pool.AllocateFamily(ctx, r, f)
-		}
-		if err == nil {
-			addrs = append(addrs, a)
-			continue
-		}
-		if st == nil && !plan.require && len(plan.families) > 1 && errors.Is(err, ipam.ErrExhausted) {
-			// PreferDualStack takes what it can, and says what it could not.
-			note = fmt.Sprintf("no %s address: %s", f, unwrapMessage(err))
-			if len(addrs) > 0 || f != plan.families[len(plan.families)-1] {
-				continue
-			}
-		}
-		// Nothing is half-assigned: a reservation of the other family made
-		// for this admission goes back at once, since no object can carry
-		// it.
-		pool.Cancel(token)
-		return d.refused(ctx, err, v, pool, st, f)
+	got, err := pool.Assign(ctx, r, plan)
+	var fe *pools.FamilyError
+	if errors.As(err, &fe) {
+		return d.refused(ctx, fe.Err, v, pool, fe.Static, fe.Family)
+	}
+	if err != nil {
+		return admission.Errored(http.StatusInternalServerError, err)
+	}
+	addrs := got.Addrs
+	note := plan.Note
+	if got.Skipped != nil {
+		note = fmt.Sprintf("no %s address: %s", got.Skipped.Family, unwrapMessage(got.Skipped.Err))
 	}
 	out := make([]string, len(addrs))
 	for i, a := range addrs {
@@ -197,7 +177,7 @@ func (d *VMDefaulter) Handle(ctx context.Context, req admission.Request) admissi
 }
 
 // addrPath is how the i-th address is named in messages.
-func (d *VMDefaulter) addrPath(i int) *field.Path {
+func (d *Assigner) addrPath(i int) *field.Path {
 	if i == 0 {
 		return field.NewPath(d.Kind.AddressPath())
 	}
@@ -206,7 +186,7 @@ func (d *VMDefaulter) addrPath(i int) *field.Path {
 
 // refused is the answer to a create whose address of family f (a static
 // request st, or nil) could not be had.
-func (d *VMDefaulter) refused(ctx context.Context, err error, v *kinds.View, pool *pools.Pool, st *request, f vmipamv1.IPFamily) admission.Response {
+func (d *Assigner) refused(ctx context.Context, err error, v *kinds.View, pool *pools.Pool, st *pools.Static, f vmipamv1.IPFamily) admission.Response {
 	switch {
 	case errors.Is(err, ipam.ErrNotReady):
 		return deny(apierrors.NewServiceUnavailable(fmt.Sprintf("IPPool %s is recovering its state; retry in a few seconds", pool.Name())))
@@ -214,11 +194,11 @@ func (d *VMDefaulter) refused(ctx context.Context, err error, v *kinds.View, poo
 		return deny(apierrors.NewForbidden(gr(d.Kind), name(v), errors.New(unwrapMessage(err))))
 	case errors.Is(err, ipam.ErrNoAnswer) && st != nil:
 		// The address may well be free with its replica: a retry asks again.
-		return deny(apierrors.NewServiceUnavailable(fmt.Sprintf("%s: %s", st.path, unwrapMessage(err))))
+		return deny(apierrors.NewServiceUnavailable(fmt.Sprintf("%s: %s", st.Path, unwrapMessage(err))))
 	case errors.Is(err, ipam.ErrTooManyPending):
 		return deny(apierrors.NewTooManyRequests(unwrapMessage(err), 5))
 	case st != nil && (errors.Is(err, ipam.ErrInUse) || errors.Is(err, ipam.ErrCoolingDown) || errors.Is(err, ipam.ErrConflict) || errors.Is(err, ipam.ErrOutOfRange)):
-		return deny(invalidErr(d.Kind, v, field.ErrorList{field.Invalid(st.path, st.raw, unwrapMessage(err))}))
+		return deny(invalidErr(d.Kind, v, field.ErrorList{field.Invalid(st.Path, st.Raw, unwrapMessage(err))}))
 	case ctx.Err() != nil:
 		return deny(apierrors.NewTimeoutError(fmt.Sprintf("vmipam could not claim an address of IPPool %s before the request's deadline", pool.Name()), 1))
 	default:
@@ -228,21 +208,22 @@ func (d *VMDefaulter) refused(ctx context.Context, err error, v *kinds.View, poo
 }
 
 // checkRequest refuses a static request for an address pool never hands
-// out, or written with another prefix length than its subnet's.
-func checkRequest(pool *pools.Pool, st request) *field.Error {
-	if !pool.Ranges().Contains(st.addr) {
-		if pool.Ranges().Router(st.addr) {
-			return field.Invalid(st.path, st.raw,
+// out, or written with another prefix length (bits, -1 for none) than its
+// subnet's.
+func checkRequest(pool *pools.Pool, st pools.Static, bits int) *field.Error {
+	if !pool.Ranges().Contains(st.Addr) {
+		if pool.Ranges().Router(st.Addr) {
+			return field.Invalid(st.Path, st.Raw,
 				fmt.Sprintf("is the gateway or a route's next hop of IPPool %s, which no VM is given; ask for another address, or leave the field empty", pool.Name()))
 		}
-		return field.Invalid(st.path, st.raw,
+		return field.Invalid(st.Path, st.Raw,
 			fmt.Sprintf("outside IPPool %s (usable: %s); ask for an address inside it, or leave the field empty", pool.Name(), pool.Ranges()))
 	}
-	if st.bits >= 0 {
-		if sub, ok := pool.Subnet(st.addr); ok && sub.Prefix.Bits() != st.bits {
-			return field.Invalid(st.path, st.raw, fmt.Sprintf(
+	if bits >= 0 {
+		if sub, ok := pool.Subnet(st.Addr); ok && sub.Prefix.Bits() != bits {
+			return field.Invalid(st.Path, st.Raw, fmt.Sprintf(
 				"the prefix length /%d differs from the subnet %s of IPPool %s that holds the address; write %s, or the address alone",
-				st.bits, sub.Prefix, pool.Name(), netip.PrefixFrom(st.addr, sub.Prefix.Bits())))
+				bits, sub.Prefix, pool.Name(), netip.PrefixFrom(st.Addr, sub.Prefix.Bits())))
 		}
 	}
 	return nil
@@ -254,14 +235,14 @@ func checkRequest(pool *pools.Pool, st request) *field.Error {
 // objects and the unlabelled ones, not other replicas' (see
 // vmipamv1.HolderLabel); a reservation for a name one of those holds is
 // returned by the proof that it was never stored.
-func (d *VMDefaulter) nameTaken(ctx context.Context, v *kinds.View) (admission.Response, bool) {
+func (d *Assigner) nameTaken(ctx context.Context, v *kinds.View) (admission.Response, bool) {
 	if d.Names == nil || v.Name == "" || !d.Names.Has(ctx, v.Namespace, v.Name) {
 		return admission.Response{}, false
 	}
 	return deny(apierrors.NewAlreadyExists(gr(d.Kind), v.Name)), true
 }
 
-// VMValidator keeps what vmipam stamped immutable: the address, the pool,
+// StampGuard keeps what vmipam stamped immutable: the address, the pool,
 // the token and the address annotation cannot change once set, and an
 // address can only appear on an existing object when vmipam stamped it. On
 // CREATE it checks that the address is still the one vmipam stamped: no
@@ -271,16 +252,16 @@ func (d *VMDefaulter) nameTaken(ctx context.Context, v *kinds.View) (admission.R
 // The manifests no longer register it: the same checks run in the API
 // server, as the ValidatingAdmissionPolicy `vmipam manifests` renders for
 // each kind (kinds.Kind.PolicyRules), so a VM's create costs one webhook
-// call and its updates none. It keeps serving ValidatorPath for an upgrade
+// call and its updates none. It keeps serving StampGuardPath for an upgrade
 // from a version whose ValidatingWebhookConfiguration still calls it.
-type VMValidator struct {
+type StampGuard struct {
 	Kind kinds.Kind
 }
 
-var _ admission.Handler = (*VMValidator)(nil)
+var _ admission.Handler = (*StampGuard)(nil)
 
 // Handle implements admission.Handler.
-func (v *VMValidator) Handle(_ context.Context, req admission.Request) admission.Response {
+func (v *StampGuard) Handle(_ context.Context, req admission.Request) admission.Response {
 	if resp, ok := serves(req, v.Kind, "validating"); !ok {
 		return resp
 	}
