@@ -3,6 +3,7 @@ package ipam
 import (
 	"context"
 	"net/netip"
+	"time"
 )
 
 // arm writes the next batch of unarmed free addresses as armed, from the
@@ -78,4 +79,35 @@ func (m *Manager) armPicked(ctx context.Context, p netip.Prefix, picked []*entry
 		m.readyList.pushBack(e)
 	}
 	return err
+}
+
+// countAllocationLocked counts an allocation at now for the arm batch.
+func (m *Manager) countAllocationLocked(now time.Time) {
+	m.rollRateLocked(now)
+	m.rateCount++
+}
+
+// rollRateLocked starts a new second of counting once the current one is
+// over; a gap of more than a second leaves no rate behind.
+func (m *Manager) rollRateLocked(now time.Time) {
+	switch el := now.Sub(m.rateStart); {
+	case el < time.Second && el >= 0:
+		return
+	case el < 2*time.Second && el >= 0:
+		m.lastRate = m.rateCount
+	default:
+		m.lastRate = 0
+	}
+	m.rateStart, m.rateCount = now, 0
+}
+
+// armBatchLocked is how many free addresses to keep armed: cfg.ArmBatch,
+// or the allocations of the last full second or of the current one when
+// that is more, up to armMax. A crash rests no more than that: about a
+// second's allocations beyond the configured batch at most. In exchange,
+// a fast stream of allocations arms (writes its block) about twice a
+// second, not every ArmBatch/2 allocations.
+func (m *Manager) armBatchLocked(now time.Time) int {
+	m.rollRateLocked(now)
+	return min(max(m.cfg.ArmBatch, m.lastRate, m.rateCount), m.armMax)
 }

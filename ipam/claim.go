@@ -18,6 +18,16 @@ func (m *Manager) claimable() uint64 {
 	return m.claimableLocked()
 }
 
+// claimableLocked is how many addresses no holder has claimed, as far as
+// the blocks read so far tell: zero means a claim would find nothing.
+func (m *Manager) claimableLocked() uint64 {
+	taken := uint64(len(m.entries)) + uint64(m.elsewhere)
+	if taken >= m.cfg.Ranges.Size() {
+		return 0
+	}
+	return m.cfg.Ranges.Size() - taken
+}
+
 // claim fills the free list up to target with never-claimed addresses in
 // range order, all from one block so that it is a single write, arming as
 // many as the armed batch lacks, unless the list holds the low watermark

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Rebalance brings the free list back between the watermarks: below the
@@ -62,4 +63,96 @@ func (m *Manager) Rebalance(ctx context.Context) error {
 		return fmt.Errorf("rebalance pool %q: %w", m.cfg.Pool, err)
 	}
 	return nil
+}
+
+// marksLocked returns the watermarks in force: the configured ones, or,
+// with several live holders, smaller ones, so that their free lists
+// together hold at most half the pool and no holder strands a small pool's
+// addresses out of the others' reach.
+func (m *Manager) marksLocked() (low, target, high int) {
+	low, target, high = m.cfg.LowWatermark, m.cfg.TargetFree, m.cfg.HighWatermark
+	// A stream of allocations claims about four seconds of it at a time,
+	// up to the high watermark, and claims again while half a second of
+	// it is left: each claim writes a block that other holders may be
+	// writing too, and one that comes too late makes allocations wait.
+	m.rollRateLocked(m.clock.Now())
+	if rate := max(m.lastRate, m.rateCount); rate > 0 {
+		target = max(target, min(4*rate, high))
+		low = max(low, min(rate/2, target/2))
+	}
+	if n := len(m.peers); n > 1 {
+		share := int(min(m.cfg.Ranges.Size()/uint64(2*n), uint64(target)))
+		if share < target {
+			target = max(share, 1)
+			low = min(low, target/2)
+			high = max(target, min(high, 2*target))
+		}
+	}
+	return low, target, high
+}
+
+// freeLocked is how many addresses the Manager holds free, ready or not.
+func (m *Manager) freeLocked() int { return m.readyList.n + m.free.n }
+
+// targets returns the watermarks in force.
+func (m *Manager) targets() (low, target, high int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.marksLocked()
+}
+
+// Kick asks Run to rebalance soon; it never blocks.
+func (m *Manager) Kick() {
+	select {
+	case m.kickC <- struct{}{}:
+	default:
+	}
+}
+
+// Run rebalances the free list, arms addresses and answers other holders'
+// requests whenever an allocation crosses a watermark (a kick) and every
+// interval, and flushes dirty blocks every interval, until ctx ends. Errors are counted
+// and retried on the next round; onError, if set, hears of each.
+func (m *Manager) Run(ctx context.Context, interval time.Duration, onError func(error)) {
+	tick, stop := m.cfg.Timers.NewTicker(interval)
+	defer stop()
+	var backoff time.Duration
+	for {
+		// A kick rebalances; only the tick flushes: what a flush writes
+		// (cooldowns, adoptions, the end of lapsed reservations) is safe
+		// from a crash already, or flushed by whoever needs it at once
+		// (ReleaseDurable, Seal). Flushing on every kick made a write of
+		// nearly every allocation while the ready list ran low, and with
+		// several holders on one block, writes are what collide.
+		flush := false
+		select {
+		case <-ctx.Done():
+			return
+		case <-m.kickC:
+		case <-tick:
+			flush = true
+		}
+		if !m.Ready() {
+			continue
+		}
+		m.Expire()
+		err := m.Rebalance(ctx)
+		if flush {
+			err = errors.Join(err, m.Flush(ctx))
+		}
+		if err == nil {
+			backoff = 0
+			continue
+		}
+		if onError != nil && ctx.Err() == nil {
+			onError(err)
+		}
+		// A failing store must not turn kicks into a hot loop.
+		backoff = min(max(2*backoff, 50*time.Millisecond), interval)
+		select {
+		case <-ctx.Done():
+			return
+		case <-m.cfg.Timers.After(backoff):
+		}
+	}
 }

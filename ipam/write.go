@@ -80,6 +80,12 @@ func (a answer) apply(r Request) (Request, bool) {
 	return r, true
 }
 
+// maxStoreRetries bounds the re-reads after store conflicts of one write:
+// sized for several holders writing one block at once (a small pool has a
+// single block), with a backoff between tries of up to 128ms. A caller
+// with a deadline (an admission) stops sooner: see backoff.
+const maxStoreRetries = 48
+
 // retry runs write until it succeeds, fails with something other than a
 // store conflict, or has conflicted maxStoreRetries times, backing off with
 // jitter between attempts so that several holders writing one block spread
