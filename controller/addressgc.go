@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	crcontroller "sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
@@ -81,7 +82,7 @@ func (r *AddressGC) finalized(ctx context.Context, obj client.Object) (bool, err
 		}
 		return false, fmt.Errorf("read %s again: %w", client.ObjectKeyFromObject(obj), err)
 	}
-	return cur.GetUID() != obj.GetUID() || !kinds.HasFinalizer(cur), nil
+	return cur.GetUID() != obj.GetUID() || !controllerutil.ContainsFinalizer(cur, vmipamv1.Finalizer), nil
 }
 
 // Getter reads one object; a client.Reader is one.
@@ -220,7 +221,7 @@ func (r *AddressGC) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resul
 		return ctrl.Result{}, nil
 	}
 	ann := obj.GetAnnotations()
-	if ann[vmipamv1.TokenAnnotation] == "" && obj.GetDeletionTimestamp() == nil && !kinds.HasFinalizer(obj) && !r.Kind.InScope(obj) {
+	if ann[vmipamv1.TokenAnnotation] == "" && obj.GetDeletionTimestamp() == nil && !controllerutil.ContainsFinalizer(obj, vmipamv1.Finalizer) && !r.Kind.InScope(obj) {
 		// Its kind's condition leaves it out, and vmipam never gave it an
 		// address: not vmipam's, whatever pool or address it names.
 		return ctrl.Result{}, nil
@@ -246,7 +247,7 @@ func (r *AddressGC) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resul
 		}
 	}
 	if pool == nil {
-		if obj.GetDeletionTimestamp() != nil && kinds.HasFinalizer(obj) {
+		if obj.GetDeletionTimestamp() != nil && controllerutil.ContainsFinalizer(obj, vmipamv1.Finalizer) {
 			if err := r.Registry.Ready(ctx); err != nil {
 				// Not every pool is known yet: this one may still be
 				// recovering, and its address must go into cooldown.
@@ -289,7 +290,7 @@ func (r *AddressGC) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resul
 		case pools.KeeperUnclaimed:
 			if obj.GetDeletionTimestamp() != nil {
 				// No replica holds the address: nothing to release.
-				if kinds.HasFinalizer(obj) {
+				if controllerutil.ContainsFinalizer(obj, vmipamv1.Finalizer) {
 					return ctrl.Result{}, r.removeFinalizer(ctx, obj)
 				}
 				return ctrl.Result{}, nil
@@ -300,7 +301,7 @@ func (r *AddressGC) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resul
 	}
 
 	if obj.GetDeletionTimestamp() != nil {
-		if !kinds.HasFinalizer(obj) {
+		if !controllerutil.ContainsFinalizer(obj, vmipamv1.Finalizer) {
 			return ctrl.Result{}, nil
 		}
 		if hasAddr {
@@ -351,8 +352,8 @@ func (r *AddressGC) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resul
 		}
 		return r.assign(ctx, obj, pool)
 	}
-	if !kinds.HasFinalizer(obj) {
-		kinds.AddFinalizer(obj)
+	if !controllerutil.ContainsFinalizer(obj, vmipamv1.Finalizer) {
+		controllerutil.AddFinalizer(obj, vmipamv1.Finalizer)
 		if err := r.patchMetadata(ctx, obj, "finalizers", obj.GetFinalizers()); err != nil {
 			return ctrl.Result{}, fmt.Errorf("add finalizer: %w", err)
 		}
@@ -380,7 +381,7 @@ func (r *AddressGC) holdSecond(ctx context.Context, obj *unstructured.Unstructur
 		var err error
 		switch st, o, _ := pool.Lookup(a); {
 		case obj.GetDeletionTimestamp() != nil:
-			if kinds.HasFinalizer(obj) {
+			if controllerutil.ContainsFinalizer(obj, vmipamv1.Finalizer) {
 				err = pool.Release(ctx, a, owner)
 			}
 		case st != ipam.StateAllocated || o.UID != owner.UID:
@@ -526,25 +527,22 @@ func (r *AddressGC) settle(ctx context.Context, obj *unstructured.Unstructured, 
 // change of the object reaches this replica only while no replica's label
 // is on it.
 func (r *AddressGC) label(ctx context.Context, obj *unstructured.Unstructured) error {
-	if !kinds.SetHolder(obj, r.Registry.HolderLabel()) {
-		return nil
-	}
-	if err := r.patchMetadata(ctx, obj, "labels", map[string]string{vmipamv1.HolderLabel: obj.GetLabels()[vmipamv1.HolderLabel]}); err != nil {
+	if _, err := r.Registry.LabelHolder(ctx, obj); err != nil {
 		return client.IgnoreNotFound(fmt.Errorf("set the holder label: %w", err))
 	}
 	return nil
 }
 
 func (r *AddressGC) removeFinalizer(ctx context.Context, obj *unstructured.Unstructured) error {
-	kinds.RemoveFinalizer(obj)
+	controllerutil.RemoveFinalizer(obj, vmipamv1.Finalizer)
 	if err := r.patchMetadata(ctx, obj, "finalizers", obj.GetFinalizers()); err != nil {
 		return client.IgnoreNotFound(fmt.Errorf("remove finalizer: %w", err))
 	}
 	return nil
 }
 
-// patchMetadata sets metadata field of obj to value (all its finalizers,
-// or labels to add) with a merge patch locked to obj's resourceVersion,
+// patchMetadata sets metadata field of obj to value (all its finalizers)
+// with a merge patch locked to obj's resourceVersion,
 // through the API's metadata view of the kind: the answer is the object's
 // metadata, in protobuf, not the whole object in JSON. The patch is written
 // directly, not computed from a copy of obj as client.MergeFrom does (that

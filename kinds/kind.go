@@ -16,6 +16,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 )
@@ -436,7 +437,7 @@ func (t Kind) Stamp(obj *unstructured.Unstructured, st Stamp) error {
 	if st.SingleStack != "" {
 		SetAnnotation(obj, vmipamv1.SingleStackAnnotation, st.SingleStack)
 	}
-	AddFinalizer(obj)
+	controllerutil.AddFinalizer(obj, vmipamv1.Finalizer)
 	return nil
 }
 
@@ -477,38 +478,6 @@ func SetHolder(obj *unstructured.Unstructured, holder string) bool {
 	l[vmipamv1.HolderLabel] = holder
 	obj.SetLabels(l)
 	return true
-}
-
-// AddFinalizer adds vmipam's finalizer to obj if missing.
-func AddFinalizer(obj *unstructured.Unstructured) bool {
-	for _, f := range obj.GetFinalizers() {
-		if f == vmipamv1.Finalizer {
-			return false
-		}
-	}
-	obj.SetFinalizers(append(obj.GetFinalizers(), vmipamv1.Finalizer))
-	return true
-}
-
-// HasFinalizer reports whether obj carries vmipam's finalizer.
-func HasFinalizer(obj *unstructured.Unstructured) bool {
-	for _, f := range obj.GetFinalizers() {
-		if f == vmipamv1.Finalizer {
-			return true
-		}
-	}
-	return false
-}
-
-// RemoveFinalizer drops vmipam's finalizer from obj.
-func RemoveFinalizer(obj *unstructured.Unstructured) {
-	var keep []string
-	for _, f := range obj.GetFinalizers() {
-		if f != vmipamv1.Finalizer {
-			keep = append(keep, f)
-		}
-	}
-	obj.SetFinalizers(keep)
 }
 
 // SetAnnotation sets one annotation on obj.

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 )
@@ -52,11 +53,11 @@ func TestFromMetadata(t *testing.T) {
 				t.Errorf("addresses %v, %v", addrs, err)
 			}
 			if u.GroupVersionKind() != tg.GVK || u.GetName() != "a" || u.GetNamespace() != "n" || u.GetUID() != "u" || u.GetResourceVersion() != "7" ||
-				!u.GetDeletionTimestamp().Equal(&metav1.Time{Time: now.Truncate(time.Second)}) || !HasFinalizer(u) || u.GetLabels()[vmipamv1.HolderLabel] != "h" || u.GetAnnotations()[vmipamv1.TokenAnnotation] != "t" {
+				!u.GetDeletionTimestamp().Equal(&metav1.Time{Time: now.Truncate(time.Second)}) || !controllerutil.ContainsFinalizer(u, vmipamv1.Finalizer) || u.GetLabels()[vmipamv1.HolderLabel] != "h" || u.GetAnnotations()[vmipamv1.TokenAnnotation] != "t" {
 				t.Errorf("rebuilt %+v", u.Object)
 			}
 			// Rebuilding copies: changing the object leaves the cache's alone.
-			RemoveFinalizer(u)
+			controllerutil.RemoveFinalizer(u, vmipamv1.Finalizer)
 			SetHolder(u, "other")
 			if len(tm.Finalizers) != 2 || tm.Labels[vmipamv1.HolderLabel] != "h" {
 				t.Errorf("the cached metadata changed: %+v", tm.ObjectMeta)

@@ -10,6 +10,7 @@ import (
 	"gomodules.xyz/jsonpatch/v2"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 )
@@ -244,7 +245,7 @@ func TestTrim(t *testing.T) {
 	addrs, _ := VirtualMachine.Addresses(tr)
 	pool, _ := VirtualMachine.Pool(tr)
 	if tr.GetName() != "a" || tr.GetNamespace() != "n" || tr.GetUID() != "u" || tr.GetResourceVersion() != "7" ||
-		tr.GetDeletionTimestamp() == nil || !HasFinalizer(&unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{"finalizers": []any{vmipamv1.Finalizer}}}}) ||
+		tr.GetDeletionTimestamp() == nil || !controllerutil.ContainsFinalizer(&unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{"finalizers": []any{vmipamv1.Finalizer}}}}, vmipamv1.Finalizer) ||
 		len(tr.GetFinalizers()) != 1 || tr.GetAnnotations()[vmipamv1.TokenAnnotation] != "t" || !reflect.DeepEqual(addrs, []string{"10.0.0.1"}) || pool != "p" ||
 		tr.GetLabels()[vmipamv1.HolderLabel] != "h1" {
 		t.Fatalf("trimmed object lost what vmipam reads: %s", got)

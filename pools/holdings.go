@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
@@ -74,7 +75,7 @@ func (r *Registry) liveIn(ctx context.Context, pools map[string]*ipam.Ranges) (m
 // an address, its holding and the pool stamped on it.
 func (r *Registry) eachLive(ctx context.Context, fn func(obj *unstructured.Unstructured, h ipam.Holding, stamped string)) error {
 	return r.eachObject(ctx, "", func(obj *unstructured.Unstructured) {
-		if obj.GetDeletionTimestamp() != nil && !kinds.HasFinalizer(obj) {
+		if obj.GetDeletionTimestamp() != nil && !controllerutil.ContainsFinalizer(obj, vmipamv1.Finalizer) {
 			return
 		}
 		hs, stamped := r.holdings(obj)

@@ -19,6 +19,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"k8s.io/utils/clock"
+
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -146,10 +148,6 @@ type Registry struct {
 	recovered atomic.Bool
 }
 
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
-
 // NewRegistry returns a Registry; add it to the controller manager so that
 // it runs (it implements manager.Runnable).
 func NewRegistry(opts Options) *Registry {
@@ -167,7 +165,7 @@ func NewRegistry(opts Options) *Registry {
 	}
 	clk := opts.Clock
 	if clk == nil {
-		clk = systemClock{}
+		clk = clock.RealClock{}
 	}
 	opts.Lease.Holder = opts.Holder
 	r := &Registry{

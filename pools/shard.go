@@ -4,12 +4,15 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -17,6 +20,7 @@ import (
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/ipam"
+	"github.com/vmipam/vmipam/kinds"
 )
 
 // relabelWorkers bounds the label patches in flight at once; relabelRounds
@@ -107,19 +111,54 @@ func (r *Registry) patchHolders(ctx context.Context, objs []labelled, value stri
 
 // patchHolder sets the holder label of the object key with UID uid.
 func (r *Registry) patchHolder(ctx context.Context, o labelled, value string) error {
-	key, uid := o.key, o.uid
-	obj := &unstructured.Unstructured{}
-	obj.SetGroupVersionKind(o.gvk)
-	obj.SetNamespace(key.Namespace)
-	obj.SetName(key.Name)
-	patch := fmt.Sprintf(`{"metadata":{"uid":%q,"labels":{%q:%q}}}`, uid, vmipamv1.HolderLabel, value)
-	err := r.opts.Client.Patch(ctx, obj, client.RawPatch(types.MergePatchType, []byte(patch)))
+	_, err := r.writeHolderLabel(ctx, o.gvk, o.key, o.uid, "", value)
 	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
 		// Gone, or another object by that name now.
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("label %s with %s=%s: %w", key, vmipamv1.HolderLabel, value, err)
+		return fmt.Errorf("label %s with %s=%s: %w", o.key, vmipamv1.HolderLabel, value, err)
 	}
 	return nil
+}
+
+// LabelHolder puts this replica's holder label on obj, whose address it
+// looks after, if obj lacks it (an object that bypassed the webhook, or
+// whose label was changed), locked to obj's resourceVersion; obj takes
+// the resourceVersion the write made. It reports whether it wrote.
+func (r *Registry) LabelHolder(ctx context.Context, obj *unstructured.Unstructured) (bool, error) {
+	if !kinds.SetHolder(obj, r.HolderLabel()) {
+		return false, nil
+	}
+	rv, err := r.writeHolderLabel(ctx, obj.GroupVersionKind(), client.ObjectKeyFromObject(obj), obj.GetUID(), obj.GetResourceVersion(), r.HolderLabel())
+	if err != nil {
+		return false, err
+	}
+	obj.SetResourceVersion(rv)
+	return true, nil
+}
+
+// writeHolderLabel is the one writer of vmipam's holder label: it sets
+// the label of the object of kind gvk at key to value, with a merge patch
+// that carries the object's UID (a new object of the same name is left
+// alone) and, if set, the resourceVersion it is locked to. The patch goes
+// through the API's metadata view of the kind, so the answer is the
+// object's metadata, not the whole object. It returns the resourceVersion
+// the write made.
+func (r *Registry) writeHolderLabel(ctx context.Context, gvk schema.GroupVersionKind, key client.ObjectKey, uid types.UID, resourceVersion, value string) (string, error) {
+	meta := map[string]any{"uid": uid, "labels": map[string]string{vmipamv1.HolderLabel: value}}
+	if resourceVersion != "" {
+		meta["resourceVersion"] = resourceVersion
+	}
+	data, err := json.Marshal(map[string]any{"metadata": meta})
+	if err != nil {
+		return "", fmt.Errorf("encode the holder label's patch: %w", err)
+	}
+	m := &metav1.PartialObjectMetadata{}
+	m.SetGroupVersionKind(gvk)
+	m.Namespace, m.Name = key.Namespace, key.Name
+	if err := r.opts.Client.Patch(ctx, m, client.RawPatch(types.MergePatchType, data)); err != nil {
+		return "", err
+	}
+	return m.ResourceVersion, nil
 }

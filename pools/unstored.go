@@ -9,11 +9,11 @@ import (
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/ipam"
-	"github.com/vmipam/vmipam/kinds"
 )
 
 // clockSkew is how far vmipam's clock may be behind the API server's: a
@@ -105,7 +105,7 @@ func (r *Registry) stampsIn(ctx context.Context, ns string) (map[string]stamped,
 			return
 		}
 		o := stamped{labelled: labelled{gvk: obj.GroupVersionKind(), key: client.ObjectKeyFromObject(obj), uid: obj.GetUID()}}
-		if obj.GetDeletionTimestamp() == nil || kinds.HasFinalizer(obj) {
+		if obj.GetDeletionTimestamp() == nil || controllerutil.ContainsFinalizer(obj, vmipamv1.Finalizer) {
 			hs, _ := r.holdings(obj)
 			for _, h := range hs {
 				o.addrs = append(o.addrs, h.Addr)

@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	"github.com/vmipam/vmipam/api/scheme"
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
@@ -52,7 +53,7 @@ func TestShardReader(t *testing.T) {
 		}
 		addrs, aerr := kinds.VirtualMachine.Addresses(obj)
 		if err != nil || obj.GetName() != tt.name || obj.GetUID() != types.UID("uid-"+tt.name) || aerr != nil || !slices.Equal(addrs, []string{tt.addr}) ||
-			!kinds.HasFinalizer(obj) || obj.GetLabels()[vmipamv1.HolderLabel] != "h" {
+			!controllerutil.ContainsFinalizer(obj, vmipamv1.Finalizer) || obj.GetLabels()[vmipamv1.HolderLabel] != "h" {
 			t.Errorf("Get %s: %v, %+v", tt.name, err, obj.Object)
 		}
 	}
