@@ -19,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -426,23 +427,23 @@ const (
 	pollMetrics = 100 * time.Millisecond
 )
 
-// poll calls f every interval until it returns nil or timeout passes.
+// poll calls f every interval until it returns nil or timeout passes, and
+// names what it waited for and f's last error when it gives up.
 func poll(ctx context.Context, interval, timeout time.Duration, what string, f func() error) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		err := f()
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("timed out after %s waiting for %s: %w", timeout, what, err)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(interval):
-		}
+	var last error
+	err := wait.PollUntilContextTimeout(ctx, interval, timeout, true, func(context.Context) (bool, error) {
+		last = f()
+		return last == nil, nil
+	})
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case last != nil:
+		return fmt.Errorf("timed out after %s waiting for %s: %w", timeout, what, last)
 	}
+	return fmt.Errorf("waiting for %s: %w", what, err)
 }
 
 func ignoreNotFound(err error) error {

@@ -1,14 +1,10 @@
 package main
 
 import (
-	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
-)
+	"fmt"
 
-// clockTicks is USER_HZ, 100 on every Linux architecture Go supports.
-const clockTicks = 100
+	"github.com/prometheus/procfs"
+)
 
 // Processes whose CPU time is reported; others on the machine count as
 // "other".
@@ -26,65 +22,38 @@ type cpuSample struct {
 }
 
 // sampleCPU reads /proc: this process, its children (the control plane and
-// vmipam), and the machine.
+// vmipam), and the machine. What cannot be read counts as zero.
 func sampleCPU() cpuSample {
 	s := cpuSample{procs: map[string]float64{}}
-	self := os.Getpid()
-	if _, _, cpu, ok := procStat("/proc/self/stat"); ok {
-		s.procs["e2ebench"] = cpu
+	fs, err := procfs.NewDefaultFS()
+	if err != nil {
+		return s
 	}
-	dirs, _ := filepath.Glob("/proc/[0-9]*")
-	for _, d := range dirs {
-		comm, ppid, cpu, ok := procStat(filepath.Join(d, "stat"))
-		if ok && ppid == self {
-			s.procs[comm] += cpu
+	self, err := fs.Self()
+	if err != nil {
+		return s
+	}
+	if st, err := self.Stat(); err == nil {
+		s.procs["e2ebench"] = st.CPUTime()
+	}
+	procs, _ := fs.AllProcs()
+	for _, p := range procs {
+		// A process may exit between the listing and the read.
+		if st, err := p.Stat(); err == nil && st.PPID == self.PID {
+			s.procs[st.Comm] += st.CPUTime()
 		}
 	}
-	if raw, err := os.ReadFile("/proc/stat"); err == nil {
-		line, _, _ := strings.Cut(string(raw), "\n")
-		f := strings.Fields(line)
-		for i, v := range f[1:] {
-			n, _ := strconv.ParseFloat(v, 64)
-			// guest and guest_nice are already in user and nice.
-			if i >= 8 {
-				break
-			}
-			s.total += n / clockTicks
-			switch i {
-			case 3, 4: // idle, iowait
-			case 7: // steal: time the hypervisor gave to other guests
-				s.steal += n / clockTicks
-			default:
-				s.busy += n / clockTicks
-			}
-			if i == 6 {
-				s.softirq = n / clockTicks
-			}
-		}
+	if st, err := fs.Stat(); err == nil {
+		// guest and guest_nice are already in user and nice; idle and
+		// iowait are not busy; steal is time the hypervisor gave to
+		// other guests.
+		c := st.CPUTotal
+		s.busy = c.User + c.Nice + c.System + c.IRQ + c.SoftIRQ
+		s.total = s.busy + c.Idle + c.Iowait + c.Steal
+		s.softirq = c.SoftIRQ
+		s.steal = c.Steal
 	}
 	return s
-}
-
-// procStat returns the command name, parent and user+system CPU seconds
-// from a /proc/<pid>/stat file.
-func procStat(path string) (string, int, float64, bool) {
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		return "", 0, 0, false
-	}
-	s := string(raw)
-	open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
-	if open < 0 || end < open {
-		return "", 0, 0, false
-	}
-	f := strings.Fields(s[end+1:])
-	if len(f) < 13 {
-		return "", 0, 0, false
-	}
-	ppid, _ := strconv.Atoi(f[1])
-	utime, _ := strconv.ParseFloat(f[11], 64)
-	stime, _ := strconv.ParseFloat(f[12], 64)
-	return s[open+1 : end], ppid, (utime + stime) / clockTicks, true
 }
 
 func (s cpuSample) sub(o cpuSample) cpuSample {
@@ -118,15 +87,16 @@ func (s cpuSample) other() float64 {
 	return max(o, 0)
 }
 
-// loadavg returns the 1, 5 and 15 minute load averages.
+// loadavg returns the 1, 5 and 15 minute load averages, as the kernel
+// prints them.
 func loadavg() string {
-	raw, err := os.ReadFile("/proc/loadavg")
+	fs, err := procfs.NewDefaultFS()
 	if err != nil {
 		return "unknown"
 	}
-	f := strings.Fields(string(raw))
-	if len(f) < 3 {
+	l, err := fs.LoadAvg()
+	if err != nil {
 		return "unknown"
 	}
-	return strings.Join(f[:3], " ")
+	return fmt.Sprintf("%.2f %.2f %.2f", l.Load1, l.Load5, l.Load15)
 }

@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/procfs"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -57,13 +58,13 @@ func TestNoRouteOut(t *testing.T) {
 			t.Errorf("interface %s in the cluster's namespace: only lo, the node's veth pair, the CNI bridge and the Pods' veths belong here", l.Name)
 		}
 	}
-	routes, err := os.ReadFile("/proc/net/route")
+	routes, err := procFS(t).NetRoute()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for line := range strings.SplitSeq(string(routes), "\n") {
-		if f := strings.Fields(line); len(f) > 7 && f[1] == "00000000" && f[7] == "00000000" {
-			t.Errorf("a default route: %s", line)
+	for _, r := range routes {
+		if r.Destination == 0 && r.Mask == 0 {
+			t.Errorf("a default route: via %s, gateway %08X", r.Iface, r.Gateway)
 		}
 	}
 	_, err = net.DialTimeout("tcp", "192.0.2.1:80", 2*time.Second)
@@ -150,22 +151,25 @@ func TestNoRouteOut(t *testing.T) {
 // (which, unlike /sys, follows the reader's network namespace).
 func rxPackets(t *testing.T, link string) int64 {
 	t.Helper()
-	raw, err := os.ReadFile("/proc/net/dev")
+	dev, err := procFS(t).NetDev()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for line := range strings.SplitSeq(string(raw), "\n") {
-		name, counters, ok := strings.Cut(line, ":")
-		if !ok || strings.TrimSpace(name) != link {
-			continue
-		}
-		if f := strings.Fields(counters); len(f) > 1 {
-			n, _ := strconv.ParseInt(f[1], 10, 64)
-			return n
-		}
+	l, ok := dev[link]
+	if !ok {
+		t.Fatalf("no interface %s in /proc/net/dev", link)
 	}
-	t.Fatalf("no interface %s in /proc/net/dev", link)
-	return 0
+	return int64(l.RxPackets)
+}
+
+// procFS is the machine's /proc.
+func procFS(t *testing.T) procfs.FS {
+	t.Helper()
+	fs, err := procfs.NewDefaultFS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fs
 }
 
 // TestAddresses: VirtualMachines created through the API server get

@@ -14,12 +14,12 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/prometheus/procfs"
 	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -449,7 +449,9 @@ func serviceURL(t *testing.T, name string) string {
 	return fmt.Sprintf("https://%s:%d", svc.Spec.ClusterIP, svc.Spec.Ports[0].Port)
 }
 
-// podCgroup returns the memory cgroup folder of Pod uid.
+// podCgroup returns the memory cgroup folder of Pod uid. It stays a glob
+// of /sys: procfs reads /proc, and has no reader for cgroup v1's memory
+// files.
 func podCgroup(uid string) (string, error) {
 	for _, qos := range []string{"burstable/", "besteffort/", ""} {
 		dirs, _ := filepath.Glob("/sys/fs/cgroup/memory/*/kubepods/" + qos + "pod" + uid)
@@ -462,15 +464,22 @@ func podCgroup(uid string) (string, error) {
 
 // pidOf returns the PID of the vmipam process in Pod uid.
 func pidOf(uid string) (int, error) {
-	procs, _ := filepath.Glob("/proc/[0-9]*")
+	fs, err := procfs.NewDefaultFS()
+	if err != nil {
+		return 0, err
+	}
+	procs, err := fs.AllProcs()
+	if err != nil {
+		return 0, err
+	}
 	for _, p := range procs {
-		cg, err := os.ReadFile(p + "/cgroup")
-		if err != nil || !strings.Contains(string(cg), "pod"+uid) {
+		// A process may exit between the listing and the read.
+		cgs, err := p.Cgroups()
+		if err != nil || !slices.ContainsFunc(cgs, func(cg procfs.Cgroup) bool { return strings.Contains(cg.Path, "pod"+uid) }) {
 			continue
 		}
-		comm, _ := os.ReadFile(p + "/comm")
-		if strings.TrimSpace(string(comm)) == "vmipam" {
-			return strconv.Atoi(filepath.Base(p))
+		if comm, err := p.Comm(); err == nil && comm == "vmipam" {
+			return p.PID, nil
 		}
 	}
 	return 0, fmt.Errorf("no vmipam process in pod %s", uid)
