@@ -245,3 +245,26 @@ func (e *HolderError) Error() string {
 
 // Is reports whether target is ErrNoAnswer.
 func (e *HolderError) Is(target error) bool { return target == ErrNoAnswer }
+
+// Message returns the user-facing explanation of the allocator's error
+// in err, without the context ("allocate from pool ...") wrapped around
+// it, which the caller's message already names; else err's message.
+func Message(err error) string {
+	var ex *ExhaustedError
+	if errors.As(err, &ex) {
+		return ex.Error()
+	}
+	var ae *AddressError
+	if errors.As(err, &ae) {
+		return ae.Error()
+	}
+	var pl *PendingLimitError
+	if errors.As(err, &pl) {
+		return pl.Error()
+	}
+	var he *HolderError
+	if errors.As(err, &he) {
+		return he.Error()
+	}
+	return err.Error()
+}

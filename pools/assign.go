@@ -28,6 +28,8 @@ import (
 type Static struct {
 	// Addr is the address, canonical.
 	Addr netip.Addr
+	// Bits is the prefix length it was written with (10.0.0.5/24), or -1.
+	Bits int
 	// Raw is how the object writes it, and Path where, for messages.
 	Raw  string
 	Path *field.Path
@@ -177,9 +179,11 @@ type Assignment struct {
 	Skipped *FamilyError
 }
 
-// FamilyError is why an address of Family could not be had: Static is
-// the request that asked for it, nil when it was to be allocated.
+// FamilyError is why an address of Family could not be had from Pool:
+// Static is the request that asked for it, nil when it was to be
+// allocated.
 type FamilyError struct {
+	Pool   string
 	Family vmipamv1.IPFamily
 	Static *Static
 	Err    error
@@ -222,7 +226,7 @@ func (p *Pool) Assign(ctx context.Context, r ipam.Reservation, plan Plan) (Assig
 			out.Addrs = append(out.Addrs, a)
 			continue
 		}
-		fe := &FamilyError{Family: f, Static: st, Err: err}
+		fe := &FamilyError{Pool: p.name, Family: f, Static: st, Err: err}
 		if st == nil && !plan.Require && len(plan.Families) > 1 && errors.Is(err, ipam.ErrExhausted) {
 			// PreferDualStack takes what it can, and says what it could not.
 			out.Skipped = fe

@@ -50,7 +50,7 @@ func memoryPool(t *testing.T, cidrs ...string) *Pool {
 }
 
 func static(s string) Static {
-	return Static{Addr: netip.MustParseAddr(s), Raw: s, Path: field.NewPath("spec", "addresses").Index(0)}
+	return Static{Addr: netip.MustParseAddr(s), Bits: -1, Raw: s, Path: field.NewPath("spec", "addresses").Index(0)}
 }
 
 // TestPlanFamilies: the one plan of a create's families, strict for the

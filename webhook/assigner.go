@@ -2,8 +2,6 @@ package webhook
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
@@ -87,11 +85,9 @@ func (d *Assigner) Handle(ctx context.Context, req admission.Request) admission.
 		return invalid(field.TooMany(field.NewPath(d.Kind.AddressesPath()), len(v.Addresses), n))
 	}
 	statics := make([]pools.Static, 0, len(v.Addresses))
-	// bits[i] is the prefix length statics[i] was written with, or -1.
-	bits := make([]int, 0, len(v.Addresses))
 	for i, raw := range v.Addresses {
 		path := d.addrPath(i)
-		a, n, ferr := parseRequest(path, raw)
+		a, bits, ferr := parseRequest(path, raw)
 		if ferr != nil {
 			return invalid(ferr)
 		}
@@ -100,73 +96,36 @@ func (d *Assigner) Handle(ctx context.Context, req admission.Request) admission.
 				return invalid(field.Invalid(path, raw, fmt.Sprintf("a second %s address (with %s): an object holds one address per family", pools.FamilyOf(a), o.Raw)))
 			}
 		}
-		bits = append(bits, n)
-		statics = append(statics, pools.Static{Addr: a, Raw: raw, Path: path})
+		statics = append(statics, pools.Static{Addr: a, Bits: bits, Raw: raw, Path: path})
 	}
-	pool, err := d.Registry.Select(ctx, d.Kind, v.Namespace, v.Pool)
-	if errors.Is(err, pools.ErrNotReady) {
-		return deny(apierrors.NewServiceUnavailable(err.Error() + "; retry in a few seconds"))
+	create := pools.Create{
+		Kind: d.Kind, Namespace: v.Namespace, Pool: v.Pool, Ref: v.Describe(),
+		Ask:    pools.Ask{Policy: v.FamilyPolicy, Families: v.Families, Statics: statics},
+		DryRun: req.DryRun != nil && *req.DryRun,
 	}
-	if errors.Is(err, pools.ErrNotAllowed) {
-		return deny(apierrors.NewForbidden(gr(d.Kind), name(v), fmt.Errorf("%s: %w", d.Kind.PoolPath(), err)))
+	if d.Names != nil && v.Name != "" {
+		create.NameTaken = func(ctx context.Context) bool { return d.Names.Has(ctx, v.Namespace, v.Name) }
 	}
+	ad, err := d.Registry.Admit(ctx, create)
 	if err != nil {
-		return invalid(field.Invalid(field.NewPath(d.Kind.PoolPath()), v.Pool, err.Error()))
+		return d.refused(ctx, err, v)
 	}
-	if !pool.Ready() {
-		return deny(apierrors.NewServiceUnavailable(fmt.Sprintf("IPPool %s is recovering its state; retry in a few seconds", pool.Name())))
+	if create.DryRun {
+		// Stamp nothing that a real create would reserve.
+		return patched(d.Kind.DryRunPatch(v, ad.Pool.Name(), ad.Addrs))
 	}
-	plan, ferr := pools.PlanFamilies(d.Kind, pools.Ask{Policy: v.FamilyPolicy, Families: v.Families, Statics: statics}, pool, true)
-	if ferr != nil {
-		return invalid(ferr)
+	note := ad.Plan.Note
+	if ad.Skipped != nil {
+		note = fmt.Sprintf("no %s address: %s", ad.Skipped.Family, ipam.Message(ad.Skipped.Err))
 	}
-	for i, st := range statics {
-		if ferr := checkRequest(pool, st, bits[i]); ferr != nil {
-			return invalid(ferr)
-		}
-	}
-	if resp, taken := d.nameTaken(ctx, v); taken {
-		return resp
-	}
-	if req.DryRun != nil && *req.DryRun {
-		// No side effect: say whether the static addresses could be had,
-		// stamp nothing that a real create would reserve.
-		addrs := make([]netip.Addr, 0, len(statics))
-		for _, st := range plan.Statics() {
-			if err := pool.CanReserve(st.Addr); err != nil {
-				return invalid(field.Invalid(st.Path, st.Raw, unwrapMessage(err)))
-			}
-			addrs = append(addrs, st.Addr)
-		}
-		return patched(d.Kind.DryRunPatch(v, pool.Name(), addrs))
-	}
-
-	token, err := newToken()
-	if err != nil {
-		return admission.Errored(http.StatusInternalServerError, err)
-	}
-	r := ipam.Reservation{Token: token, Namespace: v.Namespace, Ref: v.Describe()}
-	got, err := pool.Assign(ctx, r, plan)
-	var fe *pools.FamilyError
-	if errors.As(err, &fe) {
-		return d.refused(ctx, fe.Err, v, pool, fe.Static, fe.Family)
-	}
-	if err != nil {
-		return admission.Errored(http.StatusInternalServerError, err)
-	}
-	addrs := got.Addrs
-	note := plan.Note
-	if got.Skipped != nil {
-		note = fmt.Sprintf("no %s address: %s", got.Skipped.Family, unwrapMessage(got.Skipped.Err))
-	}
-	out := make([]string, len(addrs))
-	for i, a := range addrs {
+	out := make([]string, len(ad.Addrs))
+	for i, a := range ad.Addrs {
 		out[i] = a.String()
 	}
-	ops, err := d.Kind.StampPatch(v, kinds.Stamp{Addrs: out, Pool: pool.Name(), Token: token, Holder: d.Registry.HolderLabel(),
-		Network: pool.Network(addrs...), SingleStack: note})
+	ops, err := d.Kind.StampPatch(v, kinds.Stamp{Addrs: out, Pool: ad.Pool.Name(), Token: ad.Token, Holder: d.Registry.HolderLabel(),
+		Network: ad.Pool.Network(ad.Addrs...), SingleStack: note})
 	if err != nil {
-		pool.Cancel(token)
+		ad.Pool.Cancel(ad.Token)
 		return admission.Errored(http.StatusInternalServerError, err)
 	}
 	resp = patched(ops)
@@ -184,62 +143,54 @@ func (d *Assigner) addrPath(i int) *field.Path {
 	return field.NewPath(d.Kind.AddressesPath()).Index(i)
 }
 
-// refused is the answer to a create whose address of family f (a static
-// request st, or nil) could not be had.
-func (d *Assigner) refused(ctx context.Context, err error, v *kinds.View, pool *pools.Pool, st *pools.Static, f vmipamv1.IPFamily) admission.Response {
+// refused is the answer to a create that Admit refused with err.
+func (d *Assigner) refused(ctx context.Context, err error, v *kinds.View) admission.Response {
+	var ferr *pools.FieldError
+	var fe *pools.FamilyError
 	switch {
-	case errors.Is(err, ipam.ErrNotReady):
-		return deny(apierrors.NewServiceUnavailable(fmt.Sprintf("IPPool %s is recovering its state; retry in a few seconds", pool.Name())))
-	case errors.Is(err, ipam.ErrExhausted):
-		return deny(apierrors.NewForbidden(gr(d.Kind), name(v), errors.New(unwrapMessage(err))))
-	case errors.Is(err, ipam.ErrNoAnswer) && st != nil:
-		// The address may well be free with its replica: a retry asks again.
-		return deny(apierrors.NewServiceUnavailable(fmt.Sprintf("%s: %s", st.Path, unwrapMessage(err))))
-	case errors.Is(err, ipam.ErrTooManyPending):
-		return deny(apierrors.NewTooManyRequests(unwrapMessage(err), 5))
-	case st != nil && (errors.Is(err, ipam.ErrInUse) || errors.Is(err, ipam.ErrCoolingDown) || errors.Is(err, ipam.ErrConflict) || errors.Is(err, ipam.ErrOutOfRange)):
-		return deny(invalidErr(d.Kind, v, field.ErrorList{field.Invalid(st.Path, st.Raw, unwrapMessage(err))}))
-	case ctx.Err() != nil:
-		return deny(apierrors.NewTimeoutError(fmt.Sprintf("vmipam could not claim an address of IPPool %s before the request's deadline", pool.Name()), 1))
+	case errors.As(err, &ferr):
+		return deny(invalidErr(d.Kind, v, ferr.Errs))
+	case errors.Is(err, pools.ErrNotReady):
+		return deny(apierrors.NewServiceUnavailable(err.Error() + "; retry in a few seconds"))
+	case errors.Is(err, pools.ErrNotAllowed):
+		return deny(apierrors.NewForbidden(gr(d.Kind), name(v), err))
+	case errors.Is(err, pools.ErrNameTaken):
+		// The API server would refuse it after admission, and an address
+		// reserved for it would only wait out its pending TTL. The cache
+		// holds this replica's objects and the unlabelled ones, not other
+		// replicas' (see vmipamv1.HolderLabel); a reservation for a name
+		// one of those holds is returned by the proof that it was never
+		// stored.
+		return deny(apierrors.NewAlreadyExists(gr(d.Kind), v.Name))
+	case errors.As(err, &fe):
+		return d.unassigned(ctx, fe, v)
 	default:
-		logf.FromContext(ctx).Error(err, "Allocating address", "object", v.Describe(), "pool", pool.Name(), "family", f)
 		return admission.Errored(http.StatusInternalServerError, err)
 	}
 }
 
-// checkRequest refuses a static request for an address pool never hands
-// out, or written with another prefix length (bits, -1 for none) than its
-// subnet's.
-func checkRequest(pool *pools.Pool, st pools.Static, bits int) *field.Error {
-	if !pool.Ranges().Contains(st.Addr) {
-		if pool.Ranges().Router(st.Addr) {
-			return field.Invalid(st.Path, st.Raw,
-				fmt.Sprintf("is the gateway or a route's next hop of IPPool %s, which no VM is given; ask for another address, or leave the field empty", pool.Name()))
-		}
-		return field.Invalid(st.Path, st.Raw,
-			fmt.Sprintf("outside IPPool %s (usable: %s); ask for an address inside it, or leave the field empty", pool.Name(), pool.Ranges()))
+// unassigned is the answer to a create whose address of family fe.Family
+// (a static request fe.Static, or nil) could not be had.
+func (d *Assigner) unassigned(ctx context.Context, fe *pools.FamilyError, v *kinds.View) admission.Response {
+	err, st, f, pool := fe.Err, fe.Static, fe.Family, fe.Pool
+	switch {
+	case errors.Is(err, ipam.ErrNotReady):
+		return deny(apierrors.NewServiceUnavailable(fmt.Sprintf("IPPool %s is recovering its state; retry in a few seconds", pool)))
+	case errors.Is(err, ipam.ErrExhausted):
+		return deny(apierrors.NewForbidden(gr(d.Kind), name(v), errors.New(ipam.Message(err))))
+	case errors.Is(err, ipam.ErrNoAnswer) && st != nil:
+		// The address may well be free with its replica: a retry asks again.
+		return deny(apierrors.NewServiceUnavailable(fmt.Sprintf("%s: %s", st.Path, ipam.Message(err))))
+	case errors.Is(err, ipam.ErrTooManyPending):
+		return deny(apierrors.NewTooManyRequests(ipam.Message(err), 5))
+	case st != nil && (errors.Is(err, ipam.ErrInUse) || errors.Is(err, ipam.ErrCoolingDown) || errors.Is(err, ipam.ErrConflict) || errors.Is(err, ipam.ErrOutOfRange)):
+		return deny(invalidErr(d.Kind, v, field.ErrorList{field.Invalid(st.Path, st.Raw, ipam.Message(err))}))
+	case ctx.Err() != nil:
+		return deny(apierrors.NewTimeoutError(fmt.Sprintf("vmipam could not claim an address of IPPool %s before the request's deadline", pool), 1))
+	default:
+		logf.FromContext(ctx).Error(err, "Allocating address", "object", v.Describe(), "pool", pool, "family", f)
+		return admission.Errored(http.StatusInternalServerError, err)
 	}
-	if bits >= 0 {
-		if sub, ok := pool.Subnet(st.Addr); ok && sub.Prefix.Bits() != bits {
-			return field.Invalid(st.Path, st.Raw, fmt.Sprintf(
-				"the prefix length /%d differs from the subnet %s of IPPool %s that holds the address; write %s, or the address alone",
-				bits, sub.Prefix, pool.Name(), netip.PrefixFrom(st.Addr, sub.Prefix.Bits())))
-		}
-	}
-	return nil
-}
-
-// nameTaken refuses a create whose name the cache already holds: the API
-// server would refuse it after admission, and an address reserved for it
-// would only wait out its pending TTL. The cache holds this replica's
-// objects and the unlabelled ones, not other replicas' (see
-// vmipamv1.HolderLabel); a reservation for a name one of those holds is
-// returned by the proof that it was never stored.
-func (d *Assigner) nameTaken(ctx context.Context, v *kinds.View) (admission.Response, bool) {
-	if d.Names == nil || v.Name == "" || !d.Names.Has(ctx, v.Namespace, v.Name) {
-		return admission.Response{}, false
-	}
-	return deny(apierrors.NewAlreadyExists(gr(d.Kind), v.Name)), true
 }
 
 // StampGuard keeps what vmipam stamped immutable: the address, the pool,
@@ -428,15 +379,6 @@ func parseRequest(path *field.Path, s string) (a netip.Addr, bits int, ferr *fie
 	return a, bits, nil
 }
 
-// newToken returns a fresh reservation token.
-func newToken() (string, error) {
-	var b [12]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return "", fmt.Errorf("make reservation token: %w", err)
-	}
-	return hex.EncodeToString(b[:]), nil
-}
-
 // patched allows the request with the JSON patch ops, if any.
 func patched(ops []jsonpatch.Operation) admission.Response {
 	if len(ops) == 0 {
@@ -460,26 +402,4 @@ func gr(t kinds.Kind) schema.GroupResource { return t.GVR().GroupResource() }
 
 func invalidErr(t kinds.Kind, v *kinds.View, errs field.ErrorList) *apierrors.StatusError {
 	return apierrors.NewInvalid(t.GVK.GroupKind(), name(v), errs)
-}
-
-// unwrapMessage drops the "allocate from pool ..." context that ipam puts
-// before its user-facing explanation, which the message already names.
-func unwrapMessage(err error) string {
-	var ex *ipam.ExhaustedError
-	if errors.As(err, &ex) {
-		return ex.Error()
-	}
-	var ae *ipam.AddressError
-	if errors.As(err, &ae) {
-		return ae.Error()
-	}
-	var pl *ipam.PendingLimitError
-	if errors.As(err, &pl) {
-		return pl.Error()
-	}
-	var he *ipam.HolderError
-	if errors.As(err, &he) {
-		return he.Error()
-	}
-	return err.Error()
 }

@@ -1,0 +1,151 @@
+package pools
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/vmipam/vmipam/ipam"
+	"github.com/vmipam/vmipam/kinds"
+)
+
+// Create is an object's create as its admission read it: what Admit
+// decides on.
+type Create struct {
+	Kind kinds.Kind
+	// Namespace is the object's; Pool the pool it names, if any.
+	Namespace, Pool string
+	// Ref names the object in messages and in its reservation.
+	Ref string
+	Ask Ask
+	// DryRun reserves nothing: Admit only says whether the static
+	// requests could be had.
+	DryRun bool
+	// NameTaken, if set, reports whether the object's name is taken
+	// already (the API server would refuse the create after admission):
+	// asked once everything else holds, before anything is reserved.
+	NameTaken func(ctx context.Context) bool
+}
+
+// Admitted is what Admit gave a create: the pool, the plan, and the
+// addresses reserved under Token in the plan's order (for a dry run, the
+// static requests that could be reserved, and no token). Skipped is set
+// when a PreferDualStack create gets one family because the pool had no
+// free address of the other.
+type Admitted struct {
+	Pool    *Pool
+	Plan    Plan
+	Token   string
+	Addrs   []netip.Addr
+	Skipped *FamilyError
+}
+
+// ErrNameTaken refuses a create whose name an object already holds.
+var ErrNameTaken = errors.New("the name is taken")
+
+// FieldError refuses a create for what its fields say.
+type FieldError struct{ Errs field.ErrorList }
+
+func (e *FieldError) Error() string { return e.Errs.ToAggregate().Error() }
+
+func fieldError(errs ...*field.Error) error { return &FieldError{Errs: errs} }
+
+// RecoveringError says that a pool's allocator is recovering its state.
+type RecoveringError struct{ Pool string }
+
+func (e *RecoveringError) Error() string {
+	return fmt.Sprintf("IPPool %s is recovering its state", e.Pool)
+}
+
+// Is reports whether target is ErrNotReady.
+func (e *RecoveringError) Is(target error) bool { return target == ErrNotReady }
+
+// Admit gives a create its addresses: it selects the pool, plans the
+// families strictly, checks the static requests against the pool, and,
+// unless it is a dry run, reserves the addresses under a fresh token (the
+// object has no UID yet, and no name with generateName).
+//
+// Its refusals: a *FieldError (the fields say why; the pool the object
+// names among them), ErrNotReady (vmipam or the pool is recovering; retry),
+// ErrNotAllowed (wrapped with the pool's field), ErrNameTaken, and a
+// *FamilyError from Assign.
+func (r *Registry) Admit(ctx context.Context, c Create) (Admitted, error) {
+	pool, err := r.Select(ctx, c.Kind, c.Namespace, c.Pool)
+	switch {
+	case errors.Is(err, ErrNotReady):
+		return Admitted{}, err
+	case errors.Is(err, ErrNotAllowed):
+		return Admitted{}, fmt.Errorf("%s: %w", c.Kind.PoolPath(), err)
+	case err != nil:
+		return Admitted{}, fieldError(field.Invalid(field.NewPath(c.Kind.PoolPath()), c.Pool, err.Error()))
+	case !pool.Ready():
+		return Admitted{}, &RecoveringError{Pool: pool.Name()}
+	}
+	plan, ferr := PlanFamilies(c.Kind, c.Ask, pool, true)
+	if ferr != nil {
+		return Admitted{}, fieldError(ferr)
+	}
+	for _, st := range c.Ask.Statics {
+		if ferr := pool.CheckStatic(st); ferr != nil {
+			return Admitted{}, fieldError(ferr)
+		}
+	}
+	if c.NameTaken != nil && c.NameTaken(ctx) {
+		return Admitted{}, ErrNameTaken
+	}
+	ad := Admitted{Pool: pool, Plan: plan}
+	if c.DryRun {
+		// No side effect: say whether the static addresses could be had.
+		for _, st := range plan.Statics() {
+			if err := pool.CanReserve(st.Addr); err != nil {
+				return Admitted{}, fieldError(field.Invalid(st.Path, st.Raw, ipam.Message(err)))
+			}
+			ad.Addrs = append(ad.Addrs, st.Addr)
+		}
+		return ad, nil
+	}
+	if ad.Token, err = newToken(); err != nil {
+		return Admitted{}, err
+	}
+	got, err := pool.Assign(ctx, ipam.Reservation{Token: ad.Token, Namespace: c.Namespace, Ref: c.Ref}, plan)
+	if err != nil {
+		return Admitted{}, err
+	}
+	ad.Addrs, ad.Skipped = got.Addrs, got.Skipped
+	return ad, nil
+}
+
+// newToken returns a fresh reservation token.
+func newToken() (string, error) {
+	var b [12]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("make reservation token: %w", err)
+	}
+	return hex.EncodeToString(b[:]), nil
+}
+
+// CheckStatic refuses a static request for an address the pool never
+// hands out, or written with another prefix length than its subnet's.
+func (p *Pool) CheckStatic(st Static) *field.Error {
+	if !p.Ranges().Contains(st.Addr) {
+		if p.Ranges().Router(st.Addr) {
+			return field.Invalid(st.Path, st.Raw,
+				fmt.Sprintf("is the gateway or a route's next hop of IPPool %s, which no VM is given; ask for another address, or leave the field empty", p.Name()))
+		}
+		return field.Invalid(st.Path, st.Raw,
+			fmt.Sprintf("outside IPPool %s (usable: %s); ask for an address inside it, or leave the field empty", p.Name(), p.Ranges()))
+	}
+	if st.Bits >= 0 {
+		if sub, ok := p.Subnet(st.Addr); ok && sub.Prefix.Bits() != st.Bits {
+			return field.Invalid(st.Path, st.Raw, fmt.Sprintf(
+				"the prefix length /%d differs from the subnet %s of IPPool %s that holds the address; write %s, or the address alone",
+				st.Bits, sub.Prefix, p.Name(), netip.PrefixFrom(st.Addr, sub.Prefix.Bits())))
+		}
+	}
+	return nil
+}
