@@ -200,158 +200,151 @@ func Name(t kinds.Kind) string {
 	return "address-gc-" + t.Resource + "." + t.GVK.Group
 }
 
-// Reconcile binds, releases or repairs the address of one object.
+// Reconcile binds, releases or repairs the address of one object: it
+// reads the object and what the pools know of it (gather), decides what
+// to do (decide, pure), and does it (act).
 func (r *AddressGC) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	obj := r.Kind.New()
 	if err := readerOr(r.Reader, r.Client).Get(ctx, req.NamespacedName, obj); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	log := logf.FromContext(ctx)
-	addrs, err := r.addresses(obj)
-	// The object is looked after by the holder of its first address: the
-	// replica that reserved both reserved them together, and a takeover
-	// moves both.
-	var addr netip.Addr
-	hasAddr := len(addrs) > 0
-	if hasAddr {
-		addr = addrs[0]
-	}
+	f, err := r.gather(ctx, obj)
 	if err != nil {
-		r.event(obj, corev1.EventTypeWarning, "InvalidAddress", "Reconcile", "%v", err)
-		return ctrl.Result{}, nil
+		return ctrl.Result{}, err
 	}
+	do, after := decide(f)
+	return r.act(ctx, obj, f, do, after)
+}
+
+// gather reads what decide needs to know of obj, in the order decide
+// looks at it: nothing it would not look at (a pool selection, a read of
+// the address's block) is read.
+func (r *AddressGC) gather(ctx context.Context, obj *unstructured.Unstructured) (facts, error) {
 	ann := obj.GetAnnotations()
-	if ann[vmipamv1.TokenAnnotation] == "" && obj.GetDeletionTimestamp() == nil && !controllerutil.ContainsFinalizer(obj, vmipamv1.Finalizer) && !r.Kind.InScope(obj) {
-		// Its kind's condition leaves it out, and vmipam never gave it an
-		// address: not vmipam's, whatever pool or address it names.
-		return ctrl.Result{}, nil
+	f := facts{
+		deleted:   obj.GetDeletionTimestamp() != nil,
+		finalizer: controllerutil.ContainsFinalizer(obj, vmipamv1.Finalizer),
 	}
-	var pool *pools.Pool
+	f.addrs, f.addrErr = r.addresses(obj)
+	if f.addrErr != nil {
+		return f, nil
+	}
+	if ann[vmipamv1.TokenAnnotation] == "" && !f.deleted && !f.finalizer && !r.Kind.InScope(obj) {
+		f.notOurs = true
+		return f, nil
+	}
 	switch {
 	case ann[vmipamv1.PoolAnnotation] != "":
-		pool = r.Registry.Get(ann[vmipamv1.PoolAnnotation])
-	case hasAddr:
-		pool = r.Registry.PoolFor(addr)
-	case obj.GetDeletionTimestamp() == nil:
+		f.pool = r.Registry.Get(ann[vmipamv1.PoolAnnotation])
+	case f.hasAddr():
+		f.pool = r.Registry.PoolFor(f.addrs[0])
+	case !f.deleted:
 		if !r.Kind.InScope(obj) {
-			// Its kind's condition leaves it out: no address for it.
-			return ctrl.Result{}, nil
+			f.notOurs = true
+			return f, nil
 		}
 		named, err := r.Kind.Pool(obj)
 		if err == nil {
-			pool, err = r.Registry.Select(ctx, r.Kind, obj.GetNamespace(), named)
+			f.pool, err = r.Registry.Select(ctx, r.Kind, obj.GetNamespace(), named)
 		}
 		if err != nil {
-			r.event(obj, corev1.EventTypeWarning, "NoPool", "Assign", "%v", err)
-			return ctrl.Result{RequeueAfter: time.Minute}, nil
+			f.noPool = err
+			return f, nil
 		}
 	}
-	if pool == nil {
-		if obj.GetDeletionTimestamp() != nil && controllerutil.ContainsFinalizer(obj, vmipamv1.Finalizer) {
-			if err := r.Registry.Ready(ctx); err != nil {
-				// Not every pool is known yet: this one may still be
-				// recovering, and its address must go into cooldown.
-				return ctrl.Result{RequeueAfter: time.Second}, nil
-			}
-			// The pool is gone, and its addresses with it.
-			return ctrl.Result{}, r.removeFinalizer(ctx, obj)
+	if f.pool == nil {
+		if f.deleted && f.finalizer {
+			f.poolsUnknown = r.Registry.Ready(ctx) != nil
 		}
-		if hasAddr {
-			// Outside every pool: not ours to manage.
-			return ctrl.Result{}, nil
+		return f, nil
+	}
+	if f.poolReady = f.pool.Ready(); !f.poolReady {
+		return f, nil
+	}
+	f.second = len(f.addrs) > 1 && !f.pool.Held(f.addrs[0])
+	if f.hasAddr() {
+		var err error
+		if f.keeper, err = r.Registry.KeeperOf(ctx, f.pool, f.addrs[0], string(obj.GetUID())); err != nil {
+			return f, err
 		}
-		return ctrl.Result{RequeueAfter: 10 * time.Second}, nil
+	} else if !f.deleted {
+		f.chosen = r.Registry.Chosen(string(obj.GetUID()))
 	}
-	if !pool.Ready() {
-		return ctrl.Result{RequeueAfter: time.Second}, nil
-	}
-	owner := ipam.Owner{Token: ann[vmipamv1.TokenAnnotation], UID: string(obj.GetUID()), Ref: pools.Ref(obj.GetNamespace(), obj.GetName())}
-	if len(addrs) > 1 && !pool.Held(addr) {
-		r.holdSecond(ctx, obj, pool, addrs[1:], owner)
-	}
-	// With several replicas, each object is looked after by the one that
-	// holds its address; one no replica holds, by the replica chosen for
-	// its UID among the live ones.
-	if hasAddr {
-		keeper, err := r.Registry.KeeperOf(ctx, pool, addr, string(obj.GetUID()))
-		if err != nil {
-			return ctrl.Result{}, err
-		}
-		switch keeper {
-		case pools.KeeperPeer, pools.KeeperNotChosen:
-			// Another replica binds, releases and repairs it. Look again
-			// later, in case this replica's view of the block lags, or
-			// that holder dies before it is done: soon for an object being
-			// deleted, whose finalizer waits on it.
-			return ctrl.Result{RequeueAfter: r.lookAgain(obj)}, nil
-		case pools.KeeperLeaving:
-			// Its replica left: a live one takes its claims over soon.
-			return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
-		case pools.KeeperUnclaimed:
-			if obj.GetDeletionTimestamp() != nil {
-				// No replica holds the address: nothing to release.
-				if controllerutil.ContainsFinalizer(obj, vmipamv1.Finalizer) {
-					return ctrl.Result{}, r.removeFinalizer(ctx, obj)
-				}
-				return ctrl.Result{}, nil
-			}
-			// Not deleted, and no replica holds it: this one claims and
-			// adopts it, below.
-		}
-	}
+	return f, nil
+}
 
-	if obj.GetDeletionTimestamp() != nil {
-		if !controllerutil.ContainsFinalizer(obj, vmipamv1.Finalizer) {
-			return ctrl.Result{}, nil
-		}
-		if hasAddr {
-			if st, _, _ := pool.Lookup(addr); st == ipam.StateCooldown {
-				// Released before: the finalizer's removal failed, or the
-				// cache has not seen it yet. Only the first releases again,
-				// which starts the cooldown again (the object is still
-				// there), so ask the API server which.
-				if gone, err := r.finalized(ctx, obj); gone || err != nil {
-					return ctrl.Result{}, err
-				}
-			}
-		}
-		// Every address together, into its cooldown: the object may go
-		// only once a crash could no longer free one early; the pool
-		// returns when that holds, usually without a write of its own.
-		for _, a := range addrs {
-			if debug := log.V(1); debug.Enabled() {
-				debug.Info("Releasing address", "address", a, "pool", pool.Name())
-			}
-			switch err := pool.Release(ctx, a, owner); {
-			case errors.Is(err, ipam.ErrNotReady):
-				// The pool's allocator was rebuilt meanwhile: release
-				// into the new one.
-				return ctrl.Result{RequeueAfter: time.Second}, nil
-			case errors.Is(err, ipam.ErrConflict):
-				// Someone else holds it: releasing would take it from them.
-				r.event(obj, corev1.EventTypeWarning, "ReleaseSkipped", "Release", "%v", err)
-			case err != nil:
+// act does what decide chose for obj.
+func (r *AddressGC) act(ctx context.Context, obj *unstructured.Unstructured, f facts, do action, after time.Duration) (ctrl.Result, error) {
+	owner := ipam.Owner{Token: obj.GetAnnotations()[vmipamv1.TokenAnnotation], UID: string(obj.GetUID()), Ref: pools.Ref(obj.GetNamespace(), obj.GetName())}
+	if f.second {
+		r.holdSecond(ctx, obj, f.pool, f.addrs[1:], owner)
+	}
+	switch do {
+	case actInvalidAddress:
+		r.event(obj, corev1.EventTypeWarning, "InvalidAddress", "Reconcile", "%v", f.addrErr)
+	case actNoPool:
+		r.event(obj, corev1.EventTypeWarning, "NoPool", "Assign", "%v", f.noPool)
+	case actRemoveFinalizer:
+		return ctrl.Result{}, r.removeFinalizer(ctx, obj)
+	case actRelease:
+		return r.release(ctx, obj, f.pool, f.addrs, owner)
+	case actAssign:
+		return r.assign(ctx, obj, f.pool)
+	case actKeep:
+		return r.keep(ctx, obj, f.pool, f.addrs, owner)
+	}
+	return ctrl.Result{RequeueAfter: after}, nil
+}
+
+// release returns every address of obj, which is being deleted, into its
+// cooldown, then removes the finalizer.
+func (r *AddressGC) release(ctx context.Context, obj *unstructured.Unstructured, pool *pools.Pool, addrs []netip.Addr, owner ipam.Owner) (ctrl.Result, error) {
+	log := logf.FromContext(ctx)
+	if len(addrs) > 0 {
+		if st, _, _ := pool.Lookup(addrs[0]); st == ipam.StateCooldown {
+			// Released before: the finalizer's removal failed, or the
+			// cache has not seen it yet. Only the first releases again,
+			// which starts the cooldown again (the object is still
+			// there), so ask the API server which.
+			if gone, err := r.finalized(ctx, obj); gone || err != nil {
 				return ctrl.Result{}, err
 			}
 		}
-		if err := r.removeFinalizer(ctx, obj); err != nil {
+	}
+	// Every address together, into its cooldown: the object may go
+	// only once a crash could no longer free one early; the pool
+	// returns when that holds, usually without a write of its own.
+	for _, a := range addrs {
+		if debug := log.V(1); debug.Enabled() {
+			debug.Info("Releasing address", "address", a, "pool", pool.Name())
+		}
+		switch err := pool.Release(ctx, a, owner); {
+		case errors.Is(err, ipam.ErrNotReady):
+			// The pool's allocator was rebuilt meanwhile: release
+			// into the new one.
+			return ctrl.Result{RequeueAfter: time.Second}, nil
+		case errors.Is(err, ipam.ErrConflict):
+			// Someone else holds it: releasing would take it from them.
+			r.event(obj, corev1.EventTypeWarning, "ReleaseSkipped", "Release", "%v", err)
+		case err != nil:
 			return ctrl.Result{}, err
 		}
-		if debug := log.V(1); hasAddr && debug.Enabled() {
-			// A log line, not an Event: an Event per object lifetime would
-			// double the API writes of a fleet of short-lived machines.
-			_, _, until := pool.Lookup(addr)
-			debug.Info("Released address", "address", addr, "pool", pool.Name(), "coolsDownUntil", until)
-		}
-		return ctrl.Result{}, nil
 	}
+	if err := r.removeFinalizer(ctx, obj); err != nil {
+		return ctrl.Result{}, err
+	}
+	if debug := log.V(1); len(addrs) > 0 && debug.Enabled() {
+		// A log line, not an Event: an Event per object lifetime would
+		// double the API writes of a fleet of short-lived machines.
+		_, _, until := pool.Lookup(addrs[0])
+		debug.Info("Released address", "address", addrs[0], "pool", pool.Name(), "coolsDownUntil", until)
+	}
+	return ctrl.Result{}, nil
+}
 
-	if !hasAddr {
-		if !r.Registry.Chosen(string(obj.GetUID())) {
-			return ctrl.Result{RequeueAfter: time.Minute}, nil
-		}
-		return r.assign(ctx, obj, pool)
-	}
+// keep makes the addresses obj carries its own: the finalizer, then each
+// address bound or adopted, in order.
+func (r *AddressGC) keep(ctx context.Context, obj *unstructured.Unstructured, pool *pools.Pool, addrs []netip.Addr, owner ipam.Owner) (ctrl.Result, error) {
 	if !controllerutil.ContainsFinalizer(obj, vmipamv1.Finalizer) {
 		controllerutil.AddFinalizer(obj, vmipamv1.Finalizer)
 		if err := r.patchMetadata(ctx, obj, "finalizers", obj.GetFinalizers()); err != nil {
@@ -591,15 +584,4 @@ func (r *AddressGC) event(obj *unstructured.Unstructured, typ, reason, action, n
 	if r.Recorder != nil {
 		r.Recorder.Eventf(obj, nil, typ, reason, action, note, args...)
 	}
-}
-
-// lookAgain is when a replica that does not look after obj checks it
-// again: soon while it is being deleted (the replica that should release
-// it may have died, and its taker has no event left to act on), else in a
-// minute.
-func (r *AddressGC) lookAgain(obj client.Object) time.Duration {
-	if obj.GetDeletionTimestamp() != nil {
-		return 5 * time.Second
-	}
-	return time.Minute
 }

@@ -12,20 +12,20 @@ import (
 type Keeper int
 
 const (
-	// KeeperMine: this replica holds the address; it binds, releases and
+	// KeeperMine means this replica holds the address; it binds, releases and
 	// repairs the object.
 	KeeperMine Keeper = iota
-	// KeeperPeer: another live replica holds it, and looks after the
+	// KeeperPeer means another live replica holds it, and looks after the
 	// object.
 	KeeperPeer
-	// KeeperLeaving: a replica that left holds it; a live one takes its
+	// KeeperLeaving means a replica that left holds it; a live one takes its
 	// claims over once its lease lapses.
 	KeeperLeaving
-	// KeeperUnclaimed: no replica holds it, and this one is chosen for the
+	// KeeperUnclaimed means no replica holds it, and this one is chosen for the
 	// object among the live ones: it claims the address (a live object)
 	// or has nothing to release (one being deleted).
 	KeeperUnclaimed
-	// KeeperNotChosen: no replica holds it, and another live replica is
+	// KeeperNotChosen means no replica holds it, and another live replica is
 	// chosen for the object.
 	KeeperNotChosen
 )
