@@ -8,14 +8,11 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	clocktesting "k8s.io/utils/clock/testing"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
-	"github.com/vmipam/vmipam/api/scheme"
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/controller"
 	"github.com/vmipam/vmipam/ipam"
@@ -50,28 +47,26 @@ func TestReleaseRetry(t *testing.T) {
 					Cooldown: &metav1.Duration{Duration: cooldown}, PendingTTL: &metav1.Duration{Duration: time.Minute}},
 			}
 			var failNext atomic.Bool
-			c := interceptor.NewClient(fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(pool.DeepCopy()).Build(), interceptor.Funcs{
+			rig := poolstest.NewRig(t, clk, interceptor.Funcs{
 				Patch: func(ctx context.Context, cl client.WithWatch, obj client.Object, p client.Patch, opts ...client.PatchOption) error {
 					if failNext.CompareAndSwap(true, false) {
 						return errors.New("injected: the API server did not answer")
 					}
 					return cl.Patch(ctx, obj, p, opts...)
 				},
-			})
-			reg := poolstest.Start(t, c, clk, "vmipam", pool)
+			}, pool)
+			c, reg := rig.Client, rig.Registry
 			p := reg.Get(pool.Name)
 			a, err := p.AllocateFamily(ctx, ipam.Reservation{Token: "token-1"}, vmipamv1.IPv4)
 			if err != nil {
 				t.Fatal(err)
 			}
-			vm := &vmipamv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "vm-1", UID: "uid-vm-1",
-				Annotations: map[string]string{vmipamv1.TokenAnnotation: "token-1", vmipamv1.PoolAnnotation: pool.Name},
-				Finalizers:  []string{vmipamv1.Finalizer}}, Spec: vmipamv1.VirtualMachineSpec{IPPool: pool.Name, Addresses: []string{a.String()}}}
+			vm := poolstest.Admitted("vm-1", "token-1", pool.Name, a)
 			if err := c.Create(ctx, vm); err != nil {
 				t.Fatal(err)
 			}
 			// The reader is the cache: it may show an older object.
-			reader := &staleReader{Reader: c}
+			reader := &poolstest.StaleReader{Reader: c}
 			gc := &controller.AddressGC{Client: c, Reader: reader, APIReader: c, Registry: reg, Kind: kinds.VirtualMachine}
 			req := ctrl.Request{NamespacedName: client.ObjectKeyFromObject(vm)}
 			if _, err := gc.Reconcile(ctx, req); err != nil {
@@ -80,7 +75,7 @@ func TestReleaseRetry(t *testing.T) {
 			if err := c.Delete(ctx, vm); err != nil {
 				t.Fatal(err)
 			}
-			reader.remember(ctx, t, req.NamespacedName)
+			reader.Remember(ctx, t, req.NamespacedName)
 			failNext.Store(tt.failPatch)
 			_, err = gc.Reconcile(ctx, req)
 			if tt.failPatch != (err != nil) {
@@ -88,7 +83,7 @@ func TestReleaseRetry(t *testing.T) {
 			}
 			_, _, first := p.Lookup(a)
 			clk.Step(10 * time.Second)
-			reader.stale = tt.stale
+			reader.Stale = tt.stale
 			if _, err := gc.Reconcile(ctx, req); err != nil {
 				t.Fatalf("second reconcile of the deletion: %v", err)
 			}
@@ -104,33 +99,4 @@ func TestReleaseRetry(t *testing.T) {
 			}
 		})
 	}
-}
-
-// staleReader reads through Reader, or, when stale, answers with the
-// object it remembered.
-type staleReader struct {
-	client.Reader
-	stale bool
-	old   *unstructured.Unstructured
-}
-
-func (r *staleReader) remember(ctx context.Context, t *testing.T, key client.ObjectKey) {
-	t.Helper()
-	obj := kinds.VirtualMachine.New()
-	if err := r.Reader.Get(ctx, key, obj); err != nil {
-		t.Fatal(err)
-	}
-	r.old = obj
-}
-
-func (r *staleReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
-	if r.stale && r.old != nil {
-		u, ok := obj.(*unstructured.Unstructured)
-		if !ok {
-			return errors.New("staleReader reads unstructured objects only")
-		}
-		r.old.DeepCopyInto(u)
-		return nil
-	}
-	return r.Reader.Get(ctx, key, obj, opts...)
 }

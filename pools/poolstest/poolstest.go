@@ -1,7 +1,10 @@
 // Package poolstest starts pool registries for the unit tests of the
 // packages that build on pools: over a client the test gives (a fake one,
 // narrowly), with the periodic loops slowed to an hour so that the test
-// drives them. It is for tests only.
+// drives them. A Rig is such a registry over a fake API server whose
+// answers the test forces, with the VirtualMachines and the stale cache
+// the tests of the layers above pools need. It is for tests only, and
+// imports none of those layers.
 package poolstest
 
 import (

@@ -1,4 +1,4 @@
-package pools_test
+package controller_test
 
 // A regression test for a race the chaos suite (test/chaos) found, fixed in
 // db0cbbd: the chaos run hits it only when the timing is right, this test
@@ -15,10 +15,8 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
-	"github.com/vmipam/vmipam/api/scheme"
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/controller"
 	"github.com/vmipam/vmipam/ipam"
@@ -47,7 +45,7 @@ func TestResyncKeepsAddressBoundDuringItsList(t *testing.T) {
 	// test lets it go on.
 	var armed atomic.Bool
 	listed, resume := make(chan struct{}), make(chan struct{})
-	c := interceptor.NewClient(fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(pool.DeepCopy()).Build(), interceptor.Funcs{
+	rig := poolstest.NewRig(t, clk, interceptor.Funcs{
 		List: func(ctx context.Context, cl client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
 			err := cl.List(ctx, list, opts...)
 			if _, vms := list.(*unstructured.UnstructuredList); vms && armed.CompareAndSwap(true, false) {
@@ -56,8 +54,8 @@ func TestResyncKeepsAddressBoundDuringItsList(t *testing.T) {
 			}
 			return err
 		},
-	})
-	reg := poolstest.Start(t, c, clk, "vmipam", pool)
+	}, pool)
+	c, reg := rig.Client, rig.Registry
 	p := reg.Get(pool.Name)
 
 	armed.Store(true)
@@ -70,9 +68,7 @@ func TestResyncKeepsAddressBoundDuringItsList(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	vm := &vmipamv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "vm-1", UID: "uid-vm-1",
-		Annotations: map[string]string{vmipamv1.TokenAnnotation: "token-1", vmipamv1.PoolAnnotation: pool.Name},
-		Finalizers:  []string{vmipamv1.Finalizer}}, Spec: vmipamv1.VirtualMachineSpec{IPPool: pool.Name, Addresses: []string{a.String()}}}
+	vm := poolstest.Admitted("vm-1", "token-1", pool.Name, a)
 	if err := c.Create(ctx, vm); err != nil {
 		t.Fatal(err)
 	}

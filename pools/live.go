@@ -6,13 +6,11 @@ import (
 	"net/netip"
 
 	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
-	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/ipam"
@@ -150,33 +148,6 @@ func (r *Registry) holdings(obj *unstructured.Unstructured) ([]ipam.Holding, str
 	return out, ann[vmipamv1.PoolAnnotation]
 }
 
-// MarkServed records that the API server serves kind gvk: from then on a
-// listing that finds it not served fails rather than finds no object.
-func (r *Registry) MarkServed(gvk schema.GroupVersionKind) {
-	r.servedMu.Lock()
-	defer r.servedMu.Unlock()
-	if r.servedKinds == nil {
-		r.servedKinds = map[schema.GroupVersionKind]bool{}
-	}
-	r.servedKinds[gvk] = true
-}
-
-func (r *Registry) served(gvk schema.GroupVersionKind) bool {
-	r.servedMu.Lock()
-	defer r.servedMu.Unlock()
-	return r.servedKinds[gvk]
-}
-
-// KindOf returns the configured kind gvk, if it is one.
-func (r *Registry) KindOf(gvk schema.GroupVersionKind) (kinds.Kind, bool) {
-	for _, t := range r.opts.Kinds {
-		if t.GVK == gvk {
-			return t, true
-		}
-	}
-	return kinds.Kind{}, false
-}
-
 // Ref names an object in messages: namespace/name, or the name alone.
 func Ref(namespace, name string) string {
 	if namespace == "" {
@@ -203,53 +174,4 @@ func (r *Registry) Holders(ctx context.Context, pool string) ([]Holder, error) {
 		}
 	})
 	return out, err
-}
-
-// Resync reconciles a pool's allocator with every live object.
-func (r *Registry) Resync(ctx context.Context, p *Pool) error {
-	return r.resync(ctx, []*Pool{p})
-}
-
-// resync reconciles the allocators of ps with every live object, read in
-// one list, and moves the holder label of the objects whose addresses they
-// hold to this replica.
-func (r *Registry) resync(ctx context.Context, ps []*Pool) error {
-	// Mark before listing: what changes while the list is taken is left
-	// for the next resync.
-	asOf := map[string][]uint64{}
-	ranges := map[string]*ipam.Ranges{}
-	for _, p := range ps {
-		if p.Ready() {
-			asOf[p.name], ranges[p.name] = p.mark(), p.ranges
-		}
-	}
-	if len(ranges) == 0 {
-		return nil
-	}
-	by, err := r.liveIn(ctx, ranges)
-	if err != nil {
-		return err
-	}
-	for _, p := range ps {
-		mark, ok := asOf[p.name]
-		if !ok {
-			continue
-		}
-		live := by[p.name]
-		rep := p.resync(live.holdings, mark)
-		p.noteConflicts(rep.Conflicts)
-		if rep.Released > 0 || rep.Adopted > 0 || rep.Settled > 0 || len(rep.Conflicts) > 0 {
-			// settled: orphans, addresses the store showed in use without
-			// saying on which machine, that are on none and now rest.
-			logf.FromContext(ctx).Info("Resynced pool", "pool", p.name, "released", rep.Released, "adopted", rep.Adopted,
-				"settled", rep.Settled, "deferred", rep.Deferred, "conflicts", len(rep.Conflicts))
-		} else if rep.Deferred > 0 {
-			logf.FromContext(ctx).V(1).Info("Resync deferred releases until their blocks are written", "pool", p.name, "deferred", rep.Deferred)
-		}
-		for _, c := range rep.Conflicts {
-			r.warn(&vmipamv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: p.name, UID: p.uid}}, "DuplicateAddress", c.Error())
-		}
-		r.relabel(ctx, p, live.elsewhere)
-	}
-	return nil
 }

@@ -1,0 +1,78 @@
+package pools
+
+import (
+	"context"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+
+	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/ipam"
+)
+
+// resyncLoop resyncs every pool each resync interval until ctx ends.
+func (r *Registry) resyncLoop(ctx context.Context) {
+	log := logf.FromContext(ctx)
+	resync := time.NewTicker(r.opts.ResyncInterval)
+	defer resync.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-resync.C:
+			if err := r.resync(ctx, r.list()); err != nil && ctx.Err() == nil {
+				log.Error(err, "Resyncing pools")
+			}
+		}
+	}
+}
+
+// Resync reconciles a pool's allocator with every live object.
+func (r *Registry) Resync(ctx context.Context, p *Pool) error {
+	return r.resync(ctx, []*Pool{p})
+}
+
+// resync reconciles the allocators of ps with every live object, read in
+// one list, and moves the holder label of the objects whose addresses they
+// hold to this replica.
+func (r *Registry) resync(ctx context.Context, ps []*Pool) error {
+	// Mark before listing: what changes while the list is taken is left
+	// for the next resync.
+	asOf := map[string][]uint64{}
+	ranges := map[string]*ipam.Ranges{}
+	for _, p := range ps {
+		if p.Ready() {
+			asOf[p.name], ranges[p.name] = p.mark(), p.ranges
+		}
+	}
+	if len(ranges) == 0 {
+		return nil
+	}
+	by, err := r.liveIn(ctx, ranges)
+	if err != nil {
+		return err
+	}
+	for _, p := range ps {
+		mark, ok := asOf[p.name]
+		if !ok {
+			continue
+		}
+		live := by[p.name]
+		rep := p.resync(live.holdings, mark)
+		p.noteConflicts(rep.Conflicts)
+		if rep.Released > 0 || rep.Adopted > 0 || rep.Settled > 0 || len(rep.Conflicts) > 0 {
+			// settled: orphans, addresses the store showed in use without
+			// saying on which machine, that are on none and now rest.
+			logf.FromContext(ctx).Info("Resynced pool", "pool", p.name, "released", rep.Released, "adopted", rep.Adopted,
+				"settled", rep.Settled, "deferred", rep.Deferred, "conflicts", len(rep.Conflicts))
+		} else if rep.Deferred > 0 {
+			logf.FromContext(ctx).V(1).Info("Resync deferred releases until their blocks are written", "pool", p.name, "deferred", rep.Deferred)
+		}
+		for _, c := range rep.Conflicts {
+			r.warn(&vmipamv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: p.name, UID: p.uid}}, "DuplicateAddress", c.Error())
+		}
+		r.relabel(ctx, p, live.elsewhere)
+	}
+	return nil
+}
