@@ -147,7 +147,7 @@ func (r *IPPoolReconciler) deleting(ctx context.Context, pool *vmipamv1.IPPool) 
 	} else if err != nil {
 		return ctrl.Result{}, err
 	}
-	holders, err := r.Registry.Holders(ctx, pool.Name)
+	holders, err := r.Registry.Occupants(ctx, pool.Name)
 	if err != nil {
 		return ctrl.Result{}, err
 	}

@@ -17,7 +17,7 @@ import (
 	"github.com/vmipam/vmipam/kinds"
 )
 
-// listPage bounds one page of a list of the target kind from the API
+// listPage bounds one page of a list of a configured kind from the API
 // server.
 const listPage = 500
 
@@ -69,7 +69,7 @@ func (r *Registry) liveIn(ctx context.Context, pools map[string]*ipam.Ranges) (m
 	return out, err
 }
 
-// eachLive calls fn with every live object of the target kind that carries
+// eachLive calls fn with every live object of a configured kind that carries
 // an address, its holding and the pool stamped on it.
 func (r *Registry) eachLive(ctx context.Context, fn func(obj *unstructured.Unstructured, h ipam.Holding, stamped string)) error {
 	return r.eachObject(ctx, "", func(obj *unstructured.Unstructured) {
@@ -83,7 +83,7 @@ func (r *Registry) eachLive(ctx context.Context, fn func(obj *unstructured.Unstr
 	})
 }
 
-// eachObject calls fn with every object of the target kinds in namespace
+// eachObject calls fn with every object of the configured kinds in namespace
 // ns (every namespace when empty), read from the API server a page at a
 // time. A kind whose CRD is not installed has none.
 func (r *Registry) eachObject(ctx context.Context, ns string, fn func(obj *unstructured.Unstructured)) error {
@@ -156,21 +156,22 @@ func Ref(namespace, name string) string {
 	return namespace + "/" + name
 }
 
-// Holder is a live object holding an address of a pool.
-type Holder struct {
+// Occupant is a live object holding an address of a pool (not a holder:
+// that is a replica holding claims).
+type Occupant struct {
 	Namespace, Name string
 	UID             types.UID
 	Addr            netip.Addr
 }
 
-// Holders returns the live objects holding addresses of the named pool,
-// from the cache: for a pool being deleted, what it waits for.
-func (r *Registry) Holders(ctx context.Context, pool string) ([]Holder, error) {
+// Occupants returns the live objects holding addresses of the named pool,
+// listed from the API server: for a pool being deleted, what it waits for.
+func (r *Registry) Occupants(ctx context.Context, pool string) ([]Occupant, error) {
 	p := r.Get(pool)
-	var out []Holder
+	var out []Occupant
 	err := r.eachLive(ctx, func(obj *unstructured.Unstructured, h ipam.Holding, stamped string) {
 		if stamped == pool || stamped == "" && p != nil && p.Ranges().Contains(h.Addr) {
-			out = append(out, Holder{Namespace: obj.GetNamespace(), Name: obj.GetName(), UID: obj.GetUID(), Addr: h.Addr})
+			out = append(out, Occupant{Namespace: obj.GetNamespace(), Name: obj.GetName(), UID: obj.GetUID(), Addr: h.Addr})
 		}
 	})
 	return out, err

@@ -50,7 +50,7 @@ func MutatePath(t kinds.Kind) string { return "/mutate-" + t.PathName() }
 type Assigner struct {
 	Registry *pools.Registry
 	Kind     kinds.Kind
-	// Names, if set, tells whether the informer cache of the target kind
+	// Names, if set, tells whether the informer cache of the kind
 	// holds an object of a name: a create whose name is already taken
 	// there is refused before it reserves anything, since the API server
 	// would refuse it after admission.
