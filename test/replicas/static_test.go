@@ -14,6 +14,7 @@ import (
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/ipam"
 	"github.com/vmipam/vmipam/pools"
+	"github.com/vmipam/vmipam/test/harness"
 )
 
 // TestStaticFromAnotherReplica asks, REPLICAS_STATICS times (40), for a
@@ -132,7 +133,7 @@ func freeIn(bs blockState, prefix netip.Prefix, used map[netip.Addr]bool, i int)
 	for _, b := range bs.blocks {
 		for h, bm := range b.Claims {
 			for off := range ipam.BlockSize {
-				a := addrAt(b.Prefix, off)
+				a := harness.AddrAt(b.Prefix, off)
 				if !bm.Has(off) || used[a] || !prefix.Contains(a) {
 					continue
 				}
