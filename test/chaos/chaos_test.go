@@ -28,6 +28,7 @@ import (
 	"github.com/vmipam/vmipam/ipam"
 	"github.com/vmipam/vmipam/kubestore"
 	"github.com/vmipam/vmipam/pools"
+	"github.com/vmipam/vmipam/test/fixture"
 	"github.com/vmipam/vmipam/test/harness"
 )
 
@@ -143,15 +144,11 @@ func TestChaos(t *testing.T) {
 	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 		t.Fatalf("create namespace: %v", err)
 	}
-	pool := &vmipamv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: poolName}, Spec: vmipamv1.IPPoolSpec{
-		Ranges:     s.ranges(),
-		Cooldown:   &metav1.Duration{Duration: cooldown},
-		PendingTTL: &metav1.Duration{Duration: pendingTTL},
+	pool := fixture.Pool(poolName, fixture.WithRanges(s.ranges()...), fixture.WithCooldown(cooldown), fixture.WithPendingTTL(pendingTTL),
 		// Small watermarks: the free list is refilled and trimmed often, so
 		// claims and give-backs are in flight when vmipam or the API
 		// server goes away.
-		Watermarks: &vmipamv1.Watermarks{Low: 4, Target: 8, High: 16},
-	}}
+		fixture.WithWatermarks(4, 8, 16))
 	if err := c.Create(ctx, pool); err != nil {
 		t.Fatalf("create IPPool (through vmipam's validating webhook): %v", err)
 	}

@@ -36,6 +36,7 @@ import (
 	"github.com/vmipam/vmipam/kinds"
 	"github.com/vmipam/vmipam/kinds/manifests"
 	"github.com/vmipam/vmipam/pools"
+	"github.com/vmipam/vmipam/test/fixture"
 	"github.com/vmipam/vmipam/test/harness"
 	"github.com/vmipam/vmipam/webhook"
 )
@@ -145,13 +146,8 @@ func (v *vmipam) stop() {
 // newPool creates an IPPool and waits until vmipam serves it.
 func newPool(t *testing.T, v *vmipam, name string, ranges []vmipamv1.IPRange, mutate ...func(*vmipamv1.IPPool)) *vmipamv1.IPPool {
 	t.Helper()
-	pool := &vmipamv1.IPPool{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec: vmipamv1.IPPoolSpec{
-			Ranges: ranges, Cooldown: &metav1.Duration{Duration: time.Minute}, PendingTTL: &metav1.Duration{Duration: time.Minute},
-			Watermarks: &vmipamv1.Watermarks{Low: 4, Target: 16, High: 64},
-		},
-	}
+	pool := fixture.Pool(name, fixture.WithRanges(ranges...), fixture.WithCooldown(time.Minute), fixture.WithPendingTTL(time.Minute),
+		fixture.WithWatermarks(4, 16, 64))
 	for _, f := range mutate {
 		f(pool)
 	}

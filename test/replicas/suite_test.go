@@ -75,6 +75,7 @@ import (
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/pools"
+	"github.com/vmipam/vmipam/test/fixture"
 	"github.com/vmipam/vmipam/test/harness"
 )
 
@@ -229,14 +230,11 @@ type poolSpec struct {
 func (s *suite) createPool(p poolSpec) (netip.Prefix, int) {
 	s.t.Helper()
 	prefix := netip.MustParsePrefix(p.cidr)
-	pool := &vmipamv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: p.name}, Spec: vmipamv1.IPPoolSpec{
-		Ranges:     []vmipamv1.IPRange{{CIDR: p.cidr}},
-		Cooldown:   &metav1.Duration{Duration: p.cooldown},
-		PendingTTL: &metav1.Duration{Duration: p.pendingTTL},
-	}}
+	cidrs := []string{p.cidr}
 	if p.cidr6 != "" {
-		pool.Spec.Ranges = append(pool.Spec.Ranges, vmipamv1.IPRange{CIDR: p.cidr6})
+		cidrs = append(cidrs, p.cidr6)
 	}
+	pool := fixture.Pool(p.name, fixture.WithCIDRs(cidrs...), fixture.WithCooldown(p.cooldown), fixture.WithPendingTTL(p.pendingTTL))
 	if err := s.c.Create(s.ctx, pool); err != nil {
 		s.t.Fatalf("create IPPool %s (through the validating webhook, behind the proxy): %v", p.name, err)
 	}
