@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
+
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -174,13 +176,18 @@ func vm(ns, name, pool string, addrs ...string) *vmipamv1.VirtualMachine {
 // createWithRetry creates obj, retrying while the webhook is unreachable
 // (vmipam restarting) or recovering.
 func createWithRetry(ctx context.Context, obj client.Object) error {
-	for {
-		err := k8sClient.Create(ctx, obj)
-		if err == nil || !retriable(err) || ctx.Err() != nil {
-			return err
+	var last error
+	err := wait.PollUntilContextCancel(ctx, 20*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		last = k8sClient.Create(ctx, obj)
+		if last == nil || !retriable(last) {
+			return true, last
 		}
-		time.Sleep(20 * time.Millisecond)
+		return false, nil
+	})
+	if err != nil && last == nil {
+		return err
 	}
+	return last
 }
 
 func retriable(err error) bool {
