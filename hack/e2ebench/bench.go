@@ -349,7 +349,10 @@ func (b *bench) measureCreates(ctx context.Context, rep *report) error {
 	if err != nil {
 		return err
 	}
-	aAfter := parseMetrics(aText)
+	aAfter, err := parseMetrics(aText)
+	if err != nil {
+		return fmt.Errorf("the API server's metrics: %w", err)
+	}
 	if text, err := b.cl.Metrics(); err == nil {
 		b.keep("e2e-bench-vmipam.metrics", text)
 	}
@@ -391,14 +394,14 @@ func (b *bench) keep(name, content string) {
 func requestCounts(m metricSet) map[string]float64 {
 	out := map[string]float64{}
 	for _, s := range m {
-		if s.name != "apiserver_request_total" || s.labels["resource"] == "" {
+		if s.Name != "apiserver_request_total" || s.Labels["resource"] == "" {
 			continue
 		}
-		k := s.labels["verb"] + " " + s.labels["resource"]
-		if sub := s.labels["subresource"]; sub != "" {
+		k := s.Labels["verb"] + " " + s.Labels["resource"]
+		if sub := s.Labels["subresource"]; sub != "" {
 			k += "/" + sub
 		}
-		out[k] += s.value
+		out[k] += s.Value
 	}
 	return out
 }

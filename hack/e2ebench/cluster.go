@@ -276,7 +276,11 @@ func (b *bench) vmipamMetrics() (metricSet, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read vmipam's metrics: %w", err)
 	}
-	return parseMetrics(text), nil
+	m, err := parseMetrics(text)
+	if err != nil {
+		return nil, fmt.Errorf("vmipam's metrics: %w", err)
+	}
+	return m, nil
 }
 
 // bothMetrics reads vmipam's metrics and then the API server's.
@@ -296,7 +300,11 @@ func (b *bench) apiserverMetrics(ctx context.Context) (metricSet, error) {
 	if err != nil {
 		return nil, err
 	}
-	return parseMetrics(text), nil
+	m, err := parseMetrics(text)
+	if err != nil {
+		return nil, fmt.Errorf("the API server's metrics: %w", err)
+	}
+	return m, nil
 }
 
 func (b *bench) apiserverMetricsText(ctx context.Context) (string, error) {
@@ -410,8 +418,8 @@ func (b *bench) poolCounts() (map[string]float64, error) {
 	}
 	out := map[string]float64{}
 	for _, s := range m {
-		if s.name == "vmipam_pool_addresses" && s.labels["pool"] == poolName {
-			out[s.labels["state"]] = s.value
+		if s.Name == "vmipam_pool_addresses" && s.Labels["pool"] == poolName {
+			out[s.Labels["state"]] = s.Value
 		}
 	}
 	if len(out) == 0 {

@@ -4,108 +4,25 @@ import (
 	"math"
 	"sort"
 	"strconv"
-	"strings"
+
+	"github.com/vmipam/vmipam/test/harness"
 )
 
-// sample is one line of the Prometheus text format.
-type sample struct {
-	name   string
-	labels map[string]string
-	value  float64
-}
+// metricSet is the samples of one /metrics text.
+type metricSet []harness.Sample
 
-type metricSet []sample
-
-// parseMetrics reads the Prometheus text exposition format, skipping
-// comments and lines it cannot read.
-func parseMetrics(text string) metricSet {
-	var out metricSet
-	for line := range strings.SplitSeq(text, "\n") {
-		line = strings.TrimSpace(line)
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		if s, ok := parseSample(line); ok {
-			out = append(out, s)
-		}
-	}
-	return out
-}
-
-func parseSample(line string) (sample, bool) {
-	s := sample{labels: map[string]string{}}
-	i := strings.IndexAny(line, "{ ")
-	if i < 0 {
-		return s, false
-	}
-	s.name = line[:i]
-	rest := line[i:]
-	if rest[0] == '{' {
-		rest = rest[1:]
-		for {
-			rest = strings.TrimLeft(rest, ", ")
-			if rest == "" {
-				return s, false
-			}
-			if rest[0] == '}' {
-				rest = rest[1:]
-				break
-			}
-			eq := strings.IndexByte(rest, '=')
-			if eq < 0 || eq+1 >= len(rest) || rest[eq+1] != '"' {
-				return s, false
-			}
-			key := strings.TrimSpace(rest[:eq])
-			rest = rest[eq+2:]
-			var val strings.Builder
-			j := 0
-			for ; j < len(rest) && rest[j] != '"'; j++ {
-				if rest[j] == '\\' && j+1 < len(rest) {
-					j++
-					switch rest[j] {
-					case 'n':
-						val.WriteByte('\n')
-					default:
-						val.WriteByte(rest[j])
-					}
-					continue
-				}
-				val.WriteByte(rest[j])
-			}
-			if j >= len(rest) {
-				return s, false
-			}
-			s.labels[key] = val.String()
-			rest = rest[j+1:]
-		}
-	}
-	f := strings.Fields(rest)
-	if len(f) == 0 {
-		return s, false
-	}
-	v, err := strconv.ParseFloat(f[0], 64)
-	if err != nil {
-		return s, false
-	}
-	s.value = v
-	return s, true
-}
-
-func matches(labels, want map[string]string) bool {
-	for k, v := range want {
-		if labels[k] != v {
-			return false
-		}
-	}
-	return true
+// parseMetrics reads the Prometheus text format (harness.Samples).
+func parseMetrics(text string) (metricSet, error) {
+	samples, err := harness.Samples(text)
+	return metricSet(samples), err
 }
 
 // sum adds the values of the series of name whose labels include want.
 func (m metricSet) sum(name string, want map[string]string) float64 {
 	var t float64
 	for _, s := range m {
-		if s.name == name && matches(s.labels, want) {
-			t += s.value
+		if s.Name == name && s.Has(want) {
+			t += s.Value
 		}
 	}
 	return t
@@ -123,14 +40,14 @@ type histogram struct {
 func (m metricSet) histogram(name string, want map[string]string) histogram {
 	byLE := map[float64]float64{}
 	for _, s := range m {
-		if s.name != name+"_bucket" || !matches(s.labels, want) {
+		if s.Name != name+"_bucket" || !s.Has(want) {
 			continue
 		}
-		le, err := strconv.ParseFloat(s.labels["le"], 64)
+		le, err := strconv.ParseFloat(s.Labels["le"], 64)
 		if err != nil {
 			continue
 		}
-		byLE[le] += s.value
+		byLE[le] += s.Value
 	}
 	var h histogram
 	for le := range byLE {

@@ -58,14 +58,14 @@ func (c *apiCost) add(a0, a1 metricSet) {
 	byResource := func(m metricSet, name string) map[string]float64 {
 		out := map[string]float64{}
 		for _, s := range m {
-			if s.name != name {
+			if s.Name != name {
 				continue
 			}
-			r := s.labels["resource"]
+			r := s.Labels["resource"]
 			if r == "" {
-				r = strings.ToLower(s.labels["kind"])
+				r = strings.ToLower(s.Labels["kind"])
 			}
-			out[r] += s.value
+			out[r] += s.Value
 		}
 		return out
 	}

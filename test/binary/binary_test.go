@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/test/fixture"
 	"github.com/vmipam/vmipam/test/harness"
 )
 
@@ -58,9 +59,7 @@ func TestBinary(t *testing.T) {
 	}
 
 	// The API server calls the binary's webhooks over TLS with that CA.
-	pool := &vmipamv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "bin"}, Spec: vmipamv1.IPPoolSpec{
-		Default: true, Ranges: []vmipamv1.IPRange{{CIDR: "10.200.0.0/24"}},
-	}}
+	pool := fixture.Pool("bin", fixture.WithDefault(), fixture.WithCIDRs("10.200.0.0/24"))
 	if err := c.Create(ctx, pool); err != nil {
 		t.Fatalf("create IPPool (through the validating webhook): %v", err)
 	}

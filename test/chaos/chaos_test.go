@@ -28,6 +28,7 @@ import (
 	"github.com/vmipam/vmipam/ipam"
 	"github.com/vmipam/vmipam/kubestore"
 	"github.com/vmipam/vmipam/pools"
+	"github.com/vmipam/vmipam/test/fixture"
 	"github.com/vmipam/vmipam/test/harness"
 )
 
@@ -116,25 +117,25 @@ func TestChaos(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = cl.Stop() })
 
-	logs := &logBuffer{}
+	logs := newLogs()
 	ph := &phases{}
 	sup := newSupervisor(cl, logs, ph, s.replicas, rand.New(rand.NewPCG(s.seed, 1<<32))) //nolint:gosec // reproducible test randomness
 	sup.mu.Lock()
 	err = sup.start(ctx)
 	sup.mu.Unlock()
 	if err != nil {
-		t.Fatalf("%v\nvmipam's logs:\n%s", err, logs.tail(100))
+		t.Fatalf("%v\nvmipam's logs:\n%s", err, tail(logs, 100))
 	}
 	t.Cleanup(func() {
 		sup.stop()
 		if path := os.Getenv("CHAOS_LOGS"); path != "" {
-			if err := os.WriteFile(path, []byte(logs.since(0)), 0o600); err != nil {
+			if err := os.WriteFile(path, []byte(logs.String()), 0o600); err != nil {
 				t.Errorf("write vmipam's logs: %v", err)
 			}
 		}
 		if t.Failed() {
-			t.Logf("vmipam's error lines:\n%s", collapse(strings.Join(harness.Grep(logs.since(0), 400, `"level":"error"`, "panic", "=== chaos"), "\n")))
-			t.Logf("vmipam's logs (tail):\n%s", logs.tail(250))
+			t.Logf("vmipam's error lines:\n%s", collapse(strings.Join(harness.Grep(logs.String(), 400, `"level":"error"`, "panic", "=== chaos"), "\n")))
+			t.Logf("vmipam's logs (tail):\n%s", tail(logs, 250))
 		}
 	})
 	c := cl.Client
@@ -143,20 +144,16 @@ func TestChaos(t *testing.T) {
 	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 		t.Fatalf("create namespace: %v", err)
 	}
-	pool := &vmipamv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: poolName}, Spec: vmipamv1.IPPoolSpec{
-		Ranges:     s.ranges(),
-		Cooldown:   &metav1.Duration{Duration: cooldown},
-		PendingTTL: &metav1.Duration{Duration: pendingTTL},
+	pool := fixture.Pool(poolName, fixture.WithRanges(s.ranges()...), fixture.WithCooldown(cooldown), fixture.WithPendingTTL(pendingTTL),
 		// Small watermarks: the free list is refilled and trimmed often, so
 		// claims and give-backs are in flight when vmipam or the API
 		// server goes away.
-		Watermarks: &vmipamv1.Watermarks{Low: 4, Target: 8, High: 16},
-	}}
+		fixture.WithWatermarks(4, 8, 16))
 	if err := c.Create(ctx, pool); err != nil {
 		t.Fatalf("create IPPool (through vmipam's validating webhook): %v", err)
 	}
 	// usable counts the addresses of one family: as many VMs fill the pool.
-	usable := usableOf(s.cidr)
+	usable := harness.UsableOf(s.cidr)
 	sp := s.space(t)
 	harness.Eventually(t, 60*time.Second, "the pool to be Ready", func() error {
 		p := &vmipamv1.IPPool{}
@@ -175,10 +172,10 @@ func TestChaos(t *testing.T) {
 	}
 	obsCtx, stopObs := context.WithCancel(ctx)
 	defer stopObs()
-	tr := newTracker(wc, ns)
+	tr := harness.NewTracker(wc, ns)
 	sc := newScanner(c, ns, poolName, sp, sup.restartPeriods)
 	var obs sync.WaitGroup
-	obs.Go(func() { tr.run(obsCtx) })
+	obs.Go(func() { tr.Run(obsCtx) })
 	obs.Go(func() { sc.run(obsCtx, time.Second) })
 	supErr := make(chan error, 1)
 	obs.Go(func() { supErr <- sup.watch(obsCtx) })
@@ -186,7 +183,7 @@ func TestChaos(t *testing.T) {
 		s.seed, s.clients, s.duration, s.replicas, s.kills, s.rolls, s.apiRestarts, sp, usable, cooldown, pendingTTL)
 
 	// The load.
-	led := newLedger(cooldown, sp)
+	led := harness.NewLedger(cooldown, sp.fams, sp.ranges)
 	ref := newRefusals()
 	ld := &load{c: c, ns: ns, pool: poolName, maxOwn: s.maxOwn, deleteP: 0.4, think: s.think,
 		ledger: led, refused: ref, phases: ph, base: ctx, dual: s.dual}
@@ -206,7 +203,7 @@ func TestChaos(t *testing.T) {
 	events := schedule(rng, s)
 	var chaosErr error
 	for _, ev := range events {
-		if !sleep(ctx, time.Until(loadStart.Add(ev.at))) {
+		if !harness.Sleep(ctx, time.Until(loadStart.Add(ev.at))) {
 			break
 		}
 		if ev.roll {
@@ -222,22 +219,20 @@ func TestChaos(t *testing.T) {
 			}
 			fig.apiRestarts++
 			fig.apiRestart = append(fig.apiRestart, r)
-			logs.mark("API server restarted: stopped in %s (%v), serving again after %s", r.stopped.Round(time.Millisecond), r.stopErr, r.downtime.Round(time.Millisecond))
+			mark(logs, "API server restarted: stopped in %s (%v), serving again after %s", r.stopped.Round(time.Millisecond), r.stopErr, r.downtime.Round(time.Millisecond))
 		} else if err := sup.kill(ctx, time.Duration(rng.Int64N(int64(1500*time.Millisecond)))); err != nil {
 			chaosErr = err
 			break
 		}
 		// Let the load run undisturbed a moment between two events.
-		sleep(ctx, 2*time.Second)
+		harness.Sleep(ctx, 2*time.Second)
 	}
-	sleep(ctx, time.Until(loadStart.Add(s.duration)))
+	harness.Sleep(ctx, time.Until(loadStart.Add(s.duration)))
 	stopLoad()
 	clients.Wait()
 	loadEnd := time.Now()
 	fig.loadDuration = loadEnd.Sub(loadStart)
-	led.mu.Lock()
-	fig.creates, fig.deletes = led.creates, led.deletes
-	led.mu.Unlock()
+	fig.creates, fig.deletes, _ = led.Counts()
 	if chaosErr != nil {
 		t.Fatalf("chaos: %v", chaosErr)
 	}
@@ -270,7 +265,7 @@ func TestChaos(t *testing.T) {
 	drained := time.Now()
 	fig.drain = drained.Sub(loadEnd)
 	// Let the watch deliver the last DELETED events before stopping it.
-	sleep(ctx, time.Second)
+	harness.Sleep(ctx, time.Second)
 
 	// Wait out the pending TTL and the cooldown: after the last admission,
 	// after the last recovery (claimed addresses on no live VM rest for
@@ -287,7 +282,7 @@ func TestChaos(t *testing.T) {
 	settle := latest(loadEnd.Add(pendingTTL+cooldown), lastReady.Add(pendingTTL+cooldown), drained.Add(cooldown)).Add(2 * time.Second)
 	t.Logf("load over after %s; deletions drained in %s; waiting %s for pending TTL and cooldown to pass",
 		fig.loadDuration.Round(time.Second), fig.drain.Round(time.Second), time.Until(settle).Round(time.Second))
-	sleep(ctx, time.Until(settle))
+	harness.Sleep(ctx, time.Until(settle))
 
 	// The state at rest, from the API server: VMs, IPPool status, IPBlocks.
 	var rest restState
@@ -313,24 +308,25 @@ func TestChaos(t *testing.T) {
 	cwCtx, stopCW := context.WithCancel(ctx)
 	var cwDone sync.WaitGroup
 	cwDone.Go(func() { cw.run(cwCtx, 250*time.Millisecond) })
-	fill := fillPool(ctx, ld, usable-len(rest.vms))
+	fill := harness.Fill(ctx, harness.FillOptions{Want: usable - len(rest.vms), Prefix: "fill", Create: ld.createOnce,
+		Exhausted: func(err error) bool { return classify(err) == reasonExhausted }, Ledger: led})
 	// A resync after the last create may still release one: give it one
 	// resync interval and a flush.
-	sleep(ctx, 7*time.Second)
+	harness.Sleep(ctx, 7*time.Second)
 	stopCW()
 	cwDone.Wait()
 	fillEnd := time.Now()
-	t.Logf("filled the pool with %d VMs in %s", fill.got, fillEnd.Add(-7*time.Second).Sub(fillStart).Round(100*time.Millisecond))
-	fig.fillWant, fig.fillGot = fill.want, fill.got
-	fig.leaked = fill.want - fill.got
+	t.Logf("filled the pool with %d VMs in %s", fill.Got, fillEnd.Add(-7*time.Second).Sub(fillStart).Round(100*time.Millisecond))
+	fig.fillWant, fig.fillGot = fill.Want, fill.Got
+	fig.leaked = fill.Want - fill.Got
 	if fig.leaked > 0 {
-		t.Errorf("LEAK: only %d of the %d addresses on no live VM could be had again; last refusal: %v", fill.got, fill.want, fill.lastErr)
+		t.Errorf("LEAK: only %d of the %d addresses on no live VM could be had again; last refusal: %v", fill.Got, fill.Want, fill.LastErr)
 	}
-	for _, e := range fill.errs {
+	for _, e := range fill.Errs {
 		t.Errorf("filling the pool: %s", e)
 	}
-	if fill.extraErr == nil || !apierrors.IsForbidden(fill.extraErr) || !strings.Contains(fill.extraErr.Error(), "is exhausted") && !strings.Contains(fill.extraErr.Error(), "address left") {
-		t.Errorf("a create in the full pool: %v; want a denial saying the pool is exhausted", fill.extraErr)
+	if fill.ExtraErr == nil || !apierrors.IsForbidden(fill.ExtraErr) || !strings.Contains(fill.ExtraErr.Error(), "is exhausted") && !strings.Contains(fill.ExtraErr.Error(), "address left") {
+		t.Errorf("a create in the full pool: %v; want a denial saying the pool is exhausted", fill.ExtraErr)
 	}
 	full := readRest(ctx, c, ns, sp, usable, sup.holders())
 	holders := map[string]*vmipamv1.VirtualMachine{}
@@ -354,7 +350,7 @@ func TestChaos(t *testing.T) {
 	}
 	if len(full.dups) > 0 || len(rest.dups) > 0 {
 		t.Logf("vmipam's resync reports and duplicate findings (a resync that releases addresses while nobody removed a finalizer by force released a live VM's address):\n%s",
-			strings.Join(harness.Grep(logs.since(0), 60, `"msg":"Resynced pool"`, `"msg":"Duplicate address"`, "=== chaos"), "\n"))
+			strings.Join(harness.Grep(logs.String(), 60, `"msg":"Resynced pool"`, `"msg":"Duplicate address"`, "=== chaos"), "\n"))
 	}
 	if len(full.vms) != usable {
 		t.Errorf("%d VirtualMachines after filling the pool, want %d (usable)", len(full.vms), usable)
@@ -378,27 +374,25 @@ func TestChaos(t *testing.T) {
 	obs.Wait()
 
 	// What the run saw as it went.
-	led.mu.Lock()
-	fig.reuses = led.reuses
-	fig.dupAtCreate, fig.earlyReuse, fig.badAddr = led.dupAtCreate, led.earlyReuse, led.badAddr
-	for _, r := range led.byName {
-		if r.viaGet {
+	_, _, fig.reuses = led.Counts()
+	fig.dupAtCreate = led.Problems(harness.Duplicate)
+	fig.earlyReuse = led.Problems(harness.EarlyReuse)
+	fig.badAddr = led.Problems(harness.NoAddress, harness.BadAddress)
+	for _, r := range led.Records() {
+		if r.ViaGet {
 			fig.viaGet++
 		}
 	}
-	led.mu.Unlock()
-	fig.lateReuse, fig.lateChecked, fig.lateUnchecked = led.lateReuse(tr)
+	fig.lateReuse, fig.lateChecked, fig.lateUnchecked = led.LateReuse(tr.ExactGoneAt)
 	fig.snapshots, fig.runDups, fig.terminatingOverlap, fig.runNoAddr, fig.liveCooling = sc.results()
-	tr.mu.Lock()
-	fig.gone, fig.watchRestarts = len(tr.gone), tr.restarts
-	tr.mu.Unlock()
+	fig.gone, fig.watchRestarts = tr.Stats()
 	sup.mu.Lock()
 	fig.kills, fig.starts, fig.selfExits = sup.kills, sup.starts, sup.selfExits
 	fig.replicas, fig.rolls, fig.takeovers = s.replicas, sup.rolls, sup.takeovers
 	fig.exitReasons, fig.readyAfter, fig.startFailures = sup.exitReasons, sup.readyAfter, sup.startFailures
 	sup.mu.Unlock()
 	fig.refused = ref
-	fig.logs = analyzeLogs(logs.since(0))
+	fig.logs = analyzeLogs(logs.String())
 	for _, r := range fig.logs.resyncs {
 		// Log timestamps are whole seconds.
 		if !r.at.Before(fillStart.Truncate(time.Second)) && !r.at.After(fillEnd) {
@@ -496,19 +490,13 @@ func schedule(rng *rand.Rand, s settings) []event {
 	return evs
 }
 
-// usableOf counts the addresses vmipam hands out in an IPv4 CIDR: all but
-// the network and broadcast addresses.
-func usableOf(p netip.Prefix) int {
-	return 1<<(32-p.Bits()) - 2
-}
-
 // ranges are the pool's ranges: CHAOS_CIDR and, for a dual-stack run, as
 // many IPv6 addresses, fd00:99::1 on.
 func (s settings) ranges() []vmipamv1.IPRange {
 	out := []vmipamv1.IPRange{{CIDR: s.cidr.String()}}
 	if s.dual {
 		last := netip.MustParseAddr("fd00:99::").As16()
-		n := usableOf(s.cidr)
+		n := harness.UsableOf(s.cidr)
 		last[13], last[14], last[15] = byte(n>>16), byte(n>>8), byte(n)
 		out = append(out, vmipamv1.IPRange{CIDR: "fd00:99::/104", First: "fd00:99::1", Last: netip.AddrFrom16(last).String()})
 	}
@@ -540,18 +528,7 @@ func (sp space) String() string { return sp.ranges.String() }
 // addresses parses the addresses of vm, which must be one usable address
 // of each family the run gives, or says what is wrong with them.
 func (sp space) addresses(vm *vmipamv1.VirtualMachine) ([]netip.Addr, error) {
-	if len(vm.Spec.Addresses) != sp.fams {
-		return nil, fmt.Errorf("addresses %v, want %d", vm.Spec.Addresses, sp.fams)
-	}
-	var out []netip.Addr
-	for i, s := range vm.Spec.Addresses {
-		a, err := netip.ParseAddr(s)
-		if err != nil || !sp.ranges.Contains(a) || i > 0 && a.Is4() == out[0].Is4() {
-			return nil, fmt.Errorf("%q, not one usable address of each family of %s", s, sp)
-		}
-		out = append(out, a)
-	}
-	return out, nil
+	return harness.Addresses(vm, sp.fams, sp.ranges)
 }
 
 // restState is what the API server says once everything has settled.
@@ -632,7 +609,7 @@ func readRest(ctx context.Context, c client.Client, ns string, sp space, usable 
 				if !bm.Has(off) {
 					continue
 				}
-				a := addrAt(dec.Prefix, off)
+				a := harness.AddrAt(dec.Prefix, off)
 				switch {
 				case !slices.Contains(holders, h):
 					r.problems = append(r.problems, fmt.Sprintf("block %s: %s claimed by holder %q, want only those running, %q", dec.Prefix, a, h, holders))
@@ -675,93 +652,6 @@ func conds(cs []metav1.Condition) string {
 		out = append(out, fmt.Sprintf("%s=%s (%s)", c.Type, c.Status, c.Message))
 	}
 	return strings.Join(out, "; ")
-}
-
-// addrAt is the address at offset off of block p (of at most 2^16
-// addresses), of either family.
-func addrAt(p netip.Prefix, off int) netip.Addr {
-	b := p.Addr().As16()
-	v := int(b[14])<<8 | int(b[15]) + off
-	b[14], b[15] = byte(v>>8), byte(v)
-	a := netip.AddrFrom16(b)
-	if p.Addr().Is4() {
-		return a.Unmap()
-	}
-	return a
-}
-
-// fillResult is what filling the pool found.
-type fillResult struct {
-	want, got int
-	lastErr   error
-	extraErr  error
-	errs      []string
-}
-
-// fillPool creates want VMs, which must all get an address: each address on
-// no live VM is free again. An exhausted refusal is retried a few times, in
-// case it raced a free-list refill. Then one more create must be refused.
-func fillPool(ctx context.Context, ld *load, want int) fillResult {
-	r := fillResult{want: want}
-	var mu sync.Mutex
-	next, stop := 0, false
-	var wg sync.WaitGroup
-	// Many workers: VMs created and bound while a resync lists the cluster
-	// are what exposes a resync that releases live VMs' addresses.
-	for w := range 16 {
-		wg.Go(func() {
-			for {
-				mu.Lock()
-				if next >= want || stop {
-					mu.Unlock()
-					return
-				}
-				i := next
-				next++
-				mu.Unlock()
-				name := fmt.Sprintf("fill-%d-%04d", w, i)
-				for attempt := 0; ; attempt++ {
-					vm := ld.newVM(name)
-					rec := &vmRecord{name: name, sent: time.Now()}
-					rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-					err := ld.c.Create(rctx, vm)
-					cancel()
-					if err == nil {
-						rec.resp = time.Now()
-						ld.ledger.created(rec, vm)
-					}
-					mu.Lock()
-					if err == nil {
-						r.got++
-						mu.Unlock()
-						break
-					}
-					r.lastErr = err
-					if classify(err) != reasonExhausted {
-						r.errs = append(r.errs, err.Error())
-					}
-					if attempt >= 3 || ctx.Err() != nil {
-						// Leaked, or worse: the others stop too.
-						stop = true
-						mu.Unlock()
-						return
-					}
-					mu.Unlock()
-					sleep(ctx, 1500*time.Millisecond)
-				}
-			}
-		})
-	}
-	wg.Wait()
-	if len(r.errs) > 5 {
-		r.errs = append(r.errs[:5], fmt.Sprintf("and %d more", len(r.errs)-5))
-	}
-	vm := &vmipamv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: ld.ns, Name: "one-too-many"}, Spec: vmipamv1.VirtualMachineSpec{IPPool: ld.pool}}
-	r.extraErr = ld.c.Create(ctx, vm)
-	if r.extraErr == nil {
-		r.extraErr = fmt.Errorf("created %s with %v", vm.Name, vm.Spec.Addresses)
-	}
-	return r
 }
 
 func latest(ts ...time.Time) time.Time {

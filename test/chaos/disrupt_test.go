@@ -9,7 +9,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -43,7 +42,7 @@ var vmipamFlags = append([]string{"--resync-interval=5s", "--lease-duration=10s"
 // container restarted in its pod) or a new one (a pod replaced), in turn.
 type supervisor struct {
 	cl       *harness.Cluster
-	logs     *logBuffer
+	logs     *harness.LogBuffer
 	phases   *phases
 	probe    *http.Client
 	replicas int
@@ -104,7 +103,7 @@ func (s *supervisor) replaced() {
 	}
 }
 
-func newSupervisor(cl *harness.Cluster, logs *logBuffer, ph *phases, replicas int, rng *rand.Rand) *supervisor {
+func newSupervisor(cl *harness.Cluster, logs *harness.LogBuffer, ph *phases, replicas int, rng *rand.Rand) *supervisor {
 	return &supervisor{cl: cl, logs: logs, phases: ph, probe: &http.Client{Timeout: 2 * time.Second}, replicas: replicas, rng: rng}
 }
 
@@ -114,7 +113,7 @@ func newSupervisor(cl *harness.Cluster, logs *logBuffer, ph *phases, replicas in
 func (s *supervisor) start(ctx context.Context) error {
 	deadline := time.Now().Add(3 * time.Minute)
 	if s.replicas > 1 && s.rs == nil {
-		s.startedAt = s.logs.mark("starting %d vmipam replicas", s.replicas)
+		s.startedAt = mark(s.logs, "starting %d vmipam replicas", s.replicas)
 		rs, err := s.cl.StartReplicas(ctx, s.replicas, func(int) io.Writer { return s.logs }, vmipamFlags...)
 		if err != nil {
 			return fmt.Errorf("start %d replicas: %w", s.replicas, err)
@@ -122,25 +121,25 @@ func (s *supervisor) start(ctx context.Context) error {
 		s.rs, s.running = rs, rs.All()
 		s.starts += s.replicas
 		s.lastReady = time.Now()
-		s.logs.mark("%d replicas ready", s.replicas)
+		mark(s.logs, "%d replicas ready", s.replicas)
 		return nil
 	}
 	for {
-		s.startedAt = s.logs.mark("starting vmipam #%d", s.starts+1)
+		s.startedAt = mark(s.logs, "starting vmipam #%d", s.starts+1)
 		p, err := s.cl.StartVMIPAM(ctx, s.logs, vmipamFlags...)
 		if err == nil {
 			s.p = p
 			s.starts++
 			s.lastReady = time.Now()
 			s.replaced()
-			s.logs.mark("vmipam #%d ready", s.starts)
+			mark(s.logs, "vmipam #%d ready", s.starts)
 			return nil
 		}
 		s.startFailures = append(s.startFailures, err.Error())
 		if ctx.Err() != nil || time.Now().After(deadline) {
 			return fmt.Errorf("start vmipam: %w", err)
 		}
-		sleep(ctx, time.Second)
+		harness.Sleep(ctx, time.Second)
 	}
 }
 
@@ -176,7 +175,7 @@ func (s *supervisor) kill(ctx context.Context, down time.Duration) error {
 			break
 		}
 		s.mu.Unlock()
-		if !sleep(ctx, 500*time.Millisecond) {
+		if !harness.Sleep(ctx, 500*time.Millisecond) {
 			return ctx.Err()
 		}
 	}
@@ -187,11 +186,11 @@ func (s *supervisor) kill(ctx context.Context, down time.Duration) error {
 	if s.rs != nil {
 		return s.killReplica(ctx, t0, down)
 	}
-	s.logs.mark("SIGKILL vmipam #%d", s.starts)
+	mark(s.logs, "SIGKILL vmipam #%d", s.starts)
 	s.ended(t0)
 	s.p.Kill()
 	s.kills++
-	sleep(ctx, down)
+	harness.Sleep(ctx, down)
 	if err := s.start(ctx); err != nil {
 		return err
 	}
@@ -208,12 +207,12 @@ func (s *supervisor) killReplica(ctx context.Context, t0 time.Time, down time.Du
 	i := s.rng.IntN(len(s.running))
 	victim := s.running[i]
 	s.running = slices.Delete(s.running, i, i+1)
-	s.logs.mark("SIGKILL replica %s (pid %d)", victim.Holder, victim.Pid())
+	mark(s.logs, "SIGKILL replica %s (pid %d)", victim.Holder, victim.Pid())
 	s.ended(t0)
 	victim.Kill()
 	s.rs.Remove(victim)
 	s.kills++
-	sleep(ctx, down)
+	harness.Sleep(ctx, down)
 	holder := victim.Holder
 	if s.kills%2 == 0 {
 		holder = "" // a new pod: a new holder
@@ -235,14 +234,14 @@ func (s *supervisor) replaceReplica(ctx context.Context, gone *harness.Replica, 
 			s.lastReady = time.Now()
 			s.replaced()
 			s.readyAfter = append(s.readyAfter, time.Since(t0))
-			s.logs.mark("replica %s ready in place of %s", rep.Holder, gone.Holder)
+			mark(s.logs, "replica %s ready in place of %s", rep.Holder, gone.Holder)
 			return nil
 		}
 		s.startFailures = append(s.startFailures, err.Error())
 		if ctx.Err() != nil || time.Now().After(deadline) {
 			return fmt.Errorf("start a replica in place of %s: %w", gone.Holder, err)
 		}
-		sleep(ctx, time.Second)
+		harness.Sleep(ctx, time.Second)
 	}
 }
 
@@ -256,7 +255,7 @@ func (s *supervisor) roll(ctx context.Context) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.logs.mark("rolling restart of %d replicas", len(s.running))
+	mark(s.logs, "rolling restart of %d replicas", len(s.running))
 	fresh, err := s.rs.RollingRestart(ctx, false, 30*time.Second)
 	if err != nil {
 		return fmt.Errorf("rolling restart: %w", err)
@@ -265,7 +264,7 @@ func (s *supervisor) roll(ctx context.Context) error {
 	s.starts += len(fresh)
 	s.rolls++
 	s.lastReady = time.Now()
-	s.logs.mark("rolling restart done: %d new replicas", len(fresh))
+	mark(s.logs, "rolling restart done: %d new replicas", len(fresh))
 	return nil
 }
 
@@ -319,7 +318,7 @@ func (s *supervisor) watch(ctx context.Context) error {
 		return s.watchReplicas(ctx)
 	}
 	refusedFor := 0
-	for sleep(ctx, 250*time.Millisecond) {
+	for harness.Sleep(ctx, 250*time.Millisecond) {
 		if !s.mu.TryLock() {
 			refusedFor = 0
 			continue
@@ -343,11 +342,11 @@ func (s *supervisor) watch(ctx context.Context) error {
 		// Reap it; a no-op if it has exited, as expected.
 		s.p.Kill()
 		s.selfExits++
-		out := s.logs.since(s.startedAt)
+		out := s.logs.Since(s.startedAt)
 		why := harness.Grep(out, 3, "leader election lost", "vmipam stopped", `"level":"error"`, "panic")
 		s.exitReasons = append(s.exitReasons, fmt.Sprintf("vmipam #%d exited on its own at %s; last error lines:\n%s",
 			s.starts, t0.Format(stamp), strings.Join(why, "\n")))
-		s.logs.mark("vmipam #%d found gone; restarting", s.starts)
+		mark(s.logs, "vmipam #%d found gone; restarting", s.starts)
 		err := s.start(ctx)
 		s.phases.vmipamDown.Store(false)
 		if err == nil {
@@ -364,7 +363,7 @@ func (s *supervisor) watch(ctx context.Context) error {
 // watchReplicas restarts, under its holder, a replica that exited though
 // nobody stopped it, until ctx ends.
 func (s *supervisor) watchReplicas(ctx context.Context) error {
-	for sleep(ctx, 250*time.Millisecond) {
+	for harness.Sleep(ctx, 250*time.Millisecond) {
 		if !s.mu.TryLock() {
 			continue
 		}
@@ -388,10 +387,10 @@ func (s *supervisor) watchReplicas(ctx context.Context) error {
 		s.ended(t0)
 		s.selfExits++
 		s.rs.Remove(gone)
-		why := harness.Grep(s.logs.since(s.startedAt), 3, "vmipam stopped", `"level":"error"`, "panic")
+		why := harness.Grep(s.logs.Since(s.startedAt), 3, "vmipam stopped", `"level":"error"`, "panic")
 		s.exitReasons = append(s.exitReasons, fmt.Sprintf("replica %s exited on its own at %s; last error lines:\n%s",
 			gone.Holder, t0.Format(stamp), strings.Join(why, "\n")))
-		s.logs.mark("replica %s found gone; restarting", gone.Holder)
+		mark(s.logs, "replica %s found gone; restarting", gone.Holder)
 		err := s.replaceReplica(ctx, gone, gone.Holder, t0)
 		s.mu.Unlock()
 		if err != nil && ctx.Err() == nil {
@@ -429,7 +428,7 @@ func apiRestart(ctx context.Context, cl *harness.Cluster, keep string, ph *phase
 	api := cl.Env.ControlPlane.GetAPIServer()
 	addr := api.HostPort()
 	ca := bytes.Clone(api.CA)
-	if err := copyDir(api.CertDir, keep); err != nil {
+	if err := harness.CopyDir(api.CertDir, keep); err != nil {
 		return r, fmt.Errorf("keep the API server's certificates: %w", err)
 	}
 	ph.apiDown.Store(true)
@@ -446,7 +445,7 @@ func apiRestart(ctx context.Context, cl *harness.Cluster, keep string, ph *phase
 		if err = api.Start(); err == nil {
 			break
 		}
-		sleep(ctx, time.Second)
+		harness.Sleep(ctx, time.Second)
 	}
 	if err != nil {
 		return r, errors.Join(fmt.Errorf("start the API server again: %w", err), r.stopErr)
@@ -467,7 +466,7 @@ func apiRestart(ctx context.Context, cl *harness.Cluster, keep string, ph *phase
 		if time.Since(t0) > time.Minute {
 			return r, fmt.Errorf("API server back but unusable: %w", err)
 		}
-		if !sleep(ctx, 100*time.Millisecond) {
+		if !harness.Sleep(ctx, 100*time.Millisecond) {
 			return r, ctx.Err()
 		}
 	}
@@ -478,27 +477,4 @@ func apiRestart(ctx context.Context, cl *harness.Cluster, keep string, ph *phase
 type apiRestartResult struct {
 	stopped, downtime time.Duration
 	stopErr           error
-}
-
-func copyDir(from, to string) error {
-	if err := os.MkdirAll(to, 0o700); err != nil {
-		return err
-	}
-	entries, err := os.ReadDir(from)
-	if err != nil {
-		return err
-	}
-	for _, e := range entries {
-		if !e.Type().IsRegular() {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join(from, e.Name()))
-		if err != nil {
-			return err
-		}
-		if err := os.WriteFile(filepath.Join(to, e.Name()), b, 0o600); err != nil {
-			return err
-		}
-	}
-	return nil
 }

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net/netip"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,140 +12,14 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/test/harness"
 )
 
-// vmRecord is what a client knows of one VirtualMachine it created.
-type vmRecord struct {
-	name string
-	uid  types.UID
-	// sent is when the first create attempt went out, resp when the
-	// successful response (or the Get that found the object after an
-	// ambiguous failure) came back: the address was handed out in between.
-	sent, resp time.Time
-	// created is metadata.creationTimestamp: the API server's clock,
-	// truncated to the second.
-	created time.Time
-	// viaGet: the create's response was lost (timeout, API server gone)
-	// and a Get found the object.
-	viaGet bool
-	// deleteIssued is taken just before the first delete request, so it
-	// precedes the deletionTimestamp and hence the release.
-	deleteIssued time.Time
-	deleted      bool
-}
-
-// ledger records every create and delete, and checks each new holder of an
-// address against the previous one as it arrives.
-type ledger struct {
-	cooldown time.Duration
-	space    space
-
-	mu      sync.Mutex
-	byName  map[string]*vmRecord
-	history map[netip.Addr][]*vmRecord
-	creates int
-	deletes int
-	reuses  int
-	// dupAtCreate: an address handed to a new VM while its previous
-	// holder was never deleted. earlyReuse: handed out before the
-	// previous holder's delete was even issued plus the cooldown.
-	dupAtCreate, earlyReuse, badAddr []string
-}
-
-func newLedger(cooldown time.Duration, sp space) *ledger {
-	return &ledger{cooldown: cooldown, space: sp, byName: map[string]*vmRecord{}, history: map[netip.Addr][]*vmRecord{}}
-}
-
-// created records a successful create and checks the address's previous
-// holder.
-func (l *ledger) created(rec *vmRecord, vm *vmipamv1.VirtualMachine) {
-	rec.uid = vm.UID
-	rec.created = vm.CreationTimestamp.Time
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.creates++
-	l.byName[rec.name] = rec
-	addrs, err := l.space.addresses(vm)
-	if err != nil {
-		l.badAddr = append(l.badAddr, fmt.Sprintf("%s was created with %v", rec.name, err))
-		return
-	}
-	for _, a := range addrs {
-		l.createdWith(rec, a)
-	}
-}
-
-// createdWith checks the previous holder of a, given to rec.
-func (l *ledger) createdWith(rec *vmRecord, a netip.Addr) {
-	h := l.history[a]
-	if len(h) > 0 {
-		l.reuses++
-		prev := h[len(h)-1]
-		switch {
-		case prev.deleteIssued.IsZero():
-			l.dupAtCreate = append(l.dupAtCreate, fmt.Sprintf(
-				"%s handed to %s (uid %s, created %s, response at %s) while %s (uid %s, created %s) holds it and was never deleted",
-				a, rec.name, rec.uid, rec.created.Format(time.RFC3339), rec.resp.Format(stamp), prev.name, prev.uid, prev.created.Format(time.RFC3339)))
-		case rec.resp.Before(prev.deleteIssued.Add(l.cooldown)):
-			l.earlyReuse = append(l.earlyReuse, fmt.Sprintf(
-				"%s handed to %s (response at %s) only %s after the delete of its previous holder %s was issued (at %s); cooldown %s",
-				a, rec.name, rec.resp.Format(stamp), rec.resp.Sub(prev.deleteIssued).Round(time.Millisecond), prev.name,
-				prev.deleteIssued.Format(stamp), l.cooldown))
-		}
-	}
-	l.history[a] = append(h, rec)
-}
-
-func (l *ledger) deleteIssued(rec *vmRecord) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	rec.deleteIssued = time.Now()
-}
-
-func (l *ledger) deleteDone(rec *vmRecord) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	rec.deleted = true
-	l.deletes++
-}
-
-// lateReuse checks the rule against the observed end of deletions: a new
-// holder's creationTimestamp must not be earlier than the previous holder's
-// observed disappearance plus the cooldown, less 2s: 1s because the
-// timestamp is truncated to the second, 1s for the watch's latency and the
-// moment between vmipam's release and its removal of the finalizer. Only
-// disappearances a live watch delivered count; returns the violations and
-// how many pairs could not be checked for want of an exact time.
-func (l *ledger) lateReuse(tr *tracker) (violations []string, checked, unchecked int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for a, h := range l.history {
-		for i := 1; i < len(h); i++ {
-			prev, next := h[i-1], h[i]
-			g, ok := tr.goneAt(prev.name)
-			if !ok || !g.exact {
-				unchecked++
-				continue
-			}
-			checked++
-			if next.created.Before(g.at.Add(l.cooldown - 2*time.Second)) {
-				violations = append(violations, fmt.Sprintf(
-					"%s given to %s (creationTimestamp %s) %s after its previous holder %s was seen gone (at %s); cooldown %s",
-					a, next.name, next.created.Format(time.RFC3339), next.created.Sub(g.at).Round(time.Millisecond),
-					prev.name, g.at.Format(stamp), l.cooldown))
-			}
-		}
-	}
-	sort.Strings(violations)
-	return violations, checked, unchecked
-}
-
-const stamp = "15:04:05.000"
+const stamp = harness.Stamp
 
 // Refusal categories, from the error the client saw.
 const (
@@ -292,7 +164,7 @@ type load struct {
 	maxOwn   int
 	deleteP  float64
 	think    time.Duration
-	ledger   *ledger
+	ledger   *harness.Ledger
 	refused  *refusals
 	phases   *phases
 	// base bounds single requests: requests are not cut by the end of the
@@ -317,7 +189,7 @@ func (ld *load) newVM(name string) *vmipamv1.VirtualMachine {
 // client runs one client until ctx ends: it creates VMs and deletes random
 // ones of its own, keeping at most maxOwn.
 func (ld *load) client(ctx context.Context, id int, rng *rand.Rand) {
-	var own []*vmRecord
+	var own []*harness.Record
 	for i := 0; ctx.Err() == nil; i++ {
 		if len(own) > 0 && (len(own) >= ld.maxOwn || rng.Float64() < ld.deleteP) {
 			k := rng.IntN(len(own))
@@ -328,7 +200,7 @@ func (ld *load) client(ctx context.Context, id int, rng *rand.Rand) {
 			own = append(own, rec)
 		}
 		if ld.think > 0 {
-			sleep(ctx, time.Duration(rng.Int64N(int64(2*ld.think))))
+			harness.Sleep(ctx, time.Duration(rng.Int64N(int64(2*ld.think))))
 		}
 	}
 }
@@ -337,8 +209,8 @@ func (ld *load) client(ctx context.Context, id int, rng *rand.Rand) {
 // ctx lives. It returns nil if the VM could not be created before ctx
 // ended. Names are fixed, so a retry after a lost response finds the
 // object instead of creating a second one.
-func (ld *load) create(ctx context.Context, name string) *vmRecord {
-	rec := &vmRecord{name: name, sent: time.Now()}
+func (ld *load) create(ctx context.Context, name string) *harness.Record {
+	rec := &harness.Record{Name: name, Sent: time.Now()}
 	backoff := 50 * time.Millisecond
 	wasAmbiguous := false
 	for attempt := 0; ; attempt++ {
@@ -348,15 +220,15 @@ func (ld *load) create(ctx context.Context, name string) *vmRecord {
 		err := ld.c.Create(rctx, vm)
 		cancel()
 		if err == nil {
-			rec.resp = time.Now()
-			ld.ledger.created(rec, vm)
+			rec.Resp = time.Now()
+			ld.ledger.Created(rec, vm)
 			return rec
 		}
 		if apierrors.IsAlreadyExists(err) && attempt > 0 {
 			// An earlier attempt went through after all.
 			if got := ld.get(name); got != nil {
-				rec.resp, rec.viaGet = time.Now(), true
-				ld.ledger.created(rec, got)
+				rec.Resp, rec.ViaGet = time.Now(), true
+				ld.ledger.Created(rec, got)
 				return rec
 			}
 		}
@@ -366,11 +238,11 @@ func (ld *load) create(ctx context.Context, name string) *vmRecord {
 		}
 		ld.refused.note("create", reason, phase, err)
 		wasAmbiguous = wasAmbiguous || ambiguous(reason)
-		if !sleep(ctx, backoff+rand.N(backoff)) { //nolint:gosec // jitter
+		if !harness.Sleep(ctx, backoff+rand.N(backoff)) { //nolint:gosec // jitter
 			if wasAmbiguous {
 				if got := ld.get(name); got != nil {
-					rec.resp, rec.viaGet = time.Now(), true
-					ld.ledger.created(rec, got)
+					rec.Resp, rec.ViaGet = time.Now(), true
+					ld.ledger.Created(rec, got)
 					return rec
 				}
 			}
@@ -378,6 +250,15 @@ func (ld *load) create(ctx context.Context, name string) *vmRecord {
 		}
 		backoff = min(2*backoff, time.Second)
 	}
+}
+
+// createOnce creates the VM name once, as the clients do, and returns it
+// as the API server answered: for filling the pool.
+func (ld *load) createOnce(ctx context.Context, name string) (*vmipamv1.VirtualMachine, error) {
+	vm := ld.newVM(name)
+	rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	return vm, ld.c.Create(rctx, vm)
 }
 
 // get reads a VM, retrying for a while; nil if it does not exist.
@@ -394,7 +275,7 @@ func (ld *load) get(name string) *vmipamv1.VirtualMachine {
 		case apierrors.IsNotFound(err):
 			return nil
 		}
-		sleep(ld.base, 200*time.Millisecond)
+		harness.Sleep(ld.base, 200*time.Millisecond)
 	}
 	return nil
 }
@@ -402,23 +283,23 @@ func (ld *load) get(name string) *vmipamv1.VirtualMachine {
 // remove deletes rec's VM, retrying until the API server accepts the
 // deletion (deletion itself completes asynchronously, through vmipam's
 // finalizer).
-func (ld *load) remove(rec *vmRecord) {
-	ld.ledger.deleteIssued(rec)
+func (ld *load) remove(rec *harness.Record) {
+	ld.ledger.DeleteIssued(rec)
 	backoff := 50 * time.Millisecond
 	for ld.base.Err() == nil {
 		phase := ld.phases.now()
 		rctx, cancel := context.WithTimeout(ld.base, 20*time.Second)
-		err := ld.c.Delete(rctx, &vmipamv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: ld.ns, Name: rec.name}})
+		err := ld.c.Delete(rctx, &vmipamv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: ld.ns, Name: rec.Name}})
 		cancel()
 		if err == nil || apierrors.IsNotFound(err) {
-			ld.ledger.deleteDone(rec)
+			ld.ledger.DeleteDone()
 			return
 		}
 		if phase == phaseSteady {
 			phase = ld.phases.now()
 		}
 		ld.refused.note("delete", classify(err), phase, err)
-		sleep(ld.base, backoff)
+		harness.Sleep(ld.base, backoff)
 		backoff = min(2*backoff, time.Second)
 	}
 }

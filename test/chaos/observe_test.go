@@ -1,7 +1,6 @@
 package chaos
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -12,176 +11,27 @@ import (
 	"sync"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/ipam"
 	"github.com/vmipam/vmipam/kubestore"
+	"github.com/vmipam/vmipam/test/harness"
 )
 
-// logBuffer keeps every vmipam process's output, for the report and for
-// the dump on failure. The process writes from exec's copying goroutine
-// while the test reads, hence the lock.
-type logBuffer struct {
-	mu      sync.Mutex
-	b       bytes.Buffer
-	dropped int
-}
+// newLogs is the buffer of every vmipam process's output, for the report
+// and for the dump on failure, bounded in memory.
+func newLogs() *harness.LogBuffer { return &harness.LogBuffer{Max: 256 << 20} }
 
-// maxLogBytes bounds the memory a flood of log lines can take.
-const maxLogBytes = 256 << 20
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.b.Len()+len(p) > maxLogBytes {
-		l.dropped += len(p)
-		return len(p), nil
-	}
-	return l.b.Write(p)
-}
-
-// mark writes a line of the test's own into the log, so a reader sees where
+// mark writes a line of the test's own into logs, so a reader sees where
 // each process begins and ends; it returns the offset of the line.
-func (l *logBuffer) mark(format string, args ...any) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	off := l.b.Len()
-	fmt.Fprintf(&l.b, "=== chaos %s: "+format+"\n", append([]any{time.Now().Format("15:04:05.000")}, args...)...)
-	return off
+func mark(logs *harness.LogBuffer, format string, args ...any) int {
+	return logs.Mark(fmt.Sprintf("=== chaos %s: "+format, append([]any{time.Now().Format(stamp)}, args...)...))
 }
 
-// since returns the log from offset off on.
-func (l *logBuffer) since(off int) string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if off > l.b.Len() {
-		return ""
-	}
-	return string(l.b.Bytes()[off:])
-}
-
-// tail returns the last n lines, repeated lines collapsed.
-func (l *logBuffer) tail(n int) string {
-	lines := strings.Split(strings.TrimRight(collapse(l.since(0)), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
-
-// goneTime is when a VirtualMachine was seen to disappear. exact is true
-// when a live watch delivered its DELETED event; false when the watch was
-// broken at that moment (the API server restart) and the disappearance was
-// only noticed by the relist that followed, so the time is an upper bound.
-type goneTime struct {
-	at    time.Time
-	exact bool
-}
-
-// tracker watches the test namespace and notes when each VirtualMachine
-// disappears, i.e. when its deletion completed: vmipam removed the
-// finalizer after persisting the cooldown.
-type tracker struct {
-	c  client.WithWatch
-	ns string
-
-	mu       sync.Mutex
-	present  map[string]bool
-	gone     map[string]goneTime
-	relists  int
-	restarts int
-}
-
-func newTracker(c client.WithWatch, ns string) *tracker {
-	return &tracker{c: c, ns: ns, present: map[string]bool{}, gone: map[string]goneTime{}}
-}
-
-// run lists and watches until ctx ends, listing again whenever the watch
-// breaks.
-func (t *tracker) run(ctx context.Context) {
-	for ctx.Err() == nil {
-		rv, err := t.relist(ctx)
-		if err != nil {
-			sleep(ctx, 200*time.Millisecond)
-			continue
-		}
-		t.watch(ctx, rv)
-		t.mu.Lock()
-		t.restarts++
-		t.mu.Unlock()
-	}
-}
-
-func (t *tracker) relist(ctx context.Context) (string, error) {
-	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	var l vmipamv1.VirtualMachineList
-	if err := t.c.List(lctx, &l, client.InNamespace(t.ns)); err != nil {
-		return "", err
-	}
-	now := time.Now()
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.relists++
-	seen := make(map[string]bool, len(l.Items))
-	for _, vm := range l.Items {
-		seen[vm.Name] = true
-	}
-	for name := range t.present {
-		if !seen[name] {
-			t.gone[name] = goneTime{at: now}
-			delete(t.present, name)
-		}
-	}
-	for name := range seen {
-		t.present[name] = true
-	}
-	return l.ResourceVersion, nil
-}
-
-func (t *tracker) watch(ctx context.Context, rv string) {
-	w, err := t.c.Watch(ctx, &vmipamv1.VirtualMachineList{}, client.InNamespace(t.ns),
-		&client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: rv, AllowWatchBookmarks: true}})
-	if err != nil {
-		sleep(ctx, 200*time.Millisecond)
-		return
-	}
-	defer w.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case ev, ok := <-w.ResultChan():
-			if !ok {
-				return
-			}
-			vm, isVM := ev.Object.(*vmipamv1.VirtualMachine)
-			switch {
-			case ev.Type == watch.Error || !isVM:
-				return
-			case ev.Type == watch.Deleted:
-				t.mu.Lock()
-				t.gone[vm.Name] = goneTime{at: time.Now(), exact: true}
-				delete(t.present, vm.Name)
-				t.mu.Unlock()
-			case ev.Type == watch.Added || ev.Type == watch.Modified:
-				t.mu.Lock()
-				t.present[vm.Name] = true
-				t.mu.Unlock()
-			}
-		}
-	}
-}
-
-// goneAt returns when name was seen to disappear.
-func (t *tracker) goneAt(name string) (goneTime, bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	g, ok := t.gone[name]
-	return g, ok
+// tail returns the last n lines of logs, repeated lines collapsed.
+func tail(logs *harness.LogBuffer, n int) string {
+	return strings.Join(harness.Tail(collapse(logs.String()), n), "\n")
 }
 
 // scanner lists the pool's IPBlocks and then the namespace from the API
@@ -221,7 +71,7 @@ func newScanner(c client.Client, ns, pool string, sp space, restarts func() []pe
 }
 
 func (s *scanner) run(ctx context.Context, every time.Duration) {
-	for sleep(ctx, every) {
+	for harness.Sleep(ctx, every) {
 		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		var l vmipamv1.VirtualMachineList
 		blocks, err := kubestore.Read(lctx, s.c, s.pool)
@@ -323,19 +173,6 @@ func sortedValues(m map[string]string) []string {
 	}
 	sort.Strings(out)
 	return out
-}
-
-// sleep waits for d or until ctx ends, and reports whether ctx is still
-// alive.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 // logFacts is what vmipam's own logs say, for the report and for the checks
@@ -453,7 +290,7 @@ func newCoolingWatch(c client.Client, pool string) *coolingWatch {
 }
 
 func (w *coolingWatch) run(ctx context.Context, every time.Duration) {
-	for sleep(ctx, every) {
+	for harness.Sleep(ctx, every) {
 		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		blocks, err := kubestore.Read(lctx, w.c, w.pool)
 		cancel()

@@ -37,6 +37,7 @@ import (
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/kinds"
 	"github.com/vmipam/vmipam/kinds/manifests"
+	"github.com/vmipam/vmipam/test/fixture"
 	"github.com/vmipam/vmipam/test/harness"
 )
 
@@ -707,9 +708,7 @@ func TestHelmUpgrade(t *testing.T) {
 func TestNamespaceDeletion(t *testing.T) {
 	need(t)
 	const ns, pool = "e2e-nsdel", "e2e-nsdel"
-	p := &vmipamv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: pool}, Spec: vmipamv1.IPPoolSpec{
-		Ranges: []vmipamv1.IPRange{{CIDR: "10.101.0.0/24"}}, Cooldown: &metav1.Duration{Duration: 30 * time.Minute},
-	}}
+	p := fixture.Pool(pool, fixture.WithCIDRs("10.101.0.0/24"), fixture.WithCooldown(30*time.Minute))
 	if err := c.Create(t.Context(), p); err != nil {
 		t.Fatal(err)
 	}

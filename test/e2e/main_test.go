@@ -33,6 +33,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/test/fixture"
 	"github.com/vmipam/vmipam/test/harness"
 )
 
@@ -104,10 +105,7 @@ func setup() error {
 	}
 	fmt.Printf("helm install --wait: %s\n", time.Since(start).Round(time.Millisecond))
 	ctx := context.Background()
-	pool := &vmipamv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: poolName}, Spec: vmipamv1.IPPoolSpec{
-		Default: true, Ranges: []vmipamv1.IPRange{{CIDR: "10.100.0.0/16"}},
-		Cooldown: &metav1.Duration{Duration: 20 * time.Second},
-	}}
+	pool := fixture.Pool(poolName, fixture.WithDefault(), fixture.WithCIDRs("10.100.0.0/16"), fixture.WithCooldown(20*time.Second))
 	if err := c.Create(ctx, pool); err != nil {
 		return fmt.Errorf("create IPPool: %w", err)
 	}

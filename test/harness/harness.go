@@ -3,8 +3,11 @@
 // etcd (envtest's binaries, built by hack/envtest-assets.sh), the vmipam
 // binary with self-managed certificates, and the webhook configurations
 // pointing at it on loopback. It is also the one way the test suites start
-// a control plane (StartEnv, Main, NeedControlPlane) and wait for a
-// condition (Eventually, Poll).
+// a control plane (StartEnv, Main, NeedControlPlane), wait for a condition
+// (Eventually, Poll) and read a metric (Metric), and the load suites'
+// (test/chaos, test/replicas) one toolkit: a Ledger of what their clients
+// created and deleted, a Tracker of deletions seen, Fill, a capped
+// LogBuffer.
 package harness
 
 import (

@@ -10,22 +10,58 @@ import (
 // goroutine (or several processes') while a test reads it. Its methods are
 // safe for concurrent use.
 type LogBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
+	// Max, if not zero, bounds the bytes kept: a flood of log lines must
+	// not take the machine's memory. What comes once it is full is
+	// dropped (and counted), so the beginning of a run, where a failure
+	// usually starts, stays; Mark's lines are kept regardless.
+	Max int
+
+	mu      sync.Mutex
+	buf     bytes.Buffer
+	dropped int
 }
 
-// Write appends p.
+// Write appends p, unless that would take the buffer past Max.
 func (b *LogBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.Max > 0 && b.buf.Len()+len(p) > b.Max {
+		b.dropped += len(p)
+		return len(p), nil
+	}
 	return b.buf.Write(p)
 }
 
-// String returns everything written so far.
-func (b *LogBuffer) String() string {
+// Mark appends a line of the test's own, so a reader sees where each
+// process begins and ends, and returns its offset, for Since.
+func (b *LogBuffer) Mark(line string) int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.buf.String()
+	off := b.buf.Len()
+	b.buf.WriteString(strings.TrimSuffix(line, "\n") + "\n")
+	return off
+}
+
+// String returns everything kept so far.
+func (b *LogBuffer) String() string {
+	return b.Since(0)
+}
+
+// Since returns what was kept from offset off on.
+func (b *LogBuffer) Since(off int) string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if off > b.buf.Len() {
+		return ""
+	}
+	return string(b.buf.Bytes()[off:])
+}
+
+// Dropped returns how many bytes were dropped once the buffer was full.
+func (b *LogBuffer) Dropped() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.dropped
 }
 
 // Grep returns the last limit lines of text that contain any of words.
@@ -43,4 +79,13 @@ func Grep(text string, limit int, words ...string) []string {
 		out = out[len(out)-limit:]
 	}
 	return out
+}
+
+// Tail returns the last n lines of text.
+func Tail(text string, n int) []string {
+	lines := strings.Split(strings.TrimRight(text, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return lines
 }

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/test/fixture"
 	"github.com/vmipam/vmipam/test/harness"
 )
 
@@ -78,9 +79,7 @@ func TestReplicas(t *testing.T) {
 	// addresses of its own up to its high watermark, and the claims of
 	// replicas gone under other names are not taken over (yet).
 	cidr := netip.MustParsePrefix("10.210.0.0/16")
-	pool := &vmipamv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "replicas"}, Spec: vmipamv1.IPPoolSpec{
-		Default: true, Ranges: []vmipamv1.IPRange{{CIDR: cidr.String()}},
-	}}
+	pool := fixture.Pool("replicas", fixture.WithDefault(), fixture.WithCIDRs(cidr.String()))
 	if err := c.Create(ctx, pool); err != nil {
 		t.Fatalf("create IPPool (through the validating webhook, behind the proxy): %v", err)
 	}

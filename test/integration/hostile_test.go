@@ -26,6 +26,7 @@ import (
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/ipam"
+	"github.com/vmipam/vmipam/test/fixture"
 	"github.com/vmipam/vmipam/test/harness"
 	"github.com/vmipam/vmipam/webhook"
 )
@@ -462,8 +463,7 @@ func TestPoolTiming(t *testing.T) {
 	clk := clocktesting.NewFakeClock(epoch)
 	v := startVMIPAM(t, clk)
 	ctx := t.Context()
-	short := &vmipamv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "short-ttl"}, Spec: vmipamv1.IPPoolSpec{
-		Ranges: []vmipamv1.IPRange{{CIDR: "10.65.0.0/28"}}, PendingTTL: &metav1.Duration{Duration: 30 * time.Second}}}
+	short := fixture.Pool("short-ttl", fixture.WithCIDRs("10.65.0.0/28"), fixture.WithPendingTTL(30*time.Second))
 	if err := k8sClient.Create(ctx, short); err == nil || !strings.Contains(err.Error(), "spec.pendingTTL") || !strings.Contains(err.Error(), "request timeout") {
 		t.Fatalf("pendingTTL 30s: %v; want refused naming the field and the reason", err)
 	}

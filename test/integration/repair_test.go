@@ -21,6 +21,7 @@ import (
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/ipam"
 	"github.com/vmipam/vmipam/pools"
+	"github.com/vmipam/vmipam/test/fixture"
 	"github.com/vmipam/vmipam/test/harness"
 )
 
@@ -249,7 +250,7 @@ func TestIPPoolValidation(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			p := &vmipamv1.IPPool{ObjectMeta: metav1.ObjectMeta{GenerateName: "bad-"}, Spec: vmipamv1.IPPoolSpec{Ranges: tc.ranges}}
+			p := fixture.Pool("", fixture.WithGenerateName("bad-"), fixture.WithRanges(tc.ranges...))
 			if tc.mutate != nil {
 				tc.mutate(p)
 			}
@@ -277,9 +278,7 @@ func TestPoolNotReady(t *testing.T) {
 		t.Fatal(err)
 	}
 	newOverlapping := func() *vmipamv1.IPPool {
-		return &vmipamv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "overlapping"}, Spec: vmipamv1.IPPoolSpec{
-			Ranges: []vmipamv1.IPRange{{CIDR: "10.81.0.0/24"}, {CIDR: "10.81.0.0/25"}},
-		}}
+		return fixture.Pool("overlapping", fixture.WithCIDRs("10.81.0.0/24", "10.81.0.0/25"))
 	}
 	for _, c := range l.Items {
 		if err := k8sClient.Delete(ctx, &c); err != nil {

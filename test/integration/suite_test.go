@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
+
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -36,6 +38,7 @@ import (
 	"github.com/vmipam/vmipam/kinds"
 	"github.com/vmipam/vmipam/kinds/manifests"
 	"github.com/vmipam/vmipam/pools"
+	"github.com/vmipam/vmipam/test/fixture"
 	"github.com/vmipam/vmipam/test/harness"
 	"github.com/vmipam/vmipam/webhook"
 )
@@ -145,13 +148,8 @@ func (v *vmipam) stop() {
 // newPool creates an IPPool and waits until vmipam serves it.
 func newPool(t *testing.T, v *vmipam, name string, ranges []vmipamv1.IPRange, mutate ...func(*vmipamv1.IPPool)) *vmipamv1.IPPool {
 	t.Helper()
-	pool := &vmipamv1.IPPool{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec: vmipamv1.IPPoolSpec{
-			Ranges: ranges, Cooldown: &metav1.Duration{Duration: time.Minute}, PendingTTL: &metav1.Duration{Duration: time.Minute},
-			Watermarks: &vmipamv1.Watermarks{Low: 4, Target: 16, High: 64},
-		},
-	}
+	pool := fixture.Pool(name, fixture.WithRanges(ranges...), fixture.WithCooldown(time.Minute), fixture.WithPendingTTL(time.Minute),
+		fixture.WithWatermarks(4, 16, 64))
 	for _, f := range mutate {
 		f(pool)
 	}
@@ -178,13 +176,18 @@ func vm(ns, name, pool string, addrs ...string) *vmipamv1.VirtualMachine {
 // createWithRetry creates obj, retrying while the webhook is unreachable
 // (vmipam restarting) or recovering.
 func createWithRetry(ctx context.Context, obj client.Object) error {
-	for {
-		err := k8sClient.Create(ctx, obj)
-		if err == nil || !retriable(err) || ctx.Err() != nil {
-			return err
+	var last error
+	err := wait.PollUntilContextCancel(ctx, 20*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		last = k8sClient.Create(ctx, obj)
+		if last == nil || !retriable(last) {
+			return true, last
 		}
-		time.Sleep(20 * time.Millisecond)
+		return false, nil
+	})
+	if err != nil && last == nil {
+		return err
 	}
+	return last
 }
 
 func retriable(err error) bool {

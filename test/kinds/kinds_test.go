@@ -41,6 +41,7 @@ import (
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	kinds1 "github.com/vmipam/vmipam/kinds"
+	"github.com/vmipam/vmipam/test/fixture"
 	"github.com/vmipam/vmipam/test/harness"
 )
 
@@ -302,10 +303,8 @@ func TestKinds(t *testing.T) {
 		}
 	})
 	c := cl.Client
-	pool := &vmipamv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "kinds"}, Spec: vmipamv1.IPPoolSpec{
-		Default: true, Cooldown: &metav1.Duration{Duration: time.Hour},
-		Ranges: []vmipamv1.IPRange{{CIDR: "10.71.0.0/24", Gateway: "10.71.0.1", Routes: []vmipamv1.Route{{Destination: "10.200.0.0/16"}}}},
-	}}
+	pool := fixture.Pool("kinds", fixture.WithDefault(), fixture.WithCooldown(time.Hour),
+		fixture.WithRanges(vmipamv1.IPRange{CIDR: "10.71.0.0/24", Gateway: "10.71.0.1", Routes: []vmipamv1.Route{{Destination: "10.200.0.0/16"}}}))
 	if err := c.Create(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
@@ -617,9 +616,7 @@ kinds:
 		}
 	})
 	c := cl.Client
-	if err := c.Create(ctx, &vmipamv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "late"}, Spec: vmipamv1.IPPoolSpec{
-		Default: true, Ranges: []vmipamv1.IPRange{{CIDR: "10.72.0.0/24"}},
-	}}); err != nil {
+	if err := c.Create(ctx, fixture.Pool("late", fixture.WithDefault(), fixture.WithCIDRs("10.72.0.0/24"))); err != nil {
 		t.Fatal(err)
 	}
 	own := kinds[0]

@@ -6,7 +6,6 @@ import (
 	"net/netip"
 	"slices"
 	"sort"
-	"sync"
 	"time"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -115,7 +114,7 @@ func (s *suite) blocks(ctx context.Context, pool string) (blockState, error) {
 		for h, bm := range b.Claims {
 			for off := range ipam.BlockSize {
 				if bm.Has(off) {
-					bs.claimedBy[addrAt(b.Prefix, off)] = h
+					bs.claimedBy[harness.AddrAt(b.Prefix, off)] = h
 					bs.claims[h]++
 				}
 			}
@@ -171,107 +170,14 @@ func (bs blockState) futureCooldowns(now time.Time) []string {
 	return out
 }
 
-// fillResult is what filling a pool found.
-type fillResult struct {
-	want, got int
-	took      time.Duration
-	// errs are refusals other than exhaustion; lastErr the last refusal.
-	errs    []string
-	lastErr error
-	// extraErr is the answer to one create more than want.
-	extraErr error
-}
-
-// fill creates want VMs, 16 at a time, each of which must get an address:
-// an exhausted refusal is retried three times 1.5s apart (the address may
-// be in another replica's free list, on its way over), other refusals
-// once a second for 5s. Then one more create must be refused as
-// exhausted.
-func (s *suite) fill(pool, prefix string, want int, led *ledger) fillResult {
-	r := fillResult{want: want}
-	began := time.Now()
-	var mu sync.Mutex
-	next, stop := 0, false
-	var wg sync.WaitGroup
-	for range 16 {
-		wg.Go(func() {
-			for {
-				mu.Lock()
-				if next >= want || stop {
-					mu.Unlock()
-					return
-				}
-				i := next
-				next++
-				mu.Unlock()
-				name := fmt.Sprintf("%s-%04d", prefix, i)
-				exhausted, other := 0, 0
-				for {
-					rec := &vmRecord{name: name, sent: time.Now()}
-					vm, err := s.create(s.ctx, name, pool)
-					if err == nil {
-						rec.resp = time.Now()
-						if led != nil {
-							led.created(rec, vm)
-						}
-						mu.Lock()
-						r.got++
-						mu.Unlock()
-						break
-					}
-					mu.Lock()
-					r.lastErr = err
-					if isExhausted(err) {
-						exhausted++
-					} else {
-						other++
-						r.errs = append(r.errs, err.Error())
-					}
-					if exhausted > 3 || other > 5 || s.ctx.Err() != nil {
-						stop = true
-						mu.Unlock()
-						return
-					}
-					mu.Unlock()
-					if isExhausted(err) {
-						sleep(s.ctx, 1500*time.Millisecond)
-					} else {
-						sleep(s.ctx, time.Second)
-					}
-				}
-			}
-		})
-	}
-	wg.Wait()
-	r.took = time.Since(began)
-	if _, err := s.create(s.ctx, prefix+"-one-too-many", pool); err != nil {
-		r.extraErr = err
-	} else {
-		r.extraErr = fmt.Errorf("%s-one-too-many was created in a full pool", prefix)
-	}
-	return r
-}
-
-// usableOf counts the addresses vmipam hands out in an IPv4 CIDR: all but
-// the network and broadcast addresses.
-func usableOf(p netip.Prefix) int {
-	return 1<<(32-p.Bits()) - 2
-}
-
-// addrAt returns the address at offset off of a prefix of either family.
-func addrAt(p netip.Prefix, off int) netip.Addr {
-	if p.Addr().Is4() {
-		b := p.Addr().As4()
-		v := (uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])) + uint32(off)
-		return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
-	}
-	b := p.Addr().As16()
-	carry := uint(off)
-	for i := 15; i >= 0 && carry > 0; i-- {
-		sum := uint(b[i]) + carry
-		b[i], carry = byte(sum), sum>>8
-	}
-	return netip.AddrFrom16(b)
+// fill creates want VMs in pool, named <prefix>-0000 on, each of which
+// must get an address, and then one more, which must be refused
+// (harness.Fill).
+func (s *suite) fill(pool, prefix string, want int, led *harness.Ledger) harness.FillResult {
+	return harness.Fill(s.ctx, harness.FillOptions{Want: want, Prefix: prefix, Ledger: led, Exhausted: isExhausted,
+		Create: func(ctx context.Context, name string) (*vmipamv1.VirtualMachine, error) {
+			return s.create(ctx, name, pool)
+		}})
 }
 
 // checkLabels fails the test unless, within 15s, every VM of pool carries

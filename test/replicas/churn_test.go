@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/vmipam/vmipam/api/scheme"
+	"github.com/vmipam/vmipam/test/harness"
 )
 
 // TestChurnOneSmallPool runs clients that create and delete VMs through
@@ -65,34 +66,34 @@ func TestChurnOneSmallPool(t *testing.T) {
 		if row.cidr6 != "" {
 			prefixes = append(prefixes, netip.MustParsePrefix(row.cidr6))
 		}
-		led := newLedger(row.cooldown, prefixes...)
-		tr := newTracker(wc, s.ns)
+		led := harness.NewLedger(row.cooldown, len(prefixes), harness.Prefixes(prefixes))
+		tr := harness.NewTracker(wc, s.ns)
 		tctx, stopTracker := context.WithCancel(s.ctx)
 		var trDone sync.WaitGroup
-		trDone.Go(func() { tr.run(tctx) })
+		trDone.Go(func() { tr.Run(tctx) })
 		st := &storm{s: s, pool: pool, prefix: pool, led: led, maxOwn: row.maxOwn, deleteP: 0.4, think: row.think, dual: row.cidr6 != ""}
 		began := time.Now()
 		stop := st.start(row.clients)
 		time.Sleep(d)
 		stop()
-		creates, deletes, _ := led.counts()
-		fails := led.failures("create")
+		creates, deletes, _ := led.Counts()
+		fails := led.Failures("create")
 		causes := map[string]int{}
 		first := map[string]string{}
 		var wrong []string
 		judged := 0
 		for _, f := range fails {
-			c := refusalCause(f.err)
+			c := refusalCause(f.Err)
 			if causes[c]++; causes[c] == 1 {
-				first[c] = fmt.Sprintf("%s at %+.3fs", f.err, f.at.Sub(began).Seconds())
+				first[c] = fmt.Sprintf("%s at %+.3fs", f.Err, f.At.Sub(began).Seconds())
 			}
-			if !isExhausted(f.err) {
+			if !isExhausted(f.Err) {
 				continue
 			}
 			judged++
-			if busy := led.maybeBusy(f.sent, f.at, tr.goneAt, time.Second); busy < usable {
+			if busy := maybeBusy(led, f.Sent, f.At, tr.ExactGoneAt, time.Second); busy < usable {
 				wrong = append(wrong, fmt.Sprintf("%s at %+.3fs: at most %d of %d usable addresses could have been held: %v",
-					f.name, f.at.Sub(began).Seconds(), busy, usable, f.err))
+					f.Name, f.At.Sub(began).Seconds(), busy, usable, f.Err))
 			}
 		}
 		// How long the refused admissions took: an exhausted refusal may
@@ -100,8 +101,8 @@ func TestChurnOneSmallPool(t *testing.T) {
 		// deadline.
 		var waits []time.Duration
 		for _, f := range fails {
-			if isExhausted(f.err) {
-				waits = append(waits, f.at.Sub(f.sent))
+			if isExhausted(f.Err) {
+				waits = append(waits, f.At.Sub(f.Sent))
 			}
 		}
 		var lines []string
@@ -110,9 +111,9 @@ func TestChurnOneSmallPool(t *testing.T) {
 		}
 		sort.Strings(lines)
 		t.Logf("row %s: %d clients keeping at most %d VMs on %s (%d usable), cooldown %s, for %s: %d creates, %d deletes, %d creates refused, %d deletes failed; exhausted refusals checked against the ledger: %d, wrong: %d; their answers took p50 %v, p99 %v, max %v\n| refused because | creates | first |\n|---|---|---|\n%s",
-			row.name, row.clients, row.maxOwn, row.cidr, usable, row.cooldown, d, creates, deletes, len(fails), len(led.failures("delete")), judged, len(wrong),
+			row.name, row.clients, row.maxOwn, row.cidr, usable, row.cooldown, d, creates, deletes, len(fails), len(led.Failures("delete")), judged, len(wrong),
 			quantile(waits, 50), quantile(waits, 99), quantile(waits, 100), strings.Join(lines, "\n"))
-		if p := led.problems(); len(p) > 0 {
+		if p := led.Problems(); len(p) > 0 {
 			t.Errorf("row %s: %d violations:\n%s", row.name, len(p), summarize(p, 10))
 		}
 		if !row.refusalsAllowed && len(fails) > 0 {
@@ -122,7 +123,7 @@ func TestChurnOneSmallPool(t *testing.T) {
 		if len(wrong) > 0 {
 			t.Errorf("row %s: %d refusals as exhausted while the pool had addresses left:\n%s", row.name, len(wrong), summarize(wrong, 10))
 		}
-		if fs := led.failures("delete"); len(fs) > 0 {
+		if fs := led.Failures("delete"); len(fs) > 0 {
 			t.Errorf("row %s: %d deletes failed:\n%s", row.name, len(fs), strings.Join(failureLines(fs, began, 10), "\n"))
 		}
 		// The row's VMs go before the next row starts.
@@ -138,30 +139,29 @@ func TestChurnOneSmallPool(t *testing.T) {
 // once the answer came (its reservation is cancelled), so only the
 // successful ones count, with those still in flight at the end counted by
 // the caller's choice of to.
-func (l *ledger) maybeBusy(from, to time.Time, goneAt func(name string) (time.Time, bool), slack time.Duration) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+func maybeBusy(l *harness.Ledger, from, to time.Time, goneAt func(name string) (time.Time, bool), slack time.Duration) int {
 	held := map[netip.Addr]bool{}
 	busy := 0
-	for _, rec := range l.byName {
-		if rec.sent.After(to) {
+	for _, rec := range l.Records() {
+		if rec.Sent.After(to) {
 			continue
 		}
-		if !rec.deleteIssued.IsZero() && rec.deleteIssued.Before(from) {
-			if at, ok := goneAt(rec.name); ok && at.Add(l.cooldown+slack).Before(from) {
+		if !rec.DeleteIssued.IsZero() && rec.DeleteIssued.Before(from) {
+			if at, ok := goneAt(rec.Name); ok && at.Add(l.Cooldown()+slack).Before(from) {
 				continue
 			}
 		}
-		if rec.addr.IsValid() && !held[rec.addr] {
-			held[rec.addr] = true
+		// One address per VM: the first family's.
+		if len(rec.Addrs) > 0 && !held[rec.Addrs[0]] {
+			held[rec.Addrs[0]] = true
 			busy++
 		}
 	}
 	// Creates answered with an error after from may have held a
 	// reservation meanwhile; they are not in byName. Count those failing
 	// for another reason than exhaustion generously as one each.
-	for _, f := range l.failed {
-		if f.op == "create" && !f.sent.After(to) && !f.at.Before(from) && !isExhausted(f.err) {
+	for _, f := range l.Failures("create") {
+		if !f.Sent.After(to) && !f.At.Before(from) && !isExhausted(f.Err) {
 			busy++
 		}
 	}

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/vmipam/vmipam/test/harness"
 )
 
 // TestCrashCost measures what a crash costs a single replica's pool: a /24
@@ -26,21 +28,21 @@ func TestCrashCost(t *testing.T) {
 		workers = 8
 	)
 	prefix, usable := s.createPool(poolSpec{name: pool, cidr: "10.20.30.0/24", cooldown: 30 * time.Second, pendingTTL: 2 * time.Minute})
-	led := newLedger(30*time.Second, prefix)
+	led := harness.NewLedger(30*time.Second, 1, harness.Prefixes{prefix})
 	var wg sync.WaitGroup
 	work := make(chan int)
 	for range workers {
 		wg.Go(func() {
 			for i := range work {
 				name := fmt.Sprintf("live-%03d", i)
-				rec := &vmRecord{name: name, sent: time.Now()}
+				rec := &harness.Record{Name: name, Sent: time.Now()}
 				vm, err := s.create(s.ctx, name, pool)
 				if err != nil {
-					led.fail("create", name, rec.sent, err)
+					led.Fail("create", name, rec.Sent, err)
 					continue
 				}
-				rec.resp = time.Now()
-				led.created(rec, vm)
+				rec.Resp = time.Now()
+				led.Created(rec, vm)
 			}
 		})
 	}
@@ -49,13 +51,13 @@ func TestCrashCost(t *testing.T) {
 	}
 	close(work)
 	wg.Wait()
-	if f := led.failures("create"); len(f) > 0 {
-		t.Fatalf("creating the %d live VMs: %d failed, e.g. %v", live, len(f), f[0].err)
+	if f := led.Failures("create"); len(f) > 0 {
+		t.Fatalf("creating the %d live VMs: %d failed, e.g. %v", live, len(f), f[0].Err)
 	}
 	s.waitBound(pool, live, 30*time.Second)
 	// Let the allocator write its steady state (its run loop flushes
 	// every second).
-	sleep(s.ctx, 2*time.Second)
+	harness.Sleep(s.ctx, 2*time.Second)
 	dead := s.rs.Live()[0]
 	before, _ := s.gauge(dead, pool, "claimed")
 	bs, err := s.blocks(s.ctx, pool)
@@ -95,15 +97,15 @@ func TestCrashCost(t *testing.T) {
 				mu.Unlock()
 				name := fmt.Sprintf("after-%03d", i)
 				for {
-					rec := &vmRecord{name: name, sent: time.Now()}
+					rec := &harness.Record{Name: name, Sent: time.Now()}
 					vm, err := s.create(s.ctx, name, pool)
 					mu.Lock()
 					switch {
 					case err == nil:
-						rec.resp = time.Now()
-						got = append(got, rec.resp)
+						rec.Resp = time.Now()
+						got = append(got, rec.Resp)
 						mu.Unlock()
-						led.created(rec, vm)
+						led.Created(rec, vm)
 					case isExhausted(err) || time.Since(restarted) > time.Minute:
 						if refusal == nil {
 							refusal = err
@@ -114,7 +116,7 @@ func TestCrashCost(t *testing.T) {
 					default:
 						others++
 						mu.Unlock()
-						sleep(s.ctx, 100*time.Millisecond)
+						harness.Sleep(s.ctx, 100*time.Millisecond)
 						continue
 					}
 					break
@@ -146,7 +148,7 @@ func TestCrashCost(t *testing.T) {
 		ready.Sub(restarted).Round(10*time.Millisecond), serving.Sub(restarted).Round(10*time.Millisecond),
 		within, inTime, pct(inTime, free), inTimeReady, pct(inTimeReady, free),
 		len(got), pct(len(got), free), int(after), others, refusal)
-	for _, p := range led.problems() {
+	for _, p := range led.Problems() {
 		t.Errorf("%s", p)
 	}
 	if float64(inTime) < want*float64(free) {

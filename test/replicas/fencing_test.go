@@ -63,10 +63,10 @@ func TestFencingPausedReplica(t *testing.T) {
 		t.Fatalf("a dry-run review sent to %s directly: %+v, %v", victim.Holder, ans, err)
 	}
 
-	led := newLedger(cooldown, prefix)
+	led := harness.NewLedger(cooldown, 1, harness.Prefixes{prefix})
 	st := &storm{s: s, pool: pool, prefix: "fence", led: led, maxOwn: 16, deleteP: 0.3, think: 20 * time.Millisecond}
 	stopStorm := st.start(8)
-	sleep(s.ctx, 2*time.Second)
+	harness.Sleep(s.ctx, 2*time.Second)
 
 	pid := victim.Pid()
 	s.mark("SIGSTOP %s (pid %d)", victim.Holder, pid)
@@ -87,8 +87,8 @@ func TestFencingPausedReplica(t *testing.T) {
 	if !seen.ok {
 		t.Fatalf("the Lease of the paused holder %s is still there %s after SIGSTOP: nobody took its claims over", victim.Holder, time.Since(paused).Round(time.Second))
 	}
-	sleep(s.ctx, time.Until(paused.Add(leaseDuration+clockSkew+3*time.Second)))
-	sleep(s.ctx, time.Until(gone.Add(time.Second)))
+	harness.Sleep(s.ctx, time.Until(paused.Add(leaseDuration+clockSkew+3*time.Second)))
+	harness.Sleep(s.ctx, time.Until(gone.Add(time.Second)))
 	bs, err := s.blocks(s.ctx, pool)
 	if err != nil {
 		t.Fatal(err)
@@ -127,9 +127,9 @@ func TestFencingPausedReplica(t *testing.T) {
 			noteReady(time.Since(contAt), "not ready")
 		}
 		if at < 3*time.Second {
-			sleep(s.ctx, 50*time.Millisecond)
+			harness.Sleep(s.ctx, 50*time.Millisecond)
 		} else {
-			sleep(s.ctx, 250*time.Millisecond)
+			harness.Sleep(s.ctx, 250*time.Millisecond)
 		}
 	}
 	noteReady(time.Since(contAt), "")
@@ -158,8 +158,8 @@ func TestFencingPausedReplica(t *testing.T) {
 			allowed++
 		}
 	}
-	creates, deletes, _ := led.counts()
-	failedCreates := led.failures("create")
+	creates, deletes, _ := led.Counts()
+	failedCreates := led.Failures("create")
 	t.Logf("TestFencingPausedReplica figures (pool %s, %d usable):\n"+
 		"  paused                         %s (SIGSTOP to SIGCONT)\n"+
 		"  its Lease gone after           %s from SIGSTOP (lease duration %s + slack %s): %s\n"+
@@ -201,20 +201,20 @@ func TestFencingPausedReplica(t *testing.T) {
 	for i := range 100 {
 		name := fmt.Sprintf("after-%03d", i)
 		err := harness.Poll(s.ctx, 200*time.Millisecond, 20*time.Second, func() error {
-			rec := &vmRecord{name: name, sent: time.Now()}
+			rec := &harness.Record{Name: name, Sent: time.Now()}
 			vm, err := s.create(s.ctx, name, pool)
 			if err != nil {
 				return err
 			}
-			rec.resp = time.Now()
-			led.created(rec, vm)
+			rec.Resp = time.Now()
+			led.Created(rec, vm)
 			return nil
 		})
 		if err != nil && !strings.Contains(err.Error(), "already exists") {
 			t.Errorf("create %s after the pause: %v", name, err)
 		}
 	}
-	for _, p := range led.problems() {
+	for _, p := range led.Problems() {
 		t.Errorf("%s", p)
 	}
 	live := s.checkLive("after the pause", pool, prefix)

@@ -78,10 +78,10 @@ func killDuringStorm(t *testing.T, cidr string, n int) {
 		}
 	}
 
-	led := newLedger(30*time.Second, prefix)
+	led := harness.NewLedger(30*time.Second, 1, harness.Prefixes{prefix})
 	st := &storm{s: s, pool: pool, prefix: "kill", led: led, think: 20 * time.Millisecond}
 	stopStorm := st.start(clients)
-	sleep(s.ctx, pad)
+	harness.Sleep(s.ctx, pad)
 
 	all := s.rs.Live()
 	victim := all[1]
@@ -91,22 +91,22 @@ func killDuringStorm(t *testing.T, cidr string, n int) {
 	seen := s.waitLeaseGone(victim.Holder, leaseDuration+clockSkew+takeoverMargin)
 	gone, ok := seen.gone, seen.ok
 	s.mark("lease of %s gone: %v", victim.Holder, ok)
-	sleep(s.ctx, pad)
+	harness.Sleep(s.ctx, pad)
 	stopStorm()
 	stormEnd := time.Now()
 
-	creates, _, _ := led.counts()
-	failed := led.failures("create")
+	creates, _, _ := led.Counts()
+	failed := led.Failures("create")
 	var first, last time.Duration
-	var before, late []failure
+	var before, late []harness.Failure
 	for i, f := range failed {
-		d := f.at.Sub(killed)
+		d := f.At.Sub(killed)
 		if i == 0 {
 			first = d
 		}
 		last = d
 		switch {
-		case f.at.Before(killed):
+		case f.At.Before(killed):
 			before = append(before, f)
 		case d > failWindow:
 			late = append(late, f)
@@ -138,7 +138,7 @@ func killDuringStorm(t *testing.T, cidr string, n int) {
 	if len(late) > 0 {
 		t.Errorf("FAILED CREATES LATER THAN %s AFTER THE KILL: %d:\n%s", failWindow, len(late), strings.Join(failureLines(late, killed, 10), "\n"))
 	}
-	for _, p := range led.problems() {
+	for _, p := range led.Problems() {
 		t.Errorf("%s", p)
 	}
 	s.checkRenewals("while the killed holder was taken over", all[0], all[2])

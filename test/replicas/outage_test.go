@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -72,7 +71,7 @@ func TestAPIServerOutage(t *testing.T) {
 	api := s.cl.Env.ControlPlane.GetAPIServer()
 	addr, ca := api.HostPort(), bytes.Clone(api.CA)
 	keep := filepath.Join(t.TempDir(), "apiserver-certs")
-	if err := copyDir(api.CertDir, keep); err != nil {
+	if err := harness.CopyDir(api.CertDir, keep); err != nil {
 		t.Fatalf("keep the API server's certificates: %v", err)
 	}
 	s.mark("stopping the API server")
@@ -84,7 +83,7 @@ func TestAPIServerOutage(t *testing.T) {
 	stopped := time.Now()
 	s.mark("API server stopped")
 	lastAnswer := av.lastOKBefore(stopped)
-	sleep(s.ctx, time.Until(lastAnswer.Add(outage)))
+	harness.Sleep(s.ctx, time.Until(lastAnswer.Add(outage)))
 
 	// Creates from now on, one every 100ms, each in its own goroutine: the
 	// first success says when vmipam serves again.
@@ -94,7 +93,7 @@ func TestAPIServerOutage(t *testing.T) {
 	probeCtx, stopProbes := context.WithCancel(s.ctx)
 	var probes sync.WaitGroup
 	probes.Go(func() {
-		for i := 0; sleep(probeCtx, 100*time.Millisecond); i++ {
+		for i := 0; harness.Sleep(probeCtx, 100*time.Millisecond); i++ {
 			probes.Go(func() {
 				_, err := s.create(s.ctx, fmt.Sprintf("probe-%04d", i), pool)
 				at := time.Now()
@@ -116,7 +115,7 @@ func TestAPIServerOutage(t *testing.T) {
 		if err = api.Start(); err == nil {
 			break
 		}
-		sleep(s.ctx, time.Second)
+		harness.Sleep(s.ctx, time.Second)
 	}
 	if err != nil {
 		stopProbes()
@@ -176,7 +175,7 @@ func TestAPIServerOutage(t *testing.T) {
 			failed++
 			t.Errorf("create after the outage: %v", err)
 		}
-		sleep(s.ctx, 100*time.Millisecond)
+		harness.Sleep(s.ctx, 100*time.Millisecond)
 	}
 
 	probeMu.Lock()
@@ -251,7 +250,7 @@ func newAvailability(s *suite) (*availability, error) {
 func (a *availability) run(ctx context.Context) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	for sleep(ctx, 50*time.Millisecond) {
+	for harness.Sleep(ctx, 50*time.Millisecond) {
 		wg.Go(func() {
 			req, err := http.NewRequestWithContext(ctx, http.MethodGet, a.url, nil)
 			if err != nil {
@@ -308,28 +307,4 @@ func (a *availability) firstOKAfter(t time.Time) time.Time {
 		}
 	}
 	return first
-}
-
-// copyDir copies the regular files of from into to.
-func copyDir(from, to string) error {
-	if err := os.MkdirAll(to, 0o700); err != nil {
-		return fmt.Errorf("create %s: %w", to, err)
-	}
-	entries, err := os.ReadDir(from)
-	if err != nil {
-		return fmt.Errorf("read %s: %w", from, err)
-	}
-	for _, e := range entries {
-		if !e.Type().IsRegular() {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join(from, e.Name()))
-		if err != nil {
-			return fmt.Errorf("read %s: %w", e.Name(), err)
-		}
-		if err := os.WriteFile(filepath.Join(to, e.Name()), b, 0o600); err != nil {
-			return fmt.Errorf("write %s: %w", e.Name(), err)
-		}
-	}
-	return nil
 }

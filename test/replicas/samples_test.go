@@ -68,7 +68,7 @@ func TestSamplesThreeReplicas(t *testing.T) {
 // replica, VM, pool, block or Lease behind.
 func (s *suite) samplesRound(poolSpec vmipamv1.IPPool, vms []vmipamv1.VirtualMachine, static map[string]netip.Addr, took *[]time.Duration) (err error) {
 	ctx := s.ctx
-	logs := &replicaLogs{bufs: map[int]*logBuffer{}}
+	logs := &replicaLogs{bufs: map[int]*harness.LogBuffer{}}
 	// No drain at the end (it changes nothing of the start, and would
 	// add its 10s to every round).
 	rs, err := s.cl.StartReplicas(ctx, 3, logs.writer, "--resync-interval=1m", "--shutdown-drain=0s")

@@ -31,7 +31,7 @@ func TestSpread(t *testing.T) {
 	prefix, usable := s.createPool(poolSpec{name: "spread", cidr: fmt.Sprintf("10.40.0.0/%d", 32-hostBits),
 		cooldown: 30 * time.Second, pendingTTL: time.Minute})
 
-	led := newLedger(30*time.Second, prefix)
+	led := harness.NewLedger(30*time.Second, 1, harness.Prefixes{prefix})
 	work := make(chan int)
 	var wg sync.WaitGroup
 	began := time.Now()
@@ -42,7 +42,7 @@ func TestSpread(t *testing.T) {
 				// A failed create is noted and tried again, twice: what
 				// this row checks is where the addresses go.
 				for try := 0; try < 3; try++ {
-					rec := &vmRecord{name: name, sent: time.Now()}
+					rec := &harness.Record{Name: name, Sent: time.Now()}
 					vm, err := s.create(s.ctx, name, "spread")
 					if apierrors.IsAlreadyExists(err) && try > 0 {
 						// An earlier try was stored, its answer lost.
@@ -50,11 +50,11 @@ func TestSpread(t *testing.T) {
 						err = s.c.Get(s.ctx, client.ObjectKey{Namespace: s.ns, Name: name}, vm)
 					}
 					if err != nil {
-						led.fail("create", name, rec.sent, err)
+						led.Fail("create", name, rec.Sent, err)
 						continue
 					}
-					rec.resp = time.Now()
-					led.created(rec, vm)
+					rec.Resp = time.Now()
+					led.Created(rec, vm)
 					break
 				}
 			}
@@ -66,8 +66,8 @@ func TestSpread(t *testing.T) {
 	close(work)
 	wg.Wait()
 	took := time.Since(began)
-	creates, _, _ := led.counts()
-	failed := led.failures("create")
+	creates, _, _ := led.Counts()
+	failed := led.Failures("create")
 	t.Logf("%d VMs created from %d clients in %s: %.0f/s; %d tries failed and were retried", creates, clients, took.Round(10*time.Millisecond),
 		float64(creates)/took.Seconds(), len(failed))
 	if len(failed) > 0 {
@@ -76,7 +76,7 @@ func TestSpread(t *testing.T) {
 	if creates < n {
 		t.Errorf("FAILED CREATES: only %d of %d VMs could be created in three tries each", creates, n)
 	}
-	for _, p := range led.problems() {
+	for _, p := range led.Problems() {
 		t.Errorf("%s", p)
 	}
 

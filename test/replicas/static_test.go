@@ -14,6 +14,8 @@ import (
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/ipam"
 	"github.com/vmipam/vmipam/pools"
+	"github.com/vmipam/vmipam/test/fixture"
+	"github.com/vmipam/vmipam/test/harness"
 )
 
 // TestStaticFromAnotherReplica asks, REPLICAS_STATICS times (40), for a
@@ -38,11 +40,11 @@ func TestStaticFromAnotherReplica(t *testing.T) {
 		{name: "dual-stack", prefixes: []netip.Prefix{netip.MustParsePrefix("10.71.0.0/24"), netip.MustParsePrefix("fd00:71::/120")}},
 	} {
 		pool := "static-" + strings.ToLower(strings.ReplaceAll(row.name, "-", ""))
-		spec := vmipamv1.IPPoolSpec{Cooldown: &metav1.Duration{Duration: time.Minute}, PendingTTL: &metav1.Duration{Duration: time.Minute}}
+		var cidrs []string
 		for _, p := range row.prefixes {
-			spec.Ranges = append(spec.Ranges, vmipamv1.IPRange{CIDR: p.String()})
+			cidrs = append(cidrs, p.String())
 		}
-		if err := s.c.Create(s.ctx, &vmipamv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: pool}, Spec: spec}); err != nil {
+		if err := s.c.Create(s.ctx, fixture.Pool(pool, fixture.WithCIDRs(cidrs...), fixture.WithCooldown(time.Minute), fixture.WithPendingTTL(time.Minute))); err != nil {
 			t.Fatalf("create IPPool %s: %v", pool, err)
 		}
 		s.pools = append(s.pools, pool)
@@ -132,7 +134,7 @@ func freeIn(bs blockState, prefix netip.Prefix, used map[netip.Addr]bool, i int)
 	for _, b := range bs.blocks {
 		for h, bm := range b.Claims {
 			for off := range ipam.BlockSize {
-				a := addrAt(b.Prefix, off)
+				a := harness.AddrAt(b.Prefix, off)
 				if !bm.Has(off) || used[a] || !prefix.Contains(a) {
 					continue
 				}

@@ -52,7 +52,6 @@
 package replicas
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -76,6 +75,7 @@ import (
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/pools"
+	"github.com/vmipam/vmipam/test/fixture"
 	"github.com/vmipam/vmipam/test/harness"
 )
 
@@ -145,7 +145,7 @@ func newSuite(t *testing.T) *suite {
 		t.Fatal("no control plane: TestMain did not start one")
 	}
 	ctx := t.Context()
-	s := &suite{t: t, ctx: ctx, cl: cluster, c: cluster.Client, logs: &replicaLogs{bufs: map[int]*logBuffer{}}, ns: namespaceFor(t.Name())}
+	s := &suite{t: t, ctx: ctx, cl: cluster, c: cluster.Client, logs: &replicaLogs{bufs: map[int]*harness.LogBuffer{}}, ns: namespaceFor(t.Name())}
 	if err := s.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: s.ns}}); err != nil {
 		t.Fatalf("create namespace %s: %v", s.ns, err)
 	}
@@ -230,20 +230,17 @@ type poolSpec struct {
 func (s *suite) createPool(p poolSpec) (netip.Prefix, int) {
 	s.t.Helper()
 	prefix := netip.MustParsePrefix(p.cidr)
-	pool := &vmipamv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: p.name}, Spec: vmipamv1.IPPoolSpec{
-		Ranges:     []vmipamv1.IPRange{{CIDR: p.cidr}},
-		Cooldown:   &metav1.Duration{Duration: p.cooldown},
-		PendingTTL: &metav1.Duration{Duration: p.pendingTTL},
-	}}
+	cidrs := []string{p.cidr}
 	if p.cidr6 != "" {
-		pool.Spec.Ranges = append(pool.Spec.Ranges, vmipamv1.IPRange{CIDR: p.cidr6})
+		cidrs = append(cidrs, p.cidr6)
 	}
+	pool := fixture.Pool(p.name, fixture.WithCIDRs(cidrs...), fixture.WithCooldown(p.cooldown), fixture.WithPendingTTL(p.pendingTTL))
 	if err := s.c.Create(s.ctx, pool); err != nil {
 		s.t.Fatalf("create IPPool %s (through the validating webhook, behind the proxy): %v", p.name, err)
 	}
 	s.pools = append(s.pools, p.name)
 	s.waitServing(p.name, 60*time.Second)
-	return prefix, usableOf(prefix)
+	return prefix, harness.UsableOf(prefix)
 }
 
 // retirePools deletes the test's IPPools while the replicas still serve
@@ -371,7 +368,7 @@ func (s *suite) waitLeaseGone(holder string, timeout time.Duration) takeoverSeen
 		case l.Spec.HolderIdentity != nil && strings.HasPrefix(*l.Spec.HolderIdentity, "takeover:") && seen.marked.IsZero() && l.Spec.RenewTime != nil:
 			seen.marked, seen.taker = l.Spec.RenewTime.Time, strings.TrimPrefix(*l.Spec.HolderIdentity, "takeover:")
 		}
-		sleep(s.ctx, 100*time.Millisecond)
+		harness.Sleep(s.ctx, 100*time.Millisecond)
 	}
 	return seen
 }
@@ -484,21 +481,6 @@ func envDuration(t *testing.T, name string, def time.Duration) time.Duration {
 	return d
 }
 
-// sleep waits d or until ctx ends; false when ctx ended.
-func sleep(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	tm := time.NewTimer(d)
-	defer tm.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-tm.C:
-		return true
-	}
-}
-
 // exited reports whether a replica's process has exited.
 func exited(rep *harness.Replica) bool {
 	select {
@@ -536,47 +518,25 @@ func (s *suite) checkAlive(when string, reps ...*harness.Replica) {
 	for _, rep := range reps {
 		if exited(rep) {
 			s.t.Errorf("REPLICA EXITED %s: %s (replica %d) is gone; its last lines:\n%s", when, rep.Holder, rep.Index,
-				strings.Join(tail(s.logs.get(rep.Index).String(), 12), "\n"))
+				strings.Join(harness.Tail(s.logs.get(rep.Index).String(), 12), "\n"))
 		}
 	}
-}
-
-// logBuffer keeps one replica's output; the process writes from exec's
-// copying goroutine while the test reads.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-// maxLogBytes bounds one replica's kept log.
-const maxLogBytes = 64 << 20
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.b.Len()+len(p) <= maxLogBytes {
-		l.b.Write(p)
-	}
-	return len(p), nil
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // replicaLogs holds every replica's log, by replica index.
 type replicaLogs struct {
 	mu   sync.Mutex
-	bufs map[int]*logBuffer
+	bufs map[int]*harness.LogBuffer
 }
 
-func (r *replicaLogs) get(i int) *logBuffer {
+// maxLogBytes bounds one replica's kept log.
+const maxLogBytes = 64 << 20
+
+func (r *replicaLogs) get(i int) *harness.LogBuffer {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.bufs[i] == nil {
-		r.bufs[i] = &logBuffer{}
+		r.bufs[i] = &harness.LogBuffer{Max: maxLogBytes}
 	}
 	return r.bufs[i]
 }
@@ -586,13 +546,13 @@ func (r *replicaLogs) writer(i int) io.Writer { return r.get(i) }
 func (r *replicaLogs) mark(format string, args ...any) {
 	line := fmt.Sprintf("=== replicas test %s: "+format+"\n", append([]any{time.Now().Format(stamp)}, args...)...)
 	r.mu.Lock()
-	bufs := make([]*logBuffer, 0, len(r.bufs))
+	bufs := make([]*harness.LogBuffer, 0, len(r.bufs))
 	for _, b := range r.bufs {
 		bufs = append(bufs, b)
 	}
 	r.mu.Unlock()
 	for _, b := range bufs {
-		_, _ = b.Write([]byte(line))
+		b.Mark(line)
 	}
 }
 
@@ -656,7 +616,7 @@ func (r *replicaLogs) dump(t *testing.T) {
 	for _, i := range r.indexes() {
 		text := r.get(i).String()
 		t.Logf("replica %d: error lines, takeovers and resyncs:\n%s", i, strings.Join(harness.Grep(text, 40, `"level":"error"`, "panic", "=== replicas", `"msg":"Resynced pool"`, `"msg":"Took over a holder's claims"`), "\n"))
-		t.Logf("replica %d: log tail:\n%s", i, strings.Join(tail(text, 40), "\n"))
+		t.Logf("replica %d: log tail:\n%s", i, strings.Join(harness.Tail(text, 40), "\n"))
 	}
 }
 
@@ -669,13 +629,4 @@ func head(text string, n int) []string {
 	return lines
 }
 
-// tail returns the last n lines of text.
-func tail(text string, n int) []string {
-	lines := strings.Split(strings.TrimRight(text, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return lines
-}
-
-const stamp = "15:04:05.000"
+const stamp = harness.Stamp

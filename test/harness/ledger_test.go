@@ -1,4 +1,4 @@
-package replicas
+package harness_test
 
 import (
 	"net/netip"
@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/test/harness"
 )
 
 // TestLedger checks the ledger's rules without a control plane: a second
@@ -35,32 +36,32 @@ func TestLedger(t *testing.T) {
 		want, wantLate        string
 	}{
 		{name: "never deleted", second: time.Second, want: "DUPLICATE"},
-		{name: "inside the cooldown", deleted: time.Second, gone: 2 * time.Second, second: 5 * time.Second, want: "EARLY REUSE", wantLate: "REUSE INSIDE"},
-		{name: "late rule only", deleted: time.Second, gone: 8 * time.Second, second: 12 * time.Second, wantLate: "REUSE INSIDE"},
+		{name: "inside the cooldown", deleted: time.Second, gone: 2 * time.Second, second: 5 * time.Second, want: "EARLY REUSE", wantLate: "seen gone"},
+		{name: "late rule only", deleted: time.Second, gone: 8 * time.Second, second: 12 * time.Second, wantLate: "seen gone"},
 		{name: "after the cooldown", deleted: time.Second, gone: 2 * time.Second, second: 13 * time.Second},
 		{name: "outside the pool", second: time.Second, want: "BAD ADDRESS"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			l := newLedger(cooldown, netip.MustParsePrefix("10.0.0.0/24"))
-			first := &vmRecord{name: "first", sent: t0, resp: t0}
-			l.created(first, vm("first", "10.0.0.5", t0))
+			l := harness.NewLedger(cooldown, 1, harness.Prefixes{netip.MustParsePrefix("10.0.0.0/24")})
+			first := &harness.Record{Name: "first", Sent: t0, Resp: t0}
+			l.Created(first, vm("first", "10.0.0.5", t0))
 			if tc.deleted > 0 {
-				first.deleteIssued = t0.Add(tc.deleted)
+				first.DeleteIssued = t0.Add(tc.deleted)
 			}
 			addr := "10.0.0.5"
 			if tc.want == "BAD ADDRESS" {
 				addr = "10.1.0.5"
 			}
 			at := t0.Add(tc.second)
-			l.created(&vmRecord{name: "second", sent: at, resp: at}, vm("second", addr, at))
-			got := strings.Join(l.problems(), "\n")
+			l.Created(&harness.Record{Name: "second", Sent: at, Resp: at}, vm("second", addr, at))
+			got := strings.Join(l.Problems(), "\n")
 			if tc.want == "" && got != "" || !strings.Contains(got, tc.want) {
 				t.Errorf("problems %q, want %q", got, tc.want)
 			}
 			goneAt := func(name string) (time.Time, bool) {
 				return t0.Add(tc.gone), name == "first" && tc.gone > 0
 			}
-			late, _, _ := l.lateReuse(goneAt)
+			late, _, _ := l.LateReuse(goneAt)
 			if gotLate := strings.Join(late, "\n"); tc.wantLate == "" && gotLate != "" || !strings.Contains(gotLate, tc.wantLate) {
 				t.Errorf("late-rule violations %q, want %q", gotLate, tc.wantLate)
 			}
@@ -84,14 +85,14 @@ func TestLedgerDualStack(t *testing.T) {
 		{name: "two of one family", addrs: []string{"10.0.0.6", "10.0.0.7"}, want: "BAD ADDRESS"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			l := newLedger(time.Second, netip.MustParsePrefix("10.0.0.0/24"), netip.MustParsePrefix("fd00::/120"))
-			first := &vmRecord{name: "first", sent: t0, resp: t0}
-			l.created(first, &vmipamv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Name: "first"},
+			l := harness.NewLedger(time.Second, 2, harness.Prefixes{netip.MustParsePrefix("10.0.0.0/24"), netip.MustParsePrefix("fd00::/120")})
+			first := &harness.Record{Name: "first", Sent: t0, Resp: t0}
+			l.Created(first, &vmipamv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Name: "first"},
 				Spec: vmipamv1.VirtualMachineSpec{Addresses: []string{"10.0.0.5", "fd00::5"}}})
 			at := t0.Add(time.Second)
-			l.created(&vmRecord{name: "second", sent: at, resp: at}, &vmipamv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Name: "second"},
+			l.Created(&harness.Record{Name: "second", Sent: at, Resp: at}, &vmipamv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Name: "second"},
 				Spec: vmipamv1.VirtualMachineSpec{Addresses: tc.addrs}})
-			got := strings.Join(l.problems(), "\n")
+			got := strings.Join(l.Problems(), "\n")
 			if tc.want == "" && got != "" || !strings.Contains(got, tc.want) {
 				t.Errorf("problems %q, want %q", got, tc.want)
 			}
