@@ -19,6 +19,7 @@ import (
 	"github.com/vmipam/vmipam/ipam"
 	"github.com/vmipam/vmipam/kinds"
 	"github.com/vmipam/vmipam/pools/poolstest"
+	"github.com/vmipam/vmipam/test/fixture"
 )
 
 // TestBindOnCreate: the create of an object this replica stamped binds its
@@ -27,10 +28,7 @@ import (
 // left undone.
 func TestBindOnCreate(t *testing.T) {
 	ctx := t.Context()
-	pool := &vmipamv1.IPPool{
-		ObjectMeta: metav1.ObjectMeta{Name: "p", UID: "uid-pool", Generation: 1},
-		Spec:       vmipamv1.IPPoolSpec{Ranges: []vmipamv1.IPRange{{CIDR: "10.98.0.0/28"}}},
-	}
+	pool := fixture.Pool("p", fixture.Stored("uid-pool"), fixture.WithCIDRs("10.98.0.0/28"))
 	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(pool.DeepCopy()).Build()
 	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	reg := poolstest.Start(t, c, clk, "vmipam", pool)

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -18,6 +17,7 @@ import (
 	"github.com/vmipam/vmipam/ipam"
 	"github.com/vmipam/vmipam/kinds"
 	"github.com/vmipam/vmipam/pools/poolstest"
+	"github.com/vmipam/vmipam/test/fixture"
 )
 
 // TestReleaseRetry: the cooldown must end a whole cooldown after the VM
@@ -41,11 +41,8 @@ func TestReleaseRetry(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			ctx := t.Context()
 			clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-			pool := &vmipamv1.IPPool{
-				ObjectMeta: metav1.ObjectMeta{Name: "retry", UID: "uid-pool", Generation: 1},
-				Spec: vmipamv1.IPPoolSpec{Ranges: []vmipamv1.IPRange{{CIDR: "10.97.0.0/28"}},
-					Cooldown: &metav1.Duration{Duration: cooldown}, PendingTTL: &metav1.Duration{Duration: time.Minute}},
-			}
+			pool := fixture.Pool("retry", fixture.Stored("uid-pool"), fixture.WithCIDRs("10.97.0.0/28"),
+				fixture.WithCooldown(cooldown), fixture.WithPendingTTL(time.Minute))
 			var failNext atomic.Bool
 			rig := poolstest.NewRig(t, clk, interceptor.Funcs{
 				Patch: func(ctx context.Context, cl client.WithWatch, obj client.Object, p client.Patch, opts ...client.PatchOption) error {

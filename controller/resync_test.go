@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	clocktesting "k8s.io/utils/clock/testing"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -22,6 +21,7 @@ import (
 	"github.com/vmipam/vmipam/ipam"
 	"github.com/vmipam/vmipam/kinds"
 	"github.com/vmipam/vmipam/pools/poolstest"
+	"github.com/vmipam/vmipam/test/fixture"
 )
 
 // TestResyncKeepsAddressBoundDuringItsList: the periodic resync lists the
@@ -35,12 +35,8 @@ func TestResyncKeepsAddressBoundDuringItsList(t *testing.T) {
 	ctx := t.Context()
 	epoch := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	clk := clocktesting.NewFakeClock(epoch)
-	pool := &vmipamv1.IPPool{
-		ObjectMeta: metav1.ObjectMeta{Name: "race", UID: "uid-race", Generation: 1},
-		Spec: vmipamv1.IPPoolSpec{Ranges: []vmipamv1.IPRange{{CIDR: "10.97.0.0/29"}},
-			Cooldown: &metav1.Duration{Duration: cooldown}, PendingTTL: &metav1.Duration{Duration: time.Minute},
-			Watermarks: &vmipamv1.Watermarks{Low: 0, Target: 1, High: 1}},
-	}
+	pool := fixture.Pool("race", fixture.Stored("uid-race"), fixture.WithCIDRs("10.97.0.0/29"),
+		fixture.WithCooldown(cooldown), fixture.WithPendingTTL(time.Minute), fixture.WithWatermarks(0, 1, 1))
 	// The resync's List of VMs stops once it has its snapshot, until the
 	// test lets it go on.
 	var armed atomic.Bool

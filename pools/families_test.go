@@ -17,6 +17,7 @@ import (
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/ipam"
 	"github.com/vmipam/vmipam/pools/poolstest"
+	"github.com/vmipam/vmipam/test/fixture"
 )
 
 // TestPoolOfBothFamilies: a pool with ranges of both families hands out
@@ -29,13 +30,8 @@ import (
 func TestPoolOfBothFamilies(t *testing.T) {
 	ctx := t.Context()
 	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	pool := &vmipamv1.IPPool{
-		ObjectMeta: metav1.ObjectMeta{Name: "dual", UID: "uid-dual", Generation: 1},
-		Spec: vmipamv1.IPPoolSpec{
-			Ranges:   []vmipamv1.IPRange{{CIDR: "fd00::/126"}, {CIDR: "10.0.0.0/29"}},
-			Cooldown: &metav1.Duration{Duration: time.Hour}, PendingTTL: &metav1.Duration{Duration: time.Minute},
-		},
-	}
+	pool := fixture.Pool("dual", fixture.Stored("uid-dual"), fixture.WithCIDRs("fd00::/126", "10.0.0.0/29"),
+		fixture.WithCooldown(time.Hour), fixture.WithPendingTTL(time.Minute))
 	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(pool.DeepCopy()).Build()
 	reg := poolstest.Start(t, c, clk, "vmipam", pool)
 	p := reg.Get("dual")

@@ -10,7 +10,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
@@ -20,6 +19,7 @@ import (
 	"github.com/vmipam/vmipam/kinds"
 	"github.com/vmipam/vmipam/pools"
 	"github.com/vmipam/vmipam/pools/poolstest"
+	"github.com/vmipam/vmipam/test/fixture"
 )
 
 // TestPoolTroubleStaysInPool: a pool that is not recovered yet, whose
@@ -31,10 +31,7 @@ func TestPoolTroubleStaysInPool(t *testing.T) {
 	ctx := t.Context()
 	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	pool := func(name, uid, cidr string, selector map[string]string) *vmipamv1.IPPool {
-		p := &vmipamv1.IPPool{
-			ObjectMeta: metav1.ObjectMeta{Name: name, UID: types.UID(uid), Generation: 1},
-			Spec:       vmipamv1.IPPoolSpec{Ranges: []vmipamv1.IPRange{{CIDR: cidr}}},
-		}
+		p := fixture.Pool(name, fixture.Stored(uid), fixture.WithCIDRs(cidr))
 		if selector == nil {
 			p.Spec.Default = true
 		} else {
@@ -132,10 +129,7 @@ func TestPoolTroubleStaysInPool(t *testing.T) {
 func TestLostAllocatorRebuilt(t *testing.T) {
 	ctx := t.Context()
 	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	pool := &vmipamv1.IPPool{
-		ObjectMeta: metav1.ObjectMeta{Name: "p", UID: "uid-p", Generation: 1},
-		Spec:       vmipamv1.IPPoolSpec{Ranges: []vmipamv1.IPRange{{CIDR: "10.0.0.0/28"}}, Default: true},
-	}
+	pool := fixture.Pool("p", fixture.Stored("uid-p"), fixture.WithCIDRs("10.0.0.0/28"), fixture.WithDefault())
 	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(pool.DeepCopy()).Build()
 	reg := poolstest.Start(t, c, clk, "vmipam", pool)
 	p := reg.Get("p")

@@ -16,6 +16,7 @@ import (
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/ipam"
 	"github.com/vmipam/vmipam/kinds"
+	"github.com/vmipam/vmipam/test/fixture"
 )
 
 // TestLapsedReservationOfAMislabelledVM: a VM stored with its
@@ -35,12 +36,8 @@ func TestLapsedReservationOfAMislabelledVM(t *testing.T) {
 	if err := vmipamv1.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
 	}
-	pool := &vmipamv1.IPPool{
-		ObjectMeta: metav1.ObjectMeta{Name: "lapse", UID: "uid-lapse", Generation: 1},
-		Spec: vmipamv1.IPPoolSpec{Ranges: []vmipamv1.IPRange{{CIDR: "10.98.0.0/29"}},
-			Cooldown: &metav1.Duration{Duration: cooldown}, PendingTTL: &metav1.Duration{Duration: ttl},
-			Watermarks: &vmipamv1.Watermarks{Low: 0, Target: 1, High: 1}},
-	}
+	pool := fixture.Pool("lapse", fixture.Stored("uid-lapse"), fixture.WithCIDRs("10.98.0.0/29"),
+		fixture.WithCooldown(cooldown), fixture.WithPendingTTL(ttl), fixture.WithWatermarks(0, 1, 1))
 	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(pool.DeepCopy()).Build()
 	reg := NewRegistry(Options{Client: c, APIReader: c, Kinds: kinds.Default(), Holder: "vmipam-a", Clock: clk,
 		RunInterval: time.Hour, ResyncInterval: time.Hour, StatusInterval: time.Hour, ProveInterval: time.Hour})

@@ -21,6 +21,7 @@ import (
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/kinds"
 	"github.com/vmipam/vmipam/pools"
+	"github.com/vmipam/vmipam/test/fixture"
 )
 
 // newTestRegistry returns a registry with one recovered default pool over
@@ -32,10 +33,7 @@ func newTestRegistry(tb testing.TB, cidr string, mutate ...func(*vmipamv1.IPPool
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
 		tb.Fatal(err)
 	}
-	pool := &vmipamv1.IPPool{
-		ObjectMeta: metav1.ObjectMeta{Name: "fuzz", UID: "uid-fuzz", Generation: 1},
-		Spec:       vmipamv1.IPPoolSpec{Default: true, Ranges: []vmipamv1.IPRange{{CIDR: cidr}}},
-	}
+	pool := fixture.Pool("fuzz", fixture.Stored("uid-fuzz"), fixture.WithDefault(), fixture.WithCIDRs(cidr))
 	for _, f := range mutate {
 		f(pool)
 	}
