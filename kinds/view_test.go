@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/test/fixture"
 )
 
 // byAnnotation is a kind that keeps its address in an annotation.
@@ -100,23 +101,7 @@ func apply(t *testing.T, obj []byte, ops []jsonpatch.Operation, errs ...error) m
 	if len(errs) > 0 && errs[0] != nil {
 		t.Fatal(errs[0])
 	}
-	raw, err := json.Marshal(ops)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := jsonpatchapply.DecodePatch(raw)
-	if err != nil {
-		t.Fatalf("decode patch %s: %v", raw, err)
-	}
-	out, err := p.Apply(obj)
-	if err != nil {
-		t.Fatalf("apply %s to %s: %v", raw, obj, err)
-	}
-	var m map[string]any
-	if err := json.Unmarshal(out, &m); err != nil {
-		t.Fatal(err)
-	}
-	return m
+	return fixture.Patched(t, obj, ops)
 }
 
 func TestReadAndStamp(t *testing.T) {

@@ -11,7 +11,6 @@ import (
 	"strings"
 	"testing"
 
-	jsonpatchapply "github.com/evanphx/json-patch/v5"
 	admissionv1 "k8s.io/api/admission/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -23,6 +22,7 @@ import (
 	"github.com/vmipam/vmipam/ipam"
 	"github.com/vmipam/vmipam/kinds"
 	"github.com/vmipam/vmipam/pools"
+	"github.com/vmipam/vmipam/test/fixture"
 )
 
 // vmJSON is a VirtualMachine as the API server sends it, with extra
@@ -65,23 +65,7 @@ func vmRequest(op admissionv1.Operation, obj []byte, edit ...func(*admission.Req
 // applied returns obj with the response's patch applied, decoded.
 func applied(t *testing.T, obj []byte, resp admission.Response) map[string]any {
 	t.Helper()
-	raw, err := json.Marshal(resp.Patches)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := jsonpatchapply.DecodePatch(raw)
-	if err != nil {
-		t.Fatalf("decode patch %s: %v", raw, err)
-	}
-	out, err := p.Apply(obj)
-	if err != nil {
-		t.Fatalf("apply patch %s to %s: %v", raw, obj, err)
-	}
-	var m map[string]any
-	if err := json.Unmarshal(out, &m); err != nil {
-		t.Fatal(err)
-	}
-	return m
+	return fixture.Patched(t, obj, resp.Patches)
 }
 
 func annotations(obj map[string]any) map[string]any {
