@@ -24,7 +24,8 @@ ENVTEST_ASSETS = $$(hack/envtest-assets.sh)
 # Fuzz targets whose seed corpus runs in `make test`; `make fuzz` explores.
 FUZZTIME ?= 30s
 FUZZ_TARGETS := ipam:FuzzParseRanges ipam:FuzzDecodeBlock ipam:FuzzOperations webhook:FuzzAdmission \
-	lib/jsonscan:FuzzExtract lib/jsonscan:FuzzKeyEquals kinds:FuzzStampPatch webhook:FuzzEncodeReview
+	lib/jsonscan:FuzzExtract lib/jsonscan:FuzzKeyEquals kinds:FuzzStampPatch webhook/transport:FuzzEncodeReview \
+	webhook/transport:FuzzDecodeReview
 
 .PHONY: help
 help: ## List the targets.
@@ -110,7 +111,7 @@ E2E_BENCH_FLAGS ?=
 bench: ## Allocator, admission and validation benchmarks, then the end-to-end load generator (results/e2e-bench.md, .png).
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./ipam/
 	$(GO) test -run '^$$' -bench 'AdmissionHeap|ValidateIPPoolAtLimits' -benchmem -benchtime 20x ./webhook/
-	$(GO) test -run '^$$' -bench 'DecodeReview|EncodeReview' -benchmem ./webhook/
+	$(GO) test -run '^$$' -bench 'DecodeReview|EncodeReview' -benchmem ./webhook/transport/
 	$(GO) test -run '^$$' -bench . -benchmem ./lib/jsonscan/
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" $(GO) run ./hack/e2ebench $(E2E_BENCH_FLAGS)
 

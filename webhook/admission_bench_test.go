@@ -13,6 +13,7 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 
 	"github.com/vmipam/vmipam/kinds"
+	"github.com/vmipam/vmipam/webhook/transport"
 )
 
 // admissionBody is an AdmissionReview of a VirtualMachine CREATE whose
@@ -39,7 +40,7 @@ func admissionBody(tb testing.TB, conditions int) []byte {
 }
 
 // BenchmarkAdmissionHeap measures what one mutating admission allocates,
-// through the admission server as the API server calls it, for a small
+// through transport.Reviews as the API server calls it, for a small
 // VirtualMachine and for a 3 MiB one whose status holds a quarter of a
 // million conditions. beyond-body-B/op is what it allocates beyond the
 // body's own bytes: it must not grow with the object.
@@ -51,7 +52,7 @@ func BenchmarkAdmissionHeap(b *testing.B) {
 		b.Run(tc.name, func(b *testing.B) {
 			body := admissionBody(b, tc.conditions)
 			reg, _, _ := newTestRegistry(b, "10.0.0.0/8")
-			h := NewServer(Limits{}).Handler(&Assigner{Registry: reg, Kind: kinds.VirtualMachine})
+			h := transport.NewReviews(transport.Limits{}).Handler(&Assigner{Registry: reg, Kind: kinds.VirtualMachine})
 			serve := func() {
 				req := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(body))
 				req.Header.Set("Content-Type", "application/json")

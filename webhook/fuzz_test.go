@@ -22,6 +22,7 @@ import (
 	"github.com/vmipam/vmipam/kinds"
 	"github.com/vmipam/vmipam/pools"
 	"github.com/vmipam/vmipam/test/fixture"
+	"github.com/vmipam/vmipam/webhook/transport"
 )
 
 // newTestRegistry returns a registry with one recovered default pool over
@@ -49,11 +50,11 @@ func newTestRegistry(tb testing.TB, cidr string, mutate ...func(*vmipamv1.IPPool
 }
 
 // fuzzServers builds vmipam's three admission webhooks over one recovered
-// pool, behind one admission server.
+// pool, behind one transport.Reviews.
 func fuzzServers(f *testing.F) map[string]http.Handler {
 	f.Helper()
 	reg, scheme, c := newTestRegistry(f, "10.0.0.0/24")
-	srv := NewServer(Limits{})
+	srv := transport.NewReviews(transport.Limits{})
 	wrap := func(h admission.Handler) http.Handler { return srv.Handler(h) }
 	return map[string]http.Handler{
 		"mutate":   wrap(&Assigner{Registry: reg, Kind: kinds.VirtualMachine}),
@@ -147,8 +148,8 @@ func FuzzAdmission(f *testing.F) {
 			// A body that is not a well-formed review (invalid JSON that
 			// still carries a UID) may be answered with the UID the decoder
 			// read: it does not validate the body as a whole (see
-			// decodeReview), and every field a handler uses is decoded
-			// strictly.
+			// transport's decodeReview), and every field a handler uses is
+			// decoded strictly.
 			if uidIn != "" && string(out.Response.UID) != uidIn {
 				t.Fatalf("%s: response UID %q for request UID %q", name, out.Response.UID, uidIn)
 			}

@@ -36,7 +36,7 @@ import (
 	"github.com/vmipam/vmipam/lib/lazylog"
 	"github.com/vmipam/vmipam/metrics"
 	"github.com/vmipam/vmipam/pools"
-	"github.com/vmipam/vmipam/webhook"
+	"github.com/vmipam/vmipam/webhook/transport"
 )
 
 var setupLog = ctrl.Log.WithName("setup")
@@ -58,7 +58,7 @@ type options struct {
 	resync, drain, connWait       time.Duration
 	clientCA, clientCN            string
 	kindsConfig                   string
-	limits                        webhook.Limits
+	limits                        transport.Limits
 	// clientCNSet records that --webhook-client-cn was given, which
 	// means nothing without --webhook-client-ca.
 	clientCNSet bool
@@ -100,9 +100,9 @@ func main() {
 	flag.StringVar(&o.metricsService, "metrics-service", "vmipam-metrics", "With --cert-mode=self and --metrics-secure: the Service in front of the metrics endpoint. Its DNS names go into the serving certificate, which the metrics endpoint serves too, so that Prometheus can verify it.")
 	flag.StringVar(&o.clientCA, "webhook-client-ca", "", "A PEM file of CA certificates. When set, the webhook server serves only callers presenting a client certificate that chains to one of them and carries the common name --webhook-client-cn (the API server, configured with an AdmissionConfiguration); anyone else is refused at the TLS handshake. The file is re-read every 10s, so the CA can be rotated without a restart.")
 	flag.StringVar(&o.clientCN, "webhook-client-cn", "kube-apiserver", "With --webhook-client-ca: the common name the caller's client certificate must carry.")
-	flag.Int64Var(&o.limits.MaxBodyBytes, "webhook-max-body-bytes", webhook.DefaultMaxBodyBytes, "A larger admission request body is refused (413) before it is read.")
-	flag.Int64Var(&o.limits.MaxInflightBytes, "webhook-max-inflight-bytes", webhook.DefaultMaxInflightBytes, "The request bodies all admissions in flight may hold together; more wait for room until their deadline, then get 429.")
-	flag.Int64Var(&o.limits.MaxConcurrent, "webhook-max-concurrent", webhook.DefaultMaxConcurrent, "Admissions handled at once; more wait, as above.")
+	flag.Int64Var(&o.limits.MaxBodyBytes, "webhook-max-body-bytes", transport.DefaultMaxBodyBytes, "A larger admission request body is refused (413) before it is read.")
+	flag.Int64Var(&o.limits.MaxInflightBytes, "webhook-max-inflight-bytes", transport.DefaultMaxInflightBytes, "The request bodies all admissions in flight may hold together; more wait for room until their deadline, then get 429.")
+	flag.Int64Var(&o.limits.MaxConcurrent, "webhook-max-concurrent", transport.DefaultMaxConcurrent, "Admissions handled at once; more wait, as above.")
 	flag.DurationVar(&o.limits.ReadTimeout, "webhook-read-timeout", 10*time.Second, "How long reading an admission request body may take, so a slow sender cannot hold a connection and its memory.")
 	flag.StringVar(&o.extraSANs, "webhook-extra-sans", "", "Comma-separated extra DNS names or IPs for the serving certificate (127.0.0.1 for a local run).")
 	flag.StringVar(&o.mutatingConfig, "mutating-webhook-configuration", "vmipam-mutating", "With --cert-mode=self: the MutatingWebhookConfiguration whose CA bundle vmipam keeps.")
@@ -333,19 +333,19 @@ func (s *servingCert) watchFiles(dir string) error {
 	return nil
 }
 
-// newWebhookServer returns the webhook server (the HTTP server, and what
+// newWebhookServer returns the webhook server (the Listener, and what
 // the manager runs) and, with --webhook-client-ca, the verifier of its
 // callers' certificates, to add to the manager.
-func newWebhookServer(o options, tlsOpts []func(*tls.Config)) (*webhook.HTTPServer, crwebhook.Server, *clientauth.Verifier, error) {
+func newWebhookServer(o options, tlsOpts []func(*tls.Config)) (*transport.Listener, crwebhook.Server, *clientauth.Verifier, error) {
 	if o.clientCA == "" {
-		s := webhook.NewHTTPServer(o.webhookHost, o.webhookPort, tlsOpts)
+		s := transport.NewListener(o.webhookHost, o.webhookPort, tlsOpts)
 		return s, s, nil, nil
 	}
 	v, err := clientauth.New(clientauth.Options{CAFile: o.clientCA, CommonName: o.clientCN})
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("--webhook-client-ca=%s: %w", o.clientCA, err)
 	}
-	s := webhook.NewHTTPServer(o.webhookHost, o.webhookPort, append(append([]func(*tls.Config){}, tlsOpts...), v.ConfigureTLS))
+	s := transport.NewListener(o.webhookHost, o.webhookPort, append(append([]func(*tls.Config){}, tlsOpts...), v.ConfigureTLS))
 	setupLog.Info("Webhook callers must present a client certificate", "ca", o.clientCA, "commonName", o.clientCN)
 	return s, &clientAuthServer{Server: s, verifier: v}, v, nil
 }

@@ -11,7 +11,7 @@ import (
 
 	"github.com/vmipam/vmipam/certs"
 	"github.com/vmipam/vmipam/certs/pki"
-	"github.com/vmipam/vmipam/webhook"
+	"github.com/vmipam/vmipam/webhook/transport"
 )
 
 func TestValidateLeaseFlags(t *testing.T) {
@@ -46,9 +46,9 @@ func validOptions() options {
 	return options{
 		leaseDuration: 15 * time.Second, renewDeadline: 10 * time.Second, retryPeriod: 2 * time.Second,
 		holder: "vmipam-0", drain: 10 * time.Second, certMode: "self", clientCN: "kube-apiserver",
-		limits: webhook.Limits{
-			MaxBodyBytes: webhook.DefaultMaxBodyBytes, MaxInflightBytes: webhook.DefaultMaxInflightBytes,
-			MaxConcurrent: webhook.DefaultMaxConcurrent, ReadTimeout: 10 * time.Second,
+		limits: transport.Limits{
+			MaxBodyBytes: transport.DefaultMaxBodyBytes, MaxInflightBytes: transport.DefaultMaxInflightBytes,
+			MaxConcurrent: transport.DefaultMaxConcurrent, ReadTimeout: 10 * time.Second,
 		},
 	}
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/vmipam/vmipam/metrics"
 	"github.com/vmipam/vmipam/pools"
 	"github.com/vmipam/vmipam/webhook"
+	"github.com/vmipam/vmipam/webhook/transport"
 )
 
 // Options configure Setup.
@@ -50,7 +51,7 @@ type Options struct {
 	// MaxConcurrentReconciles of the address garbage collector.
 	MaxConcurrentReconciles int
 	// Limits bound what one admission request may cost.
-	Limits webhook.Limits
+	Limits transport.Limits
 	// Draining, when set, reports that the process is shutting down: the
 	// replica then reports not ready, so that the Service sends admissions
 	// to the other replicas.
@@ -190,11 +191,11 @@ func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
 		}{name, &webhook.Assigner{Registry: reg, Kind: t, Names: objects}}
 	}
 	srv := mgr.GetWebhookServer()
-	// One admission server for all webhooks, so its bounds on memory and
+	// One Reviews for all webhooks, so its bounds on memory and
 	// concurrency hold for them together.
-	adm := webhook.NewServer(opts.Limits)
+	reviews := transport.NewReviews(opts.Limits)
 	for path, h := range handlers {
-		srv.Register(path, metrics.InstrumentHTTP(path, adm.Handler(metrics.InstrumentAdmission(h.name, h.handler))))
+		srv.Register(path, metrics.InstrumentHTTP(path, reviews.Handler(metrics.InstrumentAdmission(h.name, h.handler))))
 	}
 	if err := mgr.AddHealthzCheck("ping", func(*http.Request) error { return nil }); err != nil {
 		return nil, fmt.Errorf("add healthz check: %w", err)

@@ -40,7 +40,7 @@ import (
 	"github.com/vmipam/vmipam/pools"
 	"github.com/vmipam/vmipam/test/fixture"
 	"github.com/vmipam/vmipam/test/harness"
-	"github.com/vmipam/vmipam/webhook"
+	"github.com/vmipam/vmipam/webhook/transport"
 )
 
 var (
@@ -109,7 +109,7 @@ func startVMIPAM(t *testing.T, clk *clocktesting.FakeClock) *vmipam {
 	reg, err := app.Setup(mgr, app.Options{
 		Holder: "test", Namespace: harness.Namespace, Clock: clk,
 		RunInterval: 50 * time.Millisecond, ResyncInterval: time.Second, StatusInterval: 200 * time.Millisecond, ProveInterval: 200 * time.Millisecond,
-		Limits:                  webhook.Limits{ReadTimeout: 2 * time.Second},
+		Limits:                  transport.Limits{ReadTimeout: 2 * time.Second},
 		MaxConcurrentReconciles: 8,
 	})
 	if err != nil {

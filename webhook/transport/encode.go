@@ -1,4 +1,4 @@
-package webhook
+package transport
 
 import (
 	"encoding/base64"

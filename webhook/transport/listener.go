@@ -1,4 +1,4 @@
-package webhook
+package transport
 
 import (
 	"context"
@@ -16,15 +16,16 @@ import (
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 )
 
-// shutdownTimeout bounds how long a stopping HTTPServer waits for the
+// shutdownTimeout bounds how long a stopping Listener waits for the
 // requests in flight.
 const shutdownTimeout = time.Minute
 
-// HTTPServer serves admission webhooks over TLS, as controller-runtime's
-// default webhook server does, and can close its idle connections: after
-// CloseIdle, the connections idle at that moment are closed and every
-// response closes its connection, while the listener still accepts new
-// ones. The API server keeps connections to a webhook alive and reuses
+// Listener is vmipam's webhook server, the controller-runtime
+// webhook.Server the manager runs: it serves admission webhooks over TLS,
+// as controller-runtime's default webhook server does, and can close its
+// idle connections: after CloseIdle, the connections idle at that moment
+// are closed and every response closes its connection, while the listener
+// still accepts new ones. The API server keeps connections to a webhook alive and reuses
 // them long after the Service stopped routing new ones to a terminating
 // replica. A drain closes each connection after its response (the safe
 // way: the client knows not to reuse it), but a connection that carried
@@ -39,7 +40,7 @@ const shutdownTimeout = time.Minute
 //
 // CloseIdle is complete over HTTP/1.1, which is what the server speaks
 // unless a TLS option offers "h2".
-type HTTPServer struct {
+type Listener struct {
 	host    string
 	port    int
 	tlsOpts []func(*tls.Config)
@@ -54,29 +55,29 @@ type HTTPServer struct {
 	open int
 }
 
-var _ crwebhook.Server = (*HTTPServer)(nil)
+var _ crwebhook.Server = (*Listener)(nil)
 
-// NewHTTPServer returns a server that will listen on host:port with the
+// NewListener returns a server that will listen on host:port with the
 // TLS configuration that tlsOpts make, starting from HTTP/1.1 only; one
 // of them must set a certificate (GetCertificate or Certificates).
-func NewHTTPServer(host string, port int, tlsOpts []func(*tls.Config)) *HTTPServer {
-	return &HTTPServer{host: host, port: port, tlsOpts: tlsOpts, mux: http.NewServeMux()}
+func NewListener(host string, port int, tlsOpts []func(*tls.Config)) *Listener {
+	return &Listener{host: host, port: port, tlsOpts: tlsOpts, mux: http.NewServeMux()}
 }
 
 // NeedLeaderElection implements manager.LeaderElectionRunnable: every
 // replica serves.
-func (s *HTTPServer) NeedLeaderElection() bool { return false }
+func (s *Listener) NeedLeaderElection() bool { return false }
 
 // Register serves hook at path. It panics if path is registered twice.
-func (s *HTTPServer) Register(path string, hook http.Handler) {
+func (s *Listener) Register(path string, hook http.Handler) {
 	s.mux.Handle(path, hook)
 }
 
 // WebhookMux returns the server's mux.
-func (s *HTTPServer) WebhookMux() *http.ServeMux { return s.mux }
+func (s *Listener) WebhookMux() *http.ServeMux { return s.mux }
 
 // StartedChecker reports healthy once the server listens.
-func (s *HTTPServer) StartedChecker() healthz.Checker {
+func (s *Listener) StartedChecker() healthz.Checker {
 	return func(*http.Request) error {
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -88,7 +89,7 @@ func (s *HTTPServer) StartedChecker() healthz.Checker {
 }
 
 // Addr returns the address the server listens on, or nil before Start.
-func (s *HTTPServer) Addr() net.Addr {
+func (s *Listener) Addr() net.Addr {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.addr
@@ -97,7 +98,7 @@ func (s *HTTPServer) Addr() net.Addr {
 // CloseIdle closes the connections idle now and makes every later
 // response close its connection. It may be called before Start; it cannot
 // be undone.
-func (s *HTTPServer) CloseIdle() {
+func (s *Listener) CloseIdle() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.draining = true
@@ -110,7 +111,7 @@ func (s *HTTPServer) CloseIdle() {
 // or ctx ends, and reports whether none is. While draining, a connection
 // closes after its next response; one its client keeps idle closes when
 // the client's idle timeout ends it.
-func (s *HTTPServer) WaitConnectionsClosed(ctx context.Context) bool {
+func (s *Listener) WaitConnectionsClosed(ctx context.Context) bool {
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -129,7 +130,7 @@ func (s *HTTPServer) WaitConnectionsClosed(ctx context.Context) bool {
 }
 
 // connState counts the open connections.
-func (s *HTTPServer) connState(_ net.Conn, st http.ConnState) {
+func (s *Listener) connState(_ net.Conn, st http.ConnState) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch st {
@@ -142,7 +143,7 @@ func (s *HTTPServer) connState(_ net.Conn, st http.ConnState) {
 
 // Start listens and serves until ctx ends, then stops accepting and waits
 // up to a minute for the requests in flight.
-func (s *HTTPServer) Start(ctx context.Context) error {
+func (s *Listener) Start(ctx context.Context) error {
 	log := logf.FromContext(ctx).WithName("webhook-server")
 	cfg := &tls.Config{NextProtos: []string{"http/1.1"}} //nolint:gosec // TLS options set the versions (certs.HardenTLS)
 	for _, op := range s.tlsOpts {

@@ -1,4 +1,4 @@
-package webhook
+package transport
 
 import (
 	"bytes"
@@ -35,6 +35,19 @@ func stampOps(s string) []jsonpatch.Operation {
 	}
 }
 
+// allowedPatch is an allowed answer with the JSON patch ops, as the
+// mutating webhook gives it.
+func allowedPatch(ops []jsonpatch.Operation) admission.Response {
+	pt := admissionv1.PatchTypeJSONPatch
+	return admission.Response{Patches: ops, AdmissionResponse: admissionv1.AdmissionResponse{Allowed: true, PatchType: &pt}}
+}
+
+// denied is a denial carrying err's status, as the handlers deny.
+func denied(err *apierrors.StatusError) admission.Response {
+	st := err.Status()
+	return admission.Response{AdmissionResponse: admissionv1.AdmissionResponse{Allowed: false, Result: &st}}
+}
+
 // networkJSON is a VM's network holding s, encoded as the stamp encodes
 // it.
 func networkJSON(s string) json.RawMessage {
@@ -52,14 +65,14 @@ func TestEncodeReview(t *testing.T) {
 		resp admission.Response
 		fast bool
 	}{
-		"stamp":                {patched(stampOps("10.0.0.5")), true},
+		"stamp":                {allowedPatch(stampOps("10.0.0.5")), true},
 		"allowed":              {admission.Allowed(""), true},
 		"allowed, bare":        {admission.Response{AdmissionResponse: admissionv1.AdmissionResponse{Allowed: true}}, true},
 		"allowed with message": {admission.Allowed("fine"), false},
-		"denied":               {deny(apierrors.NewForbidden(schema.GroupResource{Resource: "virtualmachines"}, "a", errors.New("no <pool> & no \"luck\""))), false},
+		"denied":               {denied(apierrors.NewForbidden(schema.GroupResource{Resource: "virtualmachines"}, "a", errors.New("no <pool> & no \"luck\""))), false},
 		"errored":              {admission.Errored(http.StatusInternalServerError, errors.New("boom")), false},
 		"warnings":             {admission.Allowed("").WithWarnings("careful"), false},
-		"other value type":     {patched([]jsonpatch.Operation{jsonpatch.NewOperation("add", "/spec/cpus", 2)}), false},
+		"other value type":     {allowedPatch([]jsonpatch.Operation{jsonpatch.NewOperation("add", "/spec/cpus", 2)}), false},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -96,12 +109,12 @@ func FuzzEncodeReview(f *testing.F) {
 		f.Add(s, s)
 	}
 	f.Fuzz(func(t *testing.T, uid, s string) {
-		checkEncoding(t, types.UID(uid), patched(stampOps(s)), true)
+		checkEncoding(t, types.UID(uid), allowedPatch(stampOps(s)), true)
 	})
 }
 
 func BenchmarkEncodeReview(b *testing.B) {
-	resp := patched(stampOps("10.0.0.5"))
+	resp := allowedPatch(stampOps("10.0.0.5"))
 	uid := types.UID("705ab4f5-6393-11e8-b7cc-42010a800002")
 	for name, encode := range map[string]func(types.UID, admission.Response) ([]byte, error){
 		"direct":        encodeReview,

@@ -1,4 +1,4 @@
-package webhook
+package transport
 
 import (
 	"context"
@@ -35,12 +35,12 @@ func selfSigned(t *testing.T) tls.Certificate {
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
 
-// startOKServer starts an HTTPServer that answers "ok" at /ok, stopped
+// startOKServer starts a Listener that answers "ok" at /ok, stopped
 // when the test ends; the context is the server's.
-func startOKServer(t *testing.T) (*HTTPServer, context.Context) {
+func startOKServer(t *testing.T) (*Listener, context.Context) {
 	t.Helper()
 	cert := selfSigned(t)
-	s := NewHTTPServer("127.0.0.1", 0, []func(*tls.Config){func(c *tls.Config) { c.Certificates = []tls.Certificate{cert} }})
+	s := NewListener("127.0.0.1", 0, []func(*tls.Config){func(c *tls.Config) { c.Certificates = []tls.Certificate{cert} }})
 	s.Register("/ok", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
@@ -57,12 +57,12 @@ func startOKServer(t *testing.T) (*HTTPServer, context.Context) {
 	return s, ctx
 }
 
-// TestHTTPServerCloseIdle: after CloseIdle, a connection kept alive from
+// TestListenerCloseIdle: after CloseIdle, a connection kept alive from
 // before carries no further request: the next one comes on a new
 // connection, and its response closes that one too. A client that kept a
 // connection to a replica being shut down would otherwise send it
 // requests after the drain, while it seals its pools.
-func TestHTTPServerCloseIdle(t *testing.T) {
+func TestListenerCloseIdle(t *testing.T) {
 	for _, tt := range []struct {
 		name  string
 		drain bool
@@ -99,11 +99,11 @@ func TestHTTPServerCloseIdle(t *testing.T) {
 	}
 }
 
-// TestHTTPServerWaitConnectionsClosed: a drain can wait until the clients
+// TestListenerWaitConnectionsClosed: a drain can wait until the clients
 // closed the connections they kept idle, which is race-free, instead of
 // closing them under a client that may be sending on one: the wait ends
 // once the client's idle timeout closed its connection, and not before.
-func TestHTTPServerWaitConnectionsClosed(t *testing.T) {
+func TestListenerWaitConnectionsClosed(t *testing.T) {
 	for _, tt := range []struct {
 		name string
 		// idle is the client's idle timeout; 0 keeps the connection.
