@@ -10,10 +10,11 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	vmipamscheme "github.com/vmipam/vmipam/api/scheme"
 )
 
 // TestHoldTakeover: a holder taking another over keeps its mark on the
@@ -43,11 +44,7 @@ func TestHoldTakeover(t *testing.T) {
 					RenewTime:            &metav1.MicroTime{Time: time.Now().Add(-time.Minute)},
 				},
 			}
-			scheme := runtime.NewScheme()
-			if err := coordinationv1.AddToScheme(scheme); err != nil {
-				t.Fatal(err)
-			}
-			c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(old).Build()
+			c := fake.NewClientBuilder().WithScheme(vmipamscheme.Scheme).WithObjects(old).Build()
 			opts := LeaseOptions{Namespace: "vmipam-system", Holder: "taker",
 				Duration: time.Second, RenewDeadline: 700 * time.Millisecond, RetryPeriod: 50 * time.Millisecond}
 			l := newLease(c, c, opts)

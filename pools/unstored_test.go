@@ -7,12 +7,11 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
+	vmipamscheme "github.com/vmipam/vmipam/api/scheme"
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/ipam"
 	"github.com/vmipam/vmipam/kinds"
@@ -29,13 +28,7 @@ func TestLapsedReservationOfAMislabelledVM(t *testing.T) {
 	const cooldown, ttl = time.Minute, time.Minute
 	ctx := t.Context()
 	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	if err := vmipamv1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
+	scheme := vmipamscheme.Scheme
 	pool := fixture.Pool("lapse", fixture.Stored("uid-lapse"), fixture.WithCIDRs("10.98.0.0/29"),
 		fixture.WithCooldown(cooldown), fixture.WithPendingTTL(ttl), fixture.WithWatermarks(0, 1, 1))
 	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(pool.DeepCopy()).Build()

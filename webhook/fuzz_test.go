@@ -12,7 +12,6 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
@@ -31,9 +30,6 @@ import (
 func newTestRegistry(tb testing.TB, cidr string, mutate ...func(*vmipamv1.IPPool)) (*pools.Registry, *runtime.Scheme, client.Client) {
 	tb.Helper()
 	scheme := ippoolTestScheme(tb)
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		tb.Fatal(err)
-	}
 	pool := fixture.Pool("fuzz", fixture.Stored("uid-fuzz"), fixture.WithDefault(), fixture.WithCIDRs(cidr))
 	for _, f := range mutate {
 		f(pool)

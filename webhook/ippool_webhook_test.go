@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	vmipamscheme "github.com/vmipam/vmipam/api/scheme"
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/ipam"
 )
@@ -603,11 +604,7 @@ func TestIPPoolUpdateWarnings(t *testing.T) {
 
 func ippoolTestScheme(t testing.TB) *runtime.Scheme {
 	t.Helper()
-	s := runtime.NewScheme()
-	if err := vmipamv1.AddToScheme(s); err != nil {
-		t.Fatalf("add vmipam types to scheme: %v", err)
-	}
-	return s
+	return vmipamscheme.Scheme
 }
 
 func ippoolRaw(t *testing.T, pool *vmipamv1.IPPool) runtime.RawExtension {

@@ -29,12 +29,11 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	vmipamscheme "github.com/vmipam/vmipam/api/scheme"
 	"github.com/vmipam/vmipam/kinds"
 	"github.com/vmipam/vmipam/test/localcluster"
 )
@@ -84,11 +83,7 @@ func run(dir, root, webhookURL, namespace, kindsConfig string, crds []string) er
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		return err
-	}
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	c, err := client.New(cfg, client.Options{Scheme: vmipamscheme.Scheme})
 	if err != nil {
 		return fmt.Errorf("client: %w", err)
 	}

@@ -25,13 +25,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	vmipamscheme "github.com/vmipam/vmipam/api/scheme"
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/test/fixture"
 	"github.com/vmipam/vmipam/test/harness"
@@ -86,14 +85,7 @@ func setup() error {
 		return fmt.Errorf("kubeconfig: %w", err)
 	}
 	cfg.QPS, cfg.Burst = 200, 400
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		return err
-	}
-	if err := vmipamv1.AddToScheme(scheme); err != nil {
-		return err
-	}
-	if c, err = client.New(cfg, client.Options{Scheme: scheme}); err != nil {
+	if c, err = client.New(cfg, client.Options{Scheme: vmipamscheme.Scheme}); err != nil {
 		return fmt.Errorf("client: %w", err)
 	}
 	if cs, err = kubernetes.NewForConfig(cfg); err != nil {
