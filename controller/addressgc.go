@@ -44,7 +44,8 @@ import (
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
 
-// AddressGC is the garbage collector of addresses on target objects.
+// AddressGC is the garbage collector of addresses on the objects of one
+// configured kind: it binds, releases into cooldown and repairs them.
 type AddressGC struct {
 	// Client writes; it also reads unless Reader is set.
 	Client client.Client
