@@ -1,11 +1,17 @@
 package kinds
 
 import (
+	"context"
+	"encoding/json"
+	"fmt"
 	"slices"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 )
@@ -113,4 +119,26 @@ func keep(m map[string]string, keys ...string) map[string]string {
 		return nil
 	}
 	return m
+}
+
+// PatchMetadata sets fields of the metadata of the object of kind gvk at
+// key (a "uid" or "resourceVersion" among them makes the write
+// conditional on it) with a merge patch through the API's metadata view of
+// the kind: the answer is the object's metadata, in protobuf, not the whole
+// object in JSON. The patch is written directly, not computed from a copy
+// of the object as client.MergeFrom does (that diff was a tenth of
+// vmipam's CPU per delete). It returns the resourceVersion the write made,
+// so that a later patch of the same object can be locked to it.
+func PatchMetadata(ctx context.Context, c client.Writer, gvk schema.GroupVersionKind, key client.ObjectKey, fields map[string]any) (string, error) {
+	data, err := json.Marshal(map[string]any{"metadata": fields})
+	if err != nil {
+		return "", fmt.Errorf("encode the patch of %s's metadata: %w", key, err)
+	}
+	m := &metav1.PartialObjectMetadata{}
+	m.SetGroupVersionKind(gvk)
+	m.Namespace, m.Name = key.Namespace, key.Name
+	if err := c.Patch(ctx, m, client.RawPatch(types.MergePatchType, data)); err != nil {
+		return "", err
+	}
+	return m.ResourceVersion, nil
 }

@@ -4,13 +4,11 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -140,25 +138,13 @@ func (r *Registry) LabelHolder(ctx context.Context, obj *unstructured.Unstructur
 
 // writeHolderLabel is the one writer of vmipam's holder label: it sets
 // the label of the object of kind gvk at key to value, with a merge patch
-// that carries the object's UID (a new object of the same name is left
-// alone) and, if set, the resourceVersion it is locked to. The patch goes
-// through the API's metadata view of the kind, so the answer is the
-// object's metadata, not the whole object. It returns the resourceVersion
-// the write made.
+// (kinds.PatchMetadata) that carries the object's UID (a new object of the
+// same name is left alone) and, if set, the resourceVersion it is locked
+// to. It returns the resourceVersion the write made.
 func (r *Registry) writeHolderLabel(ctx context.Context, gvk schema.GroupVersionKind, key client.ObjectKey, uid types.UID, resourceVersion, value string) (string, error) {
-	meta := map[string]any{"uid": uid, "labels": map[string]string{vmipamv1.HolderLabel: value}}
+	fields := map[string]any{"uid": uid, "labels": map[string]string{vmipamv1.HolderLabel: value}}
 	if resourceVersion != "" {
-		meta["resourceVersion"] = resourceVersion
+		fields["resourceVersion"] = resourceVersion
 	}
-	data, err := json.Marshal(map[string]any{"metadata": meta})
-	if err != nil {
-		return "", fmt.Errorf("encode the holder label's patch: %w", err)
-	}
-	m := &metav1.PartialObjectMetadata{}
-	m.SetGroupVersionKind(gvk)
-	m.Namespace, m.Name = key.Namespace, key.Name
-	if err := r.opts.Client.Patch(ctx, m, client.RawPatch(types.MergePatchType, data)); err != nil {
-		return "", err
-	}
-	return m.ResourceVersion, nil
+	return kinds.PatchMetadata(ctx, r.opts.Client, gvk, key, fields)
 }
