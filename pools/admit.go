@@ -18,18 +18,25 @@ import (
 // decides on.
 type Create struct {
 	Kind kinds.Kind
-	// Namespace is the object's; Pool the pool it names, if any.
-	Namespace, Pool string
+	// Namespace and Name are the object's (no name with generateName);
+	// Pool the pool it names, if any.
+	Namespace, Name, Pool string
 	// Ref names the object in messages and in its reservation.
 	Ref string
 	Ask Ask
 	// DryRun reserves nothing: Admit only says whether the static
 	// requests could be had.
 	DryRun bool
-	// NameTaken, if set, reports whether the object's name is taken
-	// already (the API server would refuse the create after admission):
-	// asked once everything else holds, before anything is reserved.
-	NameTaken func(ctx context.Context) bool
+	// Names, if set, tells whether the object's name is taken already
+	// (the API server would refuse the create after admission): asked
+	// once everything else holds, before anything is reserved.
+	Names Names
+}
+
+// Names tells whether an object of a namespace and name is known; ctx
+// bounds a wait for the answer.
+type Names interface {
+	Has(ctx context.Context, namespace, name string) bool
 }
 
 // Admitted is what Admit gave a create: the pool, the plan, and the
@@ -95,7 +102,7 @@ func (r *Registry) Admit(ctx context.Context, c Create) (Admitted, error) {
 			return Admitted{}, fieldError(ferr)
 		}
 	}
-	if c.NameTaken != nil && c.NameTaken(ctx) {
+	if c.Names != nil && c.Name != "" && c.Names.Has(ctx, c.Namespace, c.Name) {
 		return Admitted{}, ErrNameTaken
 	}
 	ad := Admitted{Pool: pool, Plan: plan}

@@ -54,13 +54,7 @@ type Assigner struct {
 	// holds an object of a name: a create whose name is already taken
 	// there is refused before it reserves anything, since the API server
 	// would refuse it after admission.
-	Names Names
-}
-
-// Names tells whether an object of a namespace and name is known; ctx
-// bounds a wait for the answer.
-type Names interface {
-	Has(ctx context.Context, namespace, name string) bool
+	Names pools.Names
 }
 
 var _ admission.Handler = (*Assigner)(nil)
@@ -99,12 +93,9 @@ func (d *Assigner) Handle(ctx context.Context, req admission.Request) admission.
 		statics = append(statics, pools.Static{Addr: a, Bits: bits, Raw: raw, Path: path})
 	}
 	create := pools.Create{
-		Kind: d.Kind, Namespace: v.Namespace, Pool: v.Pool, Ref: v.Describe(),
+		Kind: d.Kind, Namespace: v.Namespace, Name: v.Name, Pool: v.Pool, Ref: v.Describe(),
 		Ask:    pools.Ask{Policy: v.FamilyPolicy, Families: v.Families, Statics: statics},
-		DryRun: req.DryRun != nil && *req.DryRun,
-	}
-	if d.Names != nil && v.Name != "" {
-		create.NameTaken = func(ctx context.Context) bool { return d.Names.Has(ctx, v.Namespace, v.Name) }
+		DryRun: req.DryRun != nil && *req.DryRun, Names: d.Names,
 	}
 	ad, err := d.Registry.Admit(ctx, create)
 	if err != nil {

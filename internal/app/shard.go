@@ -27,7 +27,7 @@ import (
 // stamp (adopted after it bypassed the webhook) is read whole from the API
 // server. Objects are read into *unstructured.Unstructured. It reads one
 // object at a time (controller.Getter) and tells whether a name is taken
-// (webhook.Names); nothing lists the caches.
+// (pools.Names); nothing lists the caches.
 type shardReader struct {
 	kind kinds.Kind
 	// api reads an object whole from the API server.
@@ -62,7 +62,7 @@ func (r *shardReader) setIndexes(ctx context.Context, own, unlabeled cacheindex.
 }
 
 // Has reports whether either cache holds namespace/name, from their
-// indexes (webhook.Names): every create asks, for the name it wants. An
+// indexes (pools.Names): every create asks, for the name it wants. An
 // index not synced yet answers through the cache's reader, which waits
 // for it.
 func (r *shardReader) Has(ctx context.Context, namespace, name string) bool {
