@@ -23,6 +23,8 @@ func addKnownTypes(s *runtime.Scheme) error {
 		&IPBlock{}, &IPBlockList{},
 		&IPBlockShare{}, &IPBlockShareList{},
 		&VirtualMachine{}, &VirtualMachineList{},
+		&IPHistory{}, &IPHistoryList{},
+		&IPRelease{}, &IPReleaseList{},
 	)
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil
@@ -64,4 +66,8 @@ const (
 	// claims over; a changed or removed label is put back by the holder's
 	// next resync.
 	HolderLabel = "vmipam.io/holder"
+	// ChunkLabel on an IPHistory stands for its chunk of addresses (see
+	// history.ChunkLabelValue), so that the segments of one chunk are
+	// listed by it.
+	ChunkLabel = "vmipam.io/chunk"
 )
