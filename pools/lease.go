@@ -38,6 +38,12 @@ const HolderLeaseLabel = "vmipam.io/holder-lease"
 // holderLabel on a holder Lease names its holder.
 const holderLabel = "vmipam.io/holder"
 
+// KindsAnnotation on a holder Lease carries the kinds its holder gives
+// addresses to, as JSON of []kinds.Kind, written with every renewal, so
+// that tools reading the cluster (kubectl vmipam) know where each kind
+// keeps its address without vmipam's configuration file.
+const KindsAnnotation = "vmipam.io/kinds"
+
 // countsAnnotation on a holder Lease carries the holder's counts per pool
 // (JSON of map[pool]holderCounts), written with every renewal, so that the
 // replica writing a pool's status can add up every holder's share.
@@ -71,9 +77,9 @@ func add(c ipam.Counts, o familyCounts) ipam.Counts {
 	return c
 }
 
-// takeoverPrefix starts the identity a holder writes on another's Lease
-// while it takes that holder's claims over.
-const takeoverPrefix = "takeover:"
+// TakeoverPrefix starts the identity a holder writes on another's Lease
+// while it takes that holder's claims over: "takeover:<taker>".
+const TakeoverPrefix = "takeover:"
 
 // LeaseOptions configure the holder Lease.
 type LeaseOptions struct {
@@ -98,6 +104,8 @@ type lease struct {
 	opts LeaseOptions
 	// counts, when set, returns what to publish in countsAnnotation.
 	counts func() string
+	// kinds is what to publish in KindsAnnotation.
+	kinds string
 
 	// fence is the monotonic deadline, in nanoseconds since start, until
 	// which this holder may serve; 0 when it holds no lease.
@@ -208,8 +216,8 @@ func (l *lease) tryAcquire(ctx context.Context) error {
 		return fmt.Errorf("read lease %s: %w", key.Name, err)
 	default:
 		id := ptr.Deref(obj.Spec.HolderIdentity, "")
-		if strings.HasPrefix(id, takeoverPrefix) && !expired(obj, sent, 0) {
-			return fmt.Errorf("%w: holder %s is taking this holder's claims over", errTakingOver, strings.TrimPrefix(id, takeoverPrefix))
+		if strings.HasPrefix(id, TakeoverPrefix) && !expired(obj, sent, 0) {
+			return fmt.Errorf("%w: holder %s is taking this holder's claims over", errTakingOver, strings.TrimPrefix(id, TakeoverPrefix))
 		}
 		l.fill(obj, sent, id != l.opts.Holder)
 		if err := l.c.Update(ctx, obj); err != nil {
@@ -227,6 +235,12 @@ func (l *lease) fill(obj *coordinationv1.Lease, sent time.Time, transition bool)
 			obj.Annotations = map[string]string{}
 		}
 		obj.Annotations[countsAnnotation] = l.counts()
+	}
+	if l.kinds != "" {
+		if obj.Annotations == nil {
+			obj.Annotations = map[string]string{}
+		}
+		obj.Annotations[KindsAnnotation] = l.kinds
 	}
 	obj.Spec.HolderIdentity = ptr.To(l.opts.Holder)
 	obj.Spec.LeaseDurationSeconds = ptr.To(int32(l.opts.Duration / time.Second))
@@ -369,7 +383,7 @@ func (l *lease) peers(ctx context.Context) ([]peer, error) {
 			}
 		case id == "":
 			p.leaving = true
-		case strings.HasPrefix(id, takeoverPrefix):
+		case strings.HasPrefix(id, TakeoverPrefix):
 			// The holder taking it over renews the mark as it goes; one
 			// that died leaves it to lapse.
 			p.leaving = expired(&obj, now, 0)
@@ -385,7 +399,7 @@ func (l *lease) peers(ctx context.Context) ([]peer, error) {
 // is held as the lease itself is (see holdTakeover).
 func (l *lease) claimTakeover(ctx context.Context, p peer) (*coordinationv1.Lease, error) {
 	obj := p.obj.DeepCopy()
-	obj.Spec.HolderIdentity = ptr.To(takeoverPrefix + l.opts.Holder)
+	obj.Spec.HolderIdentity = ptr.To(TakeoverPrefix + l.opts.Holder)
 	obj.Spec.RenewTime = &metav1.MicroTime{Time: time.Now()} //nolint:forbidigo // leases are real time
 	if err := l.c.Update(ctx, obj); err != nil {
 		return nil, fmt.Errorf("mark lease %s taken over: %w", obj.Name, err)

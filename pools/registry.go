@@ -2,6 +2,7 @@ package pools
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -158,6 +159,9 @@ func NewRegistry(opts Options) *Registry {
 		lease: newLease(opts.Client, opts.APIReader, opts.Lease),
 	}
 	r.lease.counts = r.publishedCounts
+	if raw, err := json.Marshal(kinds.OrDefault(opts.Kinds)); err == nil {
+		r.lease.kinds = string(raw)
+	}
 	return r
 }
 

@@ -148,6 +148,12 @@ type IPPoolSpec struct {
 	// match no namespace selector. At most one pool may be the default.
 	// +optional
 	Default bool `json:"default,omitempty"`
+	// Paused stops new allocations from this pool, static requests
+	// included, while the addresses already held are left as they are:
+	// for draining a range or moving workloads to another pool. Creates
+	// that would draw from it are refused, saying so.
+	// +optional
+	Paused bool `json:"paused,omitempty"`
 }
 
 // IPPoolStatus reports a pool's use.
@@ -178,6 +184,11 @@ type IPPoolStatus struct {
 	// +listType=map
 	// +listMapKey=family
 	Families []FamilyStatus `json:"families,omitempty"`
+	// Trend is how the pool's allocated and pending addresses changed
+	// over the last hour, from which `kubectl vmipam pools` works out the
+	// time to exhaustion.
+	// +optional
+	Trend *Trend `json:"trend,omitempty"`
 	// Conditions: Ready (the allocator has recovered and serves), Exhausted
 	// (no address, or none of one family, can be handed out now), DuplicateAddress (two live
 	// VirtualMachines carry one address).
@@ -198,6 +209,19 @@ type FamilyStatus struct {
 	Pending   int64 `json:"pending"`
 	Free      int64 `json:"free"`
 	Cooldown  int64 `json:"cooldown"`
+	// Trend is the family's, as the pool's.
+	// +optional
+	Trend *Trend `json:"trend,omitempty"`
+}
+
+// Trend is the change of a pool's allocated and pending addresses over a
+// window that ends at the status write: the last hour, or less while the
+// replica writing the status has not watched the pool that long.
+type Trend struct {
+	// Window is how far back the change is measured.
+	Window metav1.Duration `json:"window"`
+	// Change is allocated plus pending now, minus the same a window ago.
+	Change int64 `json:"change"`
 }
 
 // Condition types of an IPPool.
@@ -205,6 +229,8 @@ const (
 	ConditionReady            = "Ready"
 	ConditionExhausted        = "Exhausted"
 	ConditionDuplicateAddress = "DuplicateAddress"
+	// ConditionPaused is True while spec.paused stops new allocations.
+	ConditionPaused = "Paused"
 )
 
 // IPPool is a pool of addresses handed to VirtualMachines.
