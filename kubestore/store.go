@@ -87,6 +87,17 @@ func Read(ctx context.Context, reader client.Reader, pool string) ([]ipam.Block,
 // distinct (pool, prefix) pairs; a pool name too long to fit is cut and
 // suffixed with a hash of the whole name.
 func BlockName(pool string, prefix netip.Prefix) string {
+	suffix := PrefixName(prefix)
+	if room := validation.DNS1123SubdomainMaxLength - len(".") - len(suffix); len(pool) > room {
+		pool = shorten(pool, room)
+	}
+	return pool + "." + suffix
+}
+
+// PrefixName spells prefix as a DNS-1123 label and label value: the
+// address with ':' and '.' turned into '-', then the prefix length, as in
+// "10-0-16-0-20" or "fd00---116". Distinct prefixes get distinct names.
+func PrefixName(prefix netip.Prefix) string {
 	a := prefix.Addr().WithZone("")
 	s := a.String()
 	switch {
@@ -99,11 +110,7 @@ func BlockName(pool string, prefix netip.Prefix) string {
 		// starts with "0::", so this stays unambiguous.
 		s = "0" + s
 	}
-	suffix := strings.NewReplacer(":", "-", ".", "-").Replace(s) + "-" + strconv.Itoa(prefix.Bits())
-	if room := validation.DNS1123SubdomainMaxLength - len(".") - len(suffix); len(pool) > room {
-		pool = shorten(pool, room)
-	}
-	return pool + "." + suffix
+	return strings.NewReplacer(":", "-", ".", "-").Replace(s) + "-" + strconv.Itoa(prefix.Bits())
 }
 
 // PoolLabelValue returns the value of the v1alpha1.PoolLabel label on the

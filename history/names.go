@@ -1,0 +1,45 @@
+package history
+
+import (
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"github.com/vmipam/vmipam/kubestore"
+)
+
+// chunkBits4 and chunkBits6 size a chunk: 256 addresses.
+const (
+	chunkBits4 = 24
+	chunkBits6 = 120
+)
+
+// ChunkOf returns the chunk of addr: its aligned /24, or /120 in IPv6.
+func ChunkOf(addr netip.Addr) netip.Prefix {
+	addr = addr.Unmap().WithZone("")
+	bits := chunkBits6
+	if addr.Is4() {
+		bits = chunkBits4
+	}
+	return netip.PrefixFrom(addr, bits).Masked()
+}
+
+// ChunkLabelValue returns the value of the vmipamv1.ChunkLabel label on
+// the segments of chunk, as "10-100-0-0-24".
+func ChunkLabelValue(chunk netip.Prefix) string { return kubestore.PrefixName(chunk) }
+
+// SegmentName returns the name of segment seq of chunk: its label value,
+// a dot and the sequence, as "10-100-0-0-24.3".
+func SegmentName(chunk netip.Prefix, seq int64) string {
+	return ChunkLabelValue(chunk) + "." + strconv.FormatInt(seq, 10)
+}
+
+// sequenceOf parses the sequence at the end of a segment's name.
+func sequenceOf(name string) (int64, error) {
+	i := strings.LastIndexByte(name, '.')
+	if i < 0 {
+		return 0, fmt.Errorf("segment name %q has no sequence", name)
+	}
+	return strconv.ParseInt(name[i+1:], 10, 64)
+}
