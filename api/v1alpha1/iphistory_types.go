@@ -10,9 +10,10 @@ import (
 // starts another when it is full; older segments are pruned to the
 // configured number of holders per address and the retention.
 type IPHistorySpec struct {
-	// Pool is the IPPool the addresses belonged to when recorded.
+	// Pool is the IPPool of the segment's first record.
+	// +optional
 	// +kubebuilder:validation:MaxLength=253
-	Pool string `json:"pool"`
+	Pool string `json:"pool,omitempty"`
 	// Chunk is the addresses this segment records, a /24 or a /120.
 	// +kubebuilder:validation:MaxLength=43
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="chunk is immutable"
@@ -35,6 +36,10 @@ type AddressRecord struct {
 	// Address is the address, in canonical form.
 	// +kubebuilder:validation:MaxLength=39
 	Address string `json:"address"`
+	// Pool is the IPPool it was handed out from.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	Pool string `json:"pool,omitempty"`
 	// Kind is the holding object's kind as Kind.group, such as
 	// VirtualMachine.vmipam.io; empty for an operator's release of an
 	// address no object held.
