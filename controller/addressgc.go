@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -185,8 +186,8 @@ func (r *AddressGC) bindCreated(m *metav1.PartialObjectMetadata) bool {
 	if note := ann[vmipamv1.SingleStackAnnotation]; note != "" && r.Recorder != nil {
 		r.Recorder.Eventf(m, nil, corev1.EventTypeNormal, "SingleStack", "Assign", "Got %s only (PreferDualStack): %s", stamped[0], note)
 	}
-	if logf.Log.V(1).Enabled() {
-		logf.Log.WithName(Name(r.Kind)).V(1).Info("Bound address", "object", pools.Ref(m.Namespace, m.Name), "addresses", stamped, "pool", poolName)
+	for _, a := range addrs {
+		r.logAssigned(logf.Log.WithName(Name(r.Kind)), m, pool, a)
 	}
 	return true
 }
@@ -315,10 +316,8 @@ func (r *AddressGC) release(ctx context.Context, obj *unstructured.Unstructured,
 	// Every address together, into its cooldown: the object may go
 	// only once a crash could no longer free one early; the pool
 	// returns when that holds, usually without a write of its own.
+	var recs []vmipamv1.AddressRecord
 	for _, a := range addrs {
-		if debug := log.V(1); debug.Enabled() {
-			debug.Info("Releasing address", "address", a, "pool", pool.Name())
-		}
 		switch err := pool.Release(ctx, a, owner); {
 		case errors.Is(err, ipam.ErrNotReady):
 			// The pool's allocator was rebuilt meanwhile: release
@@ -329,19 +328,54 @@ func (r *AddressGC) release(ctx context.Context, obj *unstructured.Unstructured,
 			r.event(obj, corev1.EventTypeWarning, "ReleaseSkipped", "Release", "%v", err)
 		case err != nil:
 			return ctrl.Result{}, err
+		default:
+			recs = append(recs, r.tenure(obj, pool, a))
 		}
+	}
+	// The tenures, stored before the finalizer goes: a crash between the
+	// two releases and records again, which reads as once.
+	if err := r.Registry.Record(ctx, recs...); err != nil {
+		return ctrl.Result{}, fmt.Errorf("record the release of %s: %w", client.ObjectKeyFromObject(obj), err)
 	}
 	if err := r.removeFinalizer(ctx, obj); err != nil {
 		return ctrl.Result{}, err
 	}
-	if debug := log.V(1); len(addrs) > 0 && debug.Enabled() {
-		// A log line, not an Event: an Event per object lifetime would
-		// double the API writes of a fleet of short-lived machines.
-		_, _, until := pool.Lookup(addrs[0])
-		debug.Info("Released address", "address", addrs[0], "pool", pool.Name(), "coolsDownUntil", until)
+	// Log lines, not Events: an Event per object lifetime would double
+	// the API writes of a fleet of short-lived machines.
+	for _, rec := range recs {
+		a, _ := netip.ParseAddr(rec.Address)
+		if st, _, until := pool.Lookup(a); st == ipam.StateCooldown {
+			r.Registry.LogReleased(log, rec, "coolsDownUntil", until)
+		} else {
+			r.Registry.LogReleased(log, rec)
+		}
 	}
 	return ctrl.Result{}, nil
 }
+
+// tenure is the history record of obj's tenure of addr, which its
+// deletion ends: from its create to its deletion, both as the API server
+// stamped them, so that a release made again records the same.
+func (r *AddressGC) tenure(obj metav1.Object, pool *pools.Pool, addr netip.Addr) vmipamv1.AddressRecord {
+	rec := vmipamv1.AddressRecord{
+		Address: addr.String(), Pool: pool.Name(), Kind: KindName(r.Kind),
+		Namespace: obj.GetNamespace(), Name: obj.GetName(), UID: string(obj.GetUID()),
+		Ended: vmipamv1.EndedAllocated,
+	}
+	if c := obj.GetCreationTimestamp(); !c.IsZero() {
+		rec.From = &c
+	}
+	if d := obj.GetDeletionTimestamp(); d != nil {
+		rec.To = *d
+	} else {
+		rec.To = metav1.Now()
+	}
+	return rec
+}
+
+// KindName names kind t in the address history and logs: Kind.group, as
+// VirtualMachine.vmipam.io.
+func KindName(t kinds.Kind) string { return t.GVK.Kind + "." + t.GVK.Group }
 
 // keep makes the addresses obj carries its own: the finalizer, then each
 // address bound or adopted, in order.
@@ -397,9 +431,7 @@ func (r *AddressGC) hold(ctx context.Context, obj *unstructured.Unstructured, po
 	}
 	if owner.Token != "" {
 		if _, err := pool.Bind(addr, owner); err == nil {
-			if debug := log.V(1); debug.Enabled() {
-				debug.Info("Bound address", "address", addr, "pool", pool.Name())
-			}
+			r.logAssigned(log, obj, pool, addr)
 			return ctrl.Result{}, true, r.settle(ctx, obj, pool, addr)
 		} else if errors.Is(err, ipam.ErrNotReady) {
 			return ctrl.Result{RequeueAfter: time.Second}, false, nil
@@ -414,6 +446,7 @@ func (r *AddressGC) hold(ctx context.Context, obj *unstructured.Unstructured, po
 		// Rare (an object that bypassed the webhook, or a lost
 		// reservation), so worth an Event.
 		r.event(obj, corev1.EventTypeNormal, "AddressAdopted", "Assign", "Adopted %s into IPPool %s", addr, pool.Name())
+		r.logAssigned(log, obj, pool, addr)
 		return ctrl.Result{}, true, r.settle(ctx, obj, pool, addr)
 	case errors.Is(err, ipam.ErrNotReady):
 		// The pool's allocator was rebuilt meanwhile.
@@ -570,6 +603,14 @@ func (r *AddressGC) addresses(obj *unstructured.Unstructured) ([]netip.Addr, err
 		out = append(out, a)
 	}
 	return out, nil
+}
+
+// logAssigned writes the info line of addr's assignment to obj (see
+// pools.Registry.LogAssigned).
+func (r *AddressGC) logAssigned(log logr.Logger, obj metav1.Object, pool *pools.Pool, addr netip.Addr) {
+	rec := vmipamv1.AddressRecord{Address: addr.String(), Pool: pool.Name(), Kind: KindName(r.Kind),
+		Namespace: obj.GetNamespace(), Name: obj.GetName(), UID: string(obj.GetUID())}
+	r.Registry.LogAssigned(log, rec)
 }
 
 func (r *AddressGC) event(obj *unstructured.Unstructured, typ, reason, action, note string, args ...any) {

@@ -33,6 +33,12 @@ type RecoveryReport struct {
 	Conflicts []error
 }
 
+// Tenure is an address and the machine it was allocated to.
+type Tenure struct {
+	Addr  netip.Addr
+	Owner Owner
+}
+
 // Add returns r and o together: the reports of several Managers (the
 // families of one pool) as one.
 func (r RecoveryReport) Add(o RecoveryReport) RecoveryReport {
@@ -395,8 +401,10 @@ func (m *Manager) stageTakeoverLocked(bs *blockState, from string, owners map[ne
 // ResyncReport says what Resync changed.
 type ResyncReport struct {
 	// Released counts addresses allocated to machines no longer live
-	// (their finalizer was removed by force), now cooling down.
+	// (their finalizer was removed by force), now cooling down; Vanished
+	// lists them with the machines they were allocated to.
 	Released int
+	Vanished []Tenure
 	// Adopted counts live addresses that were not allocated to their
 	// machine, now allocated.
 	Adopted int
@@ -415,6 +423,7 @@ type ResyncReport struct {
 // families of one pool) as one.
 func (r ResyncReport) Add(o ResyncReport) ResyncReport {
 	r.Released += o.Released
+	r.Vanished = append(r.Vanished, o.Vanished...)
 	r.Adopted += o.Adopted
 	r.Deferred += o.Deferred
 	r.Settled += o.Settled
@@ -464,6 +473,7 @@ func (m *Manager) Resync(live []Holding, asOf uint64) ResyncReport {
 				rep.Deferred++
 				continue
 			}
+			rep.Vanished = append(rep.Vanished, Tenure{Addr: e.addr, Owner: e.owner})
 			m.toCooldown(e, now)
 			rep.Released++
 		}

@@ -69,6 +69,8 @@ type Options struct {
 	// Holder above). Every allocator of this replica serves only while
 	// the Lease is held.
 	Lease LeaseOptions
+	// History, if set, stores the history of addresses (see Record).
+	History Recorder
 	// Informers, if set, deliver the IPBlocks as they change, so that an
 	// allocator answers another holder's request for addresses at once
 	// (pass mgr.GetCache()); without, requests are noticed when blocks are

@@ -2,6 +2,7 @@ package pools
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -69,10 +70,37 @@ func (r *Registry) resync(ctx context.Context, ps []*Pool) error {
 		} else if rep.Deferred > 0 {
 			logf.FromContext(ctx).V(1).Info("Resync deferred releases until their blocks are written", "pool", p.name, "deferred", rep.Deferred)
 		}
+		r.recordVanished(ctx, p, rep.Vanished)
 		for _, c := range rep.Conflicts {
 			r.warn(&vmipamv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: p.name, UID: p.uid}}, "DuplicateAddress", c.Error())
 		}
 		r.relabel(ctx, p, live.elsewhere)
 	}
 	return nil
+}
+
+// recordVanished records in the address history the tenures that a resync
+// ended because their objects were gone (their finalizer was removed by
+// force), and logs each. No finalizer waits for these records: a crash
+// before they are stored loses them, and the address rests as after any
+// crash.
+func (r *Registry) recordVanished(ctx context.Context, p *Pool, ts []ipam.Tenure) {
+	if len(ts) == 0 {
+		return
+	}
+	log := logf.FromContext(ctx)
+	now := metav1.NewTime(r.clock.Now())
+	recs := make([]vmipamv1.AddressRecord, len(ts))
+	for i, t := range ts {
+		ns, name, _ := strings.Cut(t.Owner.Ref, "/")
+		if name == "" {
+			ns, name = "", ns
+		}
+		recs[i] = vmipamv1.AddressRecord{Address: t.Addr.String(), Pool: p.name, Namespace: ns, Name: name,
+			UID: t.Owner.UID, To: now, Ended: vmipamv1.EndedVanished}
+		r.LogReleased(log, recs[i])
+	}
+	if err := r.Record(ctx, recs...); err != nil {
+		log.Error(err, "Recording the history of addresses whose objects vanished", "pool", p.name)
+	}
 }

@@ -31,6 +31,7 @@ import (
 	"github.com/vmipam/vmipam/api/scheme"
 	"github.com/vmipam/vmipam/certs"
 	"github.com/vmipam/vmipam/certs/clientauth"
+	"github.com/vmipam/vmipam/history"
 	"github.com/vmipam/vmipam/internal/app"
 	"github.com/vmipam/vmipam/kinds"
 	"github.com/vmipam/vmipam/lib/lazylog"
@@ -59,6 +60,7 @@ type options struct {
 	clientCA, clientCN            string
 	kindsConfig                   string
 	limits                        transport.Limits
+	history                       app.HistoryOptions
 	// clientCNSet records that --webhook-client-cn was given, which
 	// means nothing without --webhook-client-ca.
 	clientCNSet bool
@@ -108,6 +110,9 @@ func main() {
 	flag.StringVar(&o.mutatingConfig, "mutating-webhook-configuration", "vmipam-mutating", "With --cert-mode=self: the MutatingWebhookConfiguration whose CA bundle vmipam keeps.")
 	flag.StringVar(&o.validatingCfg, "validating-webhook-configuration", "vmipam-validating", "With --cert-mode=self: the ValidatingWebhookConfiguration whose CA bundle vmipam keeps.")
 	flag.StringVar(&o.kindsConfig, "kinds-config", "", "The kinds configuration file: the kinds vmipam gives addresses to, and where on each the pool and the address live (see deploy/kinds). Empty serves vmipam's own VirtualMachine. `vmipam manifests --kinds-config FILE` renders the webhook, admission policies and RBAC it needs.")
+	flag.BoolVar(&o.history.Off, "no-history", false, "Record no address history (who held which address when, in IPHistory objects; see kubectl vmipam history).")
+	flag.IntVar(&o.history.Keep, "history-keep", history.DefaultKeep, "How many past holders of each address the history keeps.")
+	flag.DurationVar(&o.history.Retention, "history-retention", history.DefaultRetention, "How long the history keeps a record; with --history-keep, whichever keeps less.")
 	flag.DurationVar(&o.resync, "resync-interval", 5*time.Minute, "How often each pool is reconciled against every live object.")
 	flag.BoolVar(&o.apiCompression, "kube-api-compression", false, "Ask the API server for gzip-compressed responses and watch streams. Off by default: inside a cluster the bytes are cheap and the compressing (in the API server) and decompressing (here) are not, half of the cost of vmipam's watch of VMs; turn it on where vmipam reaches its API server over a slow link.")
 	zapOpts := zap.Options{Development: false}
@@ -207,7 +212,7 @@ func run(o options) error {
 	var draining atomic.Bool
 	o.limits.Draining = draining.Load
 	if _, err := app.Setup(mgr, app.Options{
-		Holder: o.holder, Namespace: o.namespace, ResyncInterval: o.resync, Limits: o.limits, Draining: draining.Load, Kinds: kinds,
+		Holder: o.holder, Namespace: o.namespace, ResyncInterval: o.resync, Limits: o.limits, History: o.history, Draining: draining.Load, Kinds: kinds,
 		Lease: pools.LeaseOptions{Duration: o.leaseDuration, RenewDeadline: o.renewDeadline, RetryPeriod: o.retryPeriod},
 	}); err != nil {
 		return err

@@ -23,6 +23,7 @@ import (
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/controller"
+	"github.com/vmipam/vmipam/history"
 	"github.com/vmipam/vmipam/ipam"
 	"github.com/vmipam/vmipam/kinds"
 	"github.com/vmipam/vmipam/metrics"
@@ -52,10 +53,22 @@ type Options struct {
 	MaxConcurrentReconciles int
 	// Limits bound what one admission request may cost.
 	Limits transport.Limits
+	// History configures the address history; History.Off records none.
+	History HistoryOptions
 	// Draining, when set, reports that the process is shutting down: the
 	// replica then reports not ready, so that the Service sends admissions
 	// to the other replicas.
 	Draining func() bool
+}
+
+// HistoryOptions configure the address history (package history).
+type HistoryOptions struct {
+	// Off records no history.
+	Off bool
+	// Keep and Retention bound what is kept of each address; zero takes
+	// history.DefaultKeep and history.DefaultRetention.
+	Keep      int
+	Retention time.Duration
 }
 
 // CacheOptions returns the manager's informer cache options: Secrets and
@@ -132,8 +145,15 @@ func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
 	if lease.Namespace == "" {
 		lease.Namespace = "vmipam-system"
 	}
+	var rec pools.Recorder
+	if !opts.History.Off {
+		w := history.NewWriter(mgr.GetClient(), mgr.GetAPIReader())
+		w.Keep, w.Retention = opts.History.Keep, opts.History.Retention
+		rec = w
+	}
 	reg := pools.NewRegistry(pools.Options{
-		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Kinds: ts, Holder: opts.Holder, Clock: opts.Clock,
+		History: rec,
+		Client:  mgr.GetClient(), APIReader: mgr.GetAPIReader(), Kinds: ts, Holder: opts.Holder, Clock: opts.Clock,
 		Lease: lease, Informers: mgr.GetCache(),
 		RunInterval: opts.RunInterval, ResyncInterval: opts.ResyncInterval, StatusInterval: opts.StatusInterval, ProveInterval: opts.ProveInterval,
 		Recorder:          mgr.GetEventRecorder("vmipam"),
