@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/history"
 	"github.com/vmipam/vmipam/ipam"
 	"github.com/vmipam/vmipam/kubestore"
 	"github.com/vmipam/vmipam/pools"
@@ -148,6 +149,16 @@ func TestDeleteCooldown(t *testing.T) {
 		}
 		return fmt.Errorf("still there: %w", err)
 	})
+	// Its tenure is in the history, stored before the finalizer went.
+	recs, err := history.Read(ctx, k8sClient, netip.MustParseAddr(first))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 1 || recs[0].UID != string(victim.UID) || recs[0].Name != "vm-0" || recs[0].Namespace != ns ||
+		recs[0].Kind != "VirtualMachine.vmipam.io" || recs[0].Pool != "cooldown" || recs[0].Ended != vmipamv1.EndedAllocated ||
+		recs[0].From == nil || !recs[0].From.Equal(&victim.CreationTimestamp) || recs[0].To.IsZero() {
+		t.Fatalf("history of %s = %+v, want vm-0's tenure (uid %s, from %s)", first, recs, victim.UID, victim.CreationTimestamp)
+	}
 	// The release reaches the store with the next batched flush (its claim
 	// was stored before it was handed out, so the object need not wait).
 	harness.Eventually(t, 10*time.Second, "the cooldown persisted", func() error {
@@ -162,7 +173,7 @@ func TestDeleteCooldown(t *testing.T) {
 	})
 	// Inside the cooldown: exhausted, and the message says when it frees.
 	clk.Step(9 * time.Minute)
-	err := k8sClient.Create(ctx, vm(ns, "too-early", "cooldown"))
+	err = k8sClient.Create(ctx, vm(ns, "too-early", "cooldown"))
 	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "exhausted") || !strings.Contains(err.Error(), "the next address frees at 2026-01-01T00:10:00Z") {
 		t.Fatalf("create inside the cooldown: %v; want a denial saying the pool is exhausted and when the next address frees", err)
 	}
