@@ -826,3 +826,33 @@ func TestResyncAfterRetriedRelease(t *testing.T) {
 		t.Fatalf("after a resync whose list predates the retried release: %s, report %+v; want it cooling down, nothing adopted", st, rep)
 	}
 }
+
+// TestResyncLeavesGoingMachinesCooling: a resync that lists a machine
+// being deleted (its finalizer still on) after its address was released
+// for it leaves the address cooling down; adopting it back would hold it
+// for a machine about to vanish, and the next resync would release it as
+// vanished.
+func TestResyncLeavesGoingMachinesCooling(t *testing.T) {
+	m, _, _ := newTestManager(t, testPool{cidr: "10.0.0.0/28"})
+	a := mustAllocate(t, m, "a")
+	owner := Owner{Token: "a", UID: "uid-a"}
+	if _, err := m.Bind(owner); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.ReleaseDurable(t.Context(), a, owner); err != nil {
+		t.Fatal(err)
+	}
+	asOf := m.Mark()
+	for _, going := range []bool{true, false} {
+		rep := m.Resync([]Holding{{Addr: a, Owner: owner, Going: going}}, asOf)
+		st, _, _ := m.Lookup(a)
+		if going && (st != StateCooldown || rep.Adopted != 0) {
+			t.Fatalf("a resync listing the going machine: %s, report %+v; want it cooling down, nothing adopted", st, rep)
+		}
+		if !going && (st != StateAllocated || rep.Adopted != 1) {
+			// A live machine carrying a cooling address adopts it, as
+			// before: the cooldown was not its.
+			t.Fatalf("a resync listing a live machine on the address: %s, report %+v; want it adopted", st, rep)
+		}
+	}
+}

@@ -12,6 +12,9 @@ import (
 type Holding struct {
 	Addr  netip.Addr
 	Owner Owner
+	// Going says that the machine is being deleted: its address, once
+	// cooling down, was released for it, and is not adopted back.
+	Going bool
 }
 
 // RecoveryReport says what Recover found.
@@ -453,7 +456,8 @@ func (m *Manager) Resync(live []Holding, asOf uint64) ResyncReport {
 		h.Addr = Canonical(h.Addr)
 		uids[h.Owner.UID] = true
 		e := m.entries[h.Addr]
-		if e == nil || e.state == stateReturning || e.changed > asOf || e.state == StateAllocated && e.owner.UID == h.Owner.UID {
+		if e == nil || e.state == stateReturning || e.changed > asOf || e.state == StateAllocated && e.owner.UID == h.Owner.UID ||
+			h.Going && e.state == StateCooldown {
 			continue
 		}
 		if err := m.adoptLocked(h.Addr, h.Owner); err != nil {

@@ -142,7 +142,7 @@ func (r *Registry) holdings(obj *unstructured.Unstructured) ([]ipam.Holding, str
 	var out []ipam.Holding
 	for _, s := range addrs[:min(len(addrs), 2)] {
 		if a, err := netip.ParseAddr(s); err == nil {
-			out = append(out, ipam.Holding{Addr: ipam.Canonical(a), Owner: owner})
+			out = append(out, ipam.Holding{Addr: ipam.Canonical(a), Owner: owner, Going: obj.GetDeletionTimestamp() != nil})
 		}
 	}
 	return out, ann[vmipamv1.PoolAnnotation]

@@ -136,10 +136,7 @@ func (r *Registry) build(pool *vmipamv1.IPPool) (*Pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pool %s: spec.%w", pool.Name, err)
 	}
-	cooldown := ipam.DefaultCooldown
-	if pool.Spec.Cooldown != nil {
-		cooldown = pool.Spec.Cooldown.Duration
-	}
+	cooldown := cooldownOf(pool.Spec)
 	ttl := ipam.DefaultPendingTTL
 	if pool.Spec.PendingTTL != nil {
 		ttl = pool.Spec.PendingTTL.Duration

@@ -2,7 +2,6 @@ package pools
 
 import (
 	"context"
-	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -92,10 +91,7 @@ func (r *Registry) recordVanished(ctx context.Context, p *Pool, ts []ipam.Tenure
 	now := metav1.NewTime(r.clock.Now())
 	recs := make([]vmipamv1.AddressRecord, len(ts))
 	for i, t := range ts {
-		ns, name, _ := strings.Cut(t.Owner.Ref, "/")
-		if name == "" {
-			ns, name = "", ns
-		}
+		ns, name := splitRef(t.Owner.Ref)
 		recs[i] = vmipamv1.AddressRecord{Address: t.Addr.String(), Pool: p.name, Namespace: ns, Name: name,
 			UID: t.Owner.UID, To: now, Ended: vmipamv1.EndedVanished}
 		r.LogReleased(log, recs[i])

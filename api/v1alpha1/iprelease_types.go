@@ -9,7 +9,7 @@ import (
 // it refuses while a live object holds the address.
 //
 // +kubebuilder:validation:XValidation:rule="self == oldSelf",message="an IPRelease cannot be changed; create another"
-// +kubebuilder:validation:XValidation:rule="!self.skipCooldown || size(self.reason) > 0",message="skipCooldown needs a reason, recorded in the address's history"
+// +kubebuilder:validation:XValidation:rule="!has(self.skipCooldown) || !self.skipCooldown || has(self.reason) && size(self.reason) > 0",message="skipCooldown needs a reason, recorded in the address's history"
 type IPReleaseSpec struct {
 	// Address is the address to release, in canonical form.
 	// +kubebuilder:validation:MaxLength=39

@@ -168,6 +168,9 @@ func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
 	}).SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("set up IPPool controller: %w", err)
 	}
+	if err := (&controller.IPReleaseReconciler{Client: mgr.GetClient(), Registry: reg}).SetupWithManager(mgr); err != nil {
+		return nil, fmt.Errorf("set up IPRelease controller: %w", err)
+	}
 	handlers := map[string]struct {
 		name    string
 		handler admission.Handler

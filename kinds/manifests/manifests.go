@@ -274,11 +274,53 @@ func RBAC(ts []kinds.Kind, o Options) []runtime.Object {
 	return []runtime.Object{role, binding}
 }
 
-// All returns everything the kinds need, in the order to apply it.
+// All returns everything the kinds need, in the order to apply it, and
+// the policy of IPReleases (ReleasePolicy).
 func All(ts []kinds.Kind, o Options) []runtime.Object {
 	out := RBAC(ts, o)
 	out = append(out, Policies(ts, o)...)
+	out = append(out, ReleasePolicy()...)
 	return append(out, Mutating(ts, o))
+}
+
+// ReleasePolicyName names the ValidatingAdmissionPolicy of IPReleases.
+const ReleasePolicyName = "vmipam-iprelease-requested-by"
+
+// ReleasePolicy returns the ValidatingAdmissionPolicy, and its binding,
+// that makes an IPRelease's spec.requestedBy the user who creates it, as
+// the API server authenticated them: the address history records it as
+// who asked. kubectl vmipam release learns the name from a
+// SelfSubjectReview. The CRD keeps the spec immutable afterwards.
+func ReleasePolicy() []runtime.Object {
+	p := &admissionregv1.ValidatingAdmissionPolicy{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingAdmissionPolicy"},
+		ObjectMeta: metav1.ObjectMeta{Name: ReleasePolicyName},
+		Spec: admissionregv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy: ptr.To(admissionregv1.Fail),
+			MatchConstraints: &admissionregv1.MatchResources{
+				MatchPolicy: ptr.To(admissionregv1.Equivalent),
+				ResourceRules: []admissionregv1.NamedRuleWithOperations{{RuleWithOperations: admissionregv1.RuleWithOperations{
+					Operations: []admissionregv1.OperationType{admissionregv1.Create},
+					Rule:       admissionregv1.Rule{APIGroups: []string{"vmipam.io"}, APIVersions: []string{"*"}, Resources: []string{"ipreleases"}},
+				}}},
+			},
+			Validations: []admissionregv1.Validation{{
+				Expression: "has(object.spec.requestedBy) && object.spec.requestedBy == request.userInfo.username",
+				MessageExpression: `"spec.requestedBy must name the user creating the IPRelease, " + request.userInfo.username + ` +
+					`", as the address history records it; kubectl vmipam release sets it"`,
+				Reason: ptr.To(metav1.StatusReasonInvalid),
+			}},
+		},
+	}
+	b := &admissionregv1.ValidatingAdmissionPolicyBinding{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingAdmissionPolicyBinding"},
+		ObjectMeta: metav1.ObjectMeta{Name: ReleasePolicyName},
+		Spec: admissionregv1.ValidatingAdmissionPolicyBindingSpec{
+			PolicyName:        ReleasePolicyName,
+			ValidationActions: []admissionregv1.ValidationAction{admissionregv1.Deny},
+		},
+	}
+	return []runtime.Object{p, b}
 }
 
 // YAML writes objs as one YAML stream, with a header saying where it

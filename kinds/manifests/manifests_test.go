@@ -38,7 +38,7 @@ func TestAll(t *testing.T) {
 			role = o
 		}
 	}
-	if m == nil || m.Name != MutatingName || len(m.Webhooks) != 3 || role == nil || len(policies) != 6 {
+	if m == nil || m.Name != MutatingName || len(m.Webhooks) != 3 || role == nil || len(policies) != 7 || policies[ReleasePolicyName] == nil {
 		t.Fatalf("rendered %d objects: %+v", len(objs), objs)
 	}
 	paths := map[string]bool{}

@@ -70,7 +70,7 @@ func TestMain(m *testing.M) {
 			return nil, errors.Join(fmt.Errorf("create namespace %s: %w", harness.Namespace, err), env.Stop())
 		}
 		// The checks the API server runs with no call to vmipam.
-		for _, o := range manifests.Policies(kinds.Default(), manifests.Options{Namespace: harness.Namespace}) {
+		for _, o := range append(manifests.Policies(kinds.Default(), manifests.Options{Namespace: harness.Namespace}), manifests.ReleasePolicy()...) {
 			if err := k8sClient.Create(context.Background(), o.(client.Object)); err != nil {
 				return nil, errors.Join(fmt.Errorf("create admission policy: %w", err), env.Stop())
 			}
