@@ -14,8 +14,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
-	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/api/scheme"
+	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 )
 
 var t0 = time.Date(2026, 12, 1, 14, 0, 0, 0, time.UTC)

@@ -50,7 +50,9 @@ type RefusedError struct{ Msg string }
 
 func (e *RefusedError) Error() string { return e.Msg }
 
-func refuse(format string, args ...any) error { return &RefusedError{Msg: fmt.Sprintf(format, args...)} }
+func refuse(format string, args ...any) error {
+	return &RefusedError{Msg: fmt.Sprintf(format, args...)}
+}
 
 // ReleaseEarly carries out req if this replica answers for its address:
 // the one whose claim holds it, or, for an address no replica claims, the
