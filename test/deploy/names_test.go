@@ -2,8 +2,10 @@ package deploy
 
 import (
 	"bufio"
+	"context"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path"
 	"path/filepath"
 	"slices"
@@ -11,7 +13,12 @@ import (
 	"testing"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
+
+	"github.com/vmipam/vmipam/kinds"
+	"github.com/vmipam/vmipam/kinds/manifests"
+	"github.com/vmipam/vmipam/test/harness"
 )
 
 // namesPeer is a resource another project installs in the clusters vmipam
@@ -366,4 +373,239 @@ func TestNamesScanner(t *testing.T) {
 			}
 		})
 	}
+}
+
+// namesNeonVMConfig is the kinds configuration of the installs without
+// vmipam's VirtualMachine: NeonVM's kind alone.
+const namesNeonVMConfig = "deploy/kinds/examples/neonvm.yaml"
+
+// namesWithoutVM prepares an install that serves NeonVM's VirtualMachine
+// only and leaves vmipam's reference CRD out, both ways: a copy of deploy/
+// whose kinds.yaml is NeonVM's and whose wiring.yaml is rendered from it (as
+// `make manifests` would), with an overlay of overlays/default and the
+// component without-virtualmachine; and the chart's arguments for the
+// same (crds.virtualMachine=false, the configuration and its wiring for
+// namespace ns). It returns the overlay's absolute path and the arguments.
+func namesWithoutVM(t *testing.T, ns string) (string, []string) {
+	t.Helper()
+	tmp := t.TempDir()
+	if err := os.CopyFS(filepath.Join(tmp, "deploy"), os.DirFS(filepath.Join(root, "deploy"))); err != nil {
+		t.Fatalf("copy deploy/: %v", err)
+	}
+	config, err := os.ReadFile(filepath.Join(root, namesNeonVMConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ks, err := kinds.Parse(config)
+	if err != nil {
+		t.Fatalf("%s: %v", namesNeonVMConfig, err)
+	}
+	wiring := func(ns string) []byte {
+		b, err := manifests.YAML(manifests.All(ks, manifests.Options{Namespace: ns}), "Rendered by test/deploy from "+namesNeonVMConfig+".")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	overlay := filepath.Join(tmp, "deploy", "my-vmipam")
+	for f, b := range map[string][]byte{
+		filepath.Join(tmp, "deploy", "kinds", "kinds.yaml"):  config,
+		filepath.Join(tmp, "deploy", "kinds", "wiring.yaml"): wiring(namespace),
+		filepath.Join(tmp, "chart-wiring.yaml"):              wiring(ns),
+		filepath.Join(overlay, "kustomization.yaml"): []byte("resources:\n- ../overlays/default\n" +
+			"components:\n- ../components/without-virtualmachine\n"),
+	} {
+		if err := os.MkdirAll(filepath.Dir(f), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(f, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return overlay, []string{"--set", "crds.virtualMachine=false",
+		"--set-file", "kinds.config=" + filepath.Join(root, namesNeonVMConfig),
+		"--set-file", "kinds.wiring=" + filepath.Join(tmp, "chart-wiring.yaml")}
+}
+
+// namesServesVM reports whether o grants or matches vmipam.io's
+// virtualmachines anywhere: an RBAC rule, a webhook rule, an admission
+// policy's resource rule.
+func namesServesVM(v any) bool {
+	switch v := v.(type) {
+	case map[string]any:
+		groups, _ := v["apiGroups"].([]any)
+		resources, _ := v["resources"].([]any)
+		if slices.Contains(groups, any("vmipam.io")) && slices.Contains(resources, any("virtualmachines")) {
+			return true
+		}
+		for _, e := range v {
+			if namesServesVM(e) {
+				return true
+			}
+		}
+	case []any:
+		for _, e := range v {
+			if namesServesVM(e) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// namesCheckWithoutVM checks a render of an install without vmipam's
+// VirtualMachine (withVM false) or of the default one (true): the CRD
+// virtualmachines.vmipam.io, and wiring for it, are there exactly when
+// they should be; vmipam's other CRDs always are.
+func namesCheckWithoutVM(t *testing.T, r *rendered, withVM bool) {
+	t.Helper()
+	crds := map[string]bool{}
+	for _, o := range r.ofKind("CustomResourceDefinition") {
+		crds[o.GetName()] = true
+	}
+	for _, name := range []string{"ippools.vmipam.io", "ipblocks.vmipam.io", "ipblockshares.vmipam.io", "iphistories.vmipam.io", "ipreleases.vmipam.io"} {
+		if !crds[name] {
+			t.Errorf("%s: no CRD %s", r.dir, name)
+		}
+	}
+	if crds["virtualmachines.vmipam.io"] != withVM {
+		t.Errorf("%s: CRD virtualmachines.vmipam.io rendered: %t, want %t", r.dir, crds["virtualmachines.vmipam.io"], withVM)
+	}
+	served := false
+	for _, o := range r.objs {
+		if o.GetKind() != "CustomResourceDefinition" && namesServesVM(o.Object) {
+			served = true
+			if !withVM {
+				t.Errorf("%s: %s %s still names vmipam.io virtualmachines", r.dir, o.GetKind(), o.GetName())
+			}
+		}
+	}
+	if withVM && !served {
+		t.Errorf("%s: nothing wires vmipam.io virtualmachines", r.dir)
+	}
+}
+
+// namesStandIns are stand-ins of peers' CRDs (their names only, any
+// content), installed beside vmipam's to see what kubectl resolves.
+var namesStandIns = []struct{ group, kind, plural, singular, scope string }{
+	{"kubevirt.io", "VirtualMachine", "virtualmachines", "virtualmachine", "Namespaced"},
+	{"vm.neon.tech", "VirtualMachine", "virtualmachines", "neonvm", "Namespaced"},
+	{"crd.projectcalico.org", "IPPool", "ippools", "ippool", "Cluster"},
+}
+
+// TestNamesInCluster installs stand-ins of KubeVirt's and NeonVM's
+// VirtualMachine and Calico's IPPool beside vmipam's CRDs, with an object
+// of each, and checks what kubectl lists: vmipam's short names and its
+// category list vmipam's objects only (the category its VMs and pools, not
+// its blocks), while the bare `vm` lists KubeVirt's, the ambiguity the
+// documentation avoids.
+func TestNamesInCluster(t *testing.T) {
+	harness.NeedControlPlane(t)
+	ctx := t.Context()
+	var objs []*unstructured.Unstructured
+	var crds []string
+	for _, s := range namesStandIns {
+		names := map[string]any{"kind": s.kind, "plural": s.plural, "singular": s.singular}
+		if s.group == "kubevirt.io" {
+			names["shortNames"] = []any{"vm", "vms"}
+		}
+		name := s.plural + "." + s.group
+		crds = append(crds, "crd/"+name)
+		objs = append(objs, &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+			"metadata": map[string]any{"name": name},
+			"spec": map[string]any{"group": s.group, "names": names, "scope": s.scope, "versions": []any{map[string]any{
+				"name": "v1", "served": true, "storage": true,
+				"schema": map[string]any{"openAPIV3Schema": map[string]any{"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+			}}},
+		}})
+	}
+	t.Cleanup(func() {
+		if _, stderr, err := kubectl(context.WithoutCancel(ctx), nil, append([]string{"delete", "--ignore-not-found", "--wait=false"}, crds...)...); err != nil {
+			t.Errorf("delete the stand-in CRDs: %v: %s", err, stderr)
+		}
+	})
+	if _, stderr, err := apply(ctx, objs, false); err != nil {
+		t.Fatalf("apply the stand-in CRDs: %v: %s", err, stderr)
+	}
+	if _, stderr, err := kubectl(ctx, nil, append([]string{"wait", "--for=condition=Established", "--timeout=30s"}, crds...)...); err != nil {
+		t.Fatalf("wait for the stand-in CRDs: %v: %s", err, stderr)
+	}
+	manifest := `
+apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata: {name: names-kubevirt, namespace: default}
+---
+apiVersion: vm.neon.tech/v1
+kind: VirtualMachine
+metadata: {name: names-neonvm, namespace: default}
+---
+apiVersion: crd.projectcalico.org/v1
+kind: IPPool
+metadata: {name: names-calico}
+---
+apiVersion: vmipam.io/v1alpha1
+kind: IPPool
+metadata: {name: names-vmipam}
+spec:
+  ranges:
+  - cidr: 10.250.0.0/24
+---
+apiVersion: vmipam.io/v1alpha1
+kind: VirtualMachine
+metadata: {name: names-vmipam, namespace: default}
+spec: {ipPool: names-vmipam}
+`
+	t.Cleanup(func() {
+		if _, stderr, err := kubectl(context.WithoutCancel(ctx), []byte(manifest), "delete", "--ignore-not-found", "-f", "-"); err != nil {
+			t.Errorf("delete the test's objects: %v: %s", err, stderr)
+		}
+	})
+	if out, stderr, err := kubectl(ctx, []byte(manifest), "create", "-f", "-"); err != nil {
+		t.Fatalf("create the test's objects: %v\n%s%s", err, out, stderr)
+	}
+	// kubectl caches discovery, from before the stand-ins here: each get
+	// starts without a cache, as a user's kubectl after the installs.
+	run := func(args ...string) string {
+		t.Helper()
+		cmd := exec.CommandContext(ctx, kubectlPath, append(args, "--kubeconfig="+kubeconfig, "--cache-dir="+t.TempDir())...)
+		cmd.Env = append(os.Environ(), "KUBECONFIG=")
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("kubectl %s: %v", strings.Join(args, " "), err)
+		}
+		return string(out)
+	}
+	get := func(args ...string) []string {
+		t.Helper()
+		return strings.Fields(run(append([]string{"get", "-o", "name"}, args...)...))
+	}
+	tests := []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"vmipam", "-A"}, []string{"ippool.vmipam.io/names-vmipam", "virtualmachine.vmipam.io/names-vmipam"}},
+		{[]string{"vmivm", "-A"}, []string{"virtualmachine.vmipam.io/names-vmipam"}},
+		{[]string{"vmipool"}, []string{"ippool.vmipam.io/names-vmipam"}},
+		{[]string{"virtualmachines.vmipam.io", "-A"}, []string{"virtualmachine.vmipam.io/names-vmipam"}},
+		{[]string{"ippools.vmipam.io"}, []string{"ippool.vmipam.io/names-vmipam"}},
+		// The bare names: another project's objects, not vmipam's.
+		{[]string{"vm", "-A"}, []string{"virtualmachine.kubevirt.io/names-kubevirt"}},
+	}
+	for _, tc := range tests {
+		got := get(tc.args...)
+		// Objects other tests left are no concern here; the test's own and
+		// the other projects' are.
+		got = slices.DeleteFunc(got, func(s string) bool { return !strings.Contains(s, "/names-") })
+		slices.Sort(got)
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("kubectl get %s lists %v, want %v", strings.Join(tc.args, " "), got, tc.want)
+		}
+	}
+	// What an operator sees: the category's default output.
+	out := run("get", "vmipam", "-A")
+	if strings.Contains(out, "ipblock") {
+		t.Errorf("kubectl get vmipam -A lists blocks:\n%s", out)
+	}
+	t.Logf("kubectl get vmipam -A:\n%s", out)
 }
