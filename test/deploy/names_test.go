@@ -212,7 +212,7 @@ func namesAmbiguousCommands(line string, shell bool) []string {
 			w = w[k+1:]
 		}
 		w = strings.Trim(strings.TrimPrefix(w, "$"), "}`\"'")
-		if path.Base(w) != "kubectl" && !(shell && w == "k") {
+		if path.Base(w) != "kubectl" && (!shell || w != "k") {
 			continue
 		}
 		// The command's words, up to the end of the command (a pipe, a
