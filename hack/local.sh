@@ -280,12 +280,12 @@ log "applying the sample pool and virtual machines"
 k apply -f deploy/samples/ippool.yaml
 # The pool is served once vmipam has recovered it.
 for _ in $(seq 1 100); do
-	[ "$(k get ippools -o jsonpath='{.items[*].status.conditions[?(@.type=="Ready")].status}')" = True ] && break
+	[ "$(k get ippools.vmipam.io -o jsonpath='{.items[*].status.conditions[?(@.type=="Ready")].status}')" = True ] && break
 	sleep 0.1
 done
 if [ -n "$config" ] && ! bin/vmipam manifests --kinds-config "$config" | grep -q 'path: /mutate-vmipam-io-v1alpha1-virtualmachine$'; then
 	log "$config does not serve vmipam's own VirtualMachine: no sample VMs; create objects of your kinds (their CRDs: VMIPAM_CRDS, or apply them now)"
-	k get ippools
+	k get ippools.vmipam.io
 	echo
 elif ! k create -f deploy/samples/virtualmachines.yaml; then
 	exit 1
@@ -293,16 +293,16 @@ else
 	want=$(k get virtualmachines.vmipam.io -A --no-headers | wc -l)
 	# Wait until the controller has bound them and the pool status shows it.
 	for _ in $(seq 1 100); do
-		[ "$(k get ippools -o jsonpath='{.items[0].status.allocated}')" = "$want" ] && break
+		[ "$(k get ippools.vmipam.io -o jsonpath='{.items[0].status.allocated}')" = "$want" ] && break
 		sleep 0.1
 	done
 	echo
 	k get virtualmachines.vmipam.io -A
 	echo
-	k get ippools
+	k get ippools.vmipam.io
 	echo
 fi
-log "kubeconfig: $kubeconfig  (try: $kubectl --kubeconfig $kubeconfig get vm -A)"
+log "kubeconfig: $kubeconfig  (try: $kubectl --kubeconfig $kubeconfig get vmipam -A)"
 if [ "$replicas" -gt 1 ]; then
 	log "replicas: vmipam-0..vmipam-$((replicas - 1)), pids in $dir/vmipam-I.pid; proxy status: http://127.0.0.1:$proxy_status_port/status"
 fi

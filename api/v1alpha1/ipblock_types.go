@@ -78,6 +78,10 @@ type IPBlockRequest struct {
 // IPBlock persists the allocator's claims and cooldowns for one block of a
 // pool. vmipam manages these objects; do not edit them.
 //
+// It is not in the category vmipam: `kubectl get vmipam` lists what an
+// operator reads and acts on, and blocks are vmipam's bookkeeping (kubectl
+// vmipam pools sums them up).
+//
 // +kubebuilder:object:root=true
 // +kubebuilder:resource:scope=Cluster
 // +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=`.spec.pool`

@@ -43,6 +43,10 @@ type IPBlockShareSpec struct {
 // and cooldowns in one IPBlock. vmipam manages these objects; do not edit
 // them.
 //
+// It is not in the category vmipam: `kubectl get vmipam` lists what an
+// operator reads and acts on, and blocks are vmipam's bookkeeping (kubectl
+// vmipam pools sums them up).
+//
 // +kubebuilder:object:root=true
 // +kubebuilder:resource:scope=Cluster
 // +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=`.spec.pool`

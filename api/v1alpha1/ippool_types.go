@@ -233,10 +233,13 @@ const (
 	ConditionPaused = "Paused"
 )
 
-// IPPool is a pool of addresses handed to VirtualMachines.
+// IPPool is a pool of addresses handed to VirtualMachines. Its short name
+// is vmipool, not ipp or ippool: Calico, Whereabouts, Kube-OVN and NeonVM
+// install ippools too (test/deploy's names_test.go lists their names), and
+// it is in the category vmipam (kubectl get vmipam).
 //
 // +kubebuilder:object:root=true
-// +kubebuilder:resource:scope=Cluster,shortName=ipp
+// +kubebuilder:resource:scope=Cluster,shortName=vmipool,categories=vmipam
 // +kubebuilder:subresource:status
 // +kubebuilder:printcolumn:name="Usable",type=integer,JSONPath=`.status.usable`
 // +kubebuilder:printcolumn:name="Allocated",type=integer,JSONPath=`.status.allocated`

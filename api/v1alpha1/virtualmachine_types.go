@@ -118,9 +118,12 @@ type VirtualMachineStatus struct {
 }
 
 // VirtualMachine is a virtual machine that receives an address from vmipam.
+// Its short name is vmivm, not vm: KubeVirt's VirtualMachine has vm and
+// vms, and NeonVM's is virtualmachines too (test/deploy's names_test.go
+// lists their names). It is in the category vmipam (kubectl get vmipam).
 //
 // +kubebuilder:object:root=true
-// +kubebuilder:resource:shortName=vm
+// +kubebuilder:resource:shortName=vmivm,categories=vmipam
 // +kubebuilder:subresource:status
 // +kubebuilder:printcolumn:name="Addresses",type=string,JSONPath=`.spec.addresses`
 // +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=`.metadata.annotations.vmipam\.io/pool`

@@ -6,7 +6,7 @@
 # waits for the first's lock.
 #
 #   KEEP=1     leave the cluster up after the suite (hack/e2e/cluster.sh
-#              exec kubectl get vm -A; hack/e2e/cluster.sh down ends it)
+#              exec kubectl get vmipam -A; hack/e2e/cluster.sh down ends it)
 #   RUN=regex  run only the matching tests of the suite
 #   HELM       the helm binary (the Makefile passes its pinned one)
 set -euo pipefail

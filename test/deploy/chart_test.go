@@ -96,21 +96,36 @@ func renderKustomize(t *testing.T, dirs ...string) *rendered {
 // the kustomize ConfigMap's hash suffix, the chart's keep annotation on the
 // CRDs and its checksum annotation on the pod template. The chart does not
 // create the namespace by default (Helm's --create-namespace does). make
-// verify runs it: the two cannot drift.
+// verify runs it: the two cannot drift. An install serving NeonVM's kind
+// alone, without vmipam's VirtualMachine CRD (the component
+// without-virtualmachine, crds.virtualMachine=false), is compared too, and
+// both renders checked to leave the CRD and its wiring out.
 func TestChartMatchesKustomize(t *testing.T) {
+	withoutVM, withoutVMArgs := namesWithoutVM(t, namespace)
 	tests := []struct {
+		name      string
 		kustomize []string
 		values    []string
+		extra     []string
+		// withVM says whether vmipam's VirtualMachine is installed and served.
+		withVM bool
 	}{
-		{[]string{"deploy/overlays/default"}, []string{"ci/default-values.yaml"}},
-		{[]string{"deploy/overlays/cert-manager"}, []string{"ci/cert-manager-values.yaml"}},
-		{[]string{"deploy/overlays/default", "deploy/monitoring"}, []string{"ci/monitoring-values.yaml"}},
-		{[]string{"deploy/overlays/cert-manager", "deploy/monitoring-cert-manager"}, []string{"ci/cert-manager-values.yaml", "ci/monitoring-values.yaml"}},
+		{"", []string{"deploy/overlays/default"}, []string{"ci/default-values.yaml"}, nil, true},
+		{"", []string{"deploy/overlays/cert-manager"}, []string{"ci/cert-manager-values.yaml"}, nil, true},
+		{"", []string{"deploy/overlays/default", "deploy/monitoring"}, []string{"ci/monitoring-values.yaml"}, nil, true},
+		{"", []string{"deploy/overlays/cert-manager", "deploy/monitoring-cert-manager"}, []string{"ci/cert-manager-values.yaml", "ci/monitoring-values.yaml"}, nil, true},
+		{"without-virtualmachine", []string{withoutVM}, []string{"ci/default-values.yaml"}, withoutVMArgs, false},
 	}
 	for _, tc := range tests {
-		t.Run(strings.Join(tc.kustomize, "+"), func(t *testing.T) {
-			k := normalise(renderKustomize(t, tc.kustomize...).objs)
-			h := normalise(helmTemplate(t, namespace, tc.values).objs)
+		name := tc.name
+		if name == "" {
+			name = strings.Join(tc.kustomize, "+")
+		}
+		t.Run(name, func(t *testing.T) {
+			kr, hr := renderKustomize(t, tc.kustomize...), helmTemplate(t, namespace, tc.values, tc.extra...)
+			namesCheckWithoutVM(t, kr, tc.withVM)
+			namesCheckWithoutVM(t, hr, tc.withVM)
+			k, h := normalise(kr.objs), normalise(hr.objs)
 			delete(k, "Namespace//"+namespace)
 			for _, key := range sortedKeys(k) {
 				hv, ok := h[key]
@@ -244,6 +259,7 @@ func TestChart(t *testing.T) {
 	if err := os.WriteFile(wiring, out, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	_, withoutVMArgs := namesWithoutVM(t, "chart-without-virtualmachine")
 	type check func(t *testing.T, r *rendered, ns string)
 	tests := []struct {
 		name    string
@@ -262,6 +278,7 @@ func TestChart(t *testing.T) {
 			extra:  []string{"--set-file", "kinds.config=" + filepath.Join(root, "deploy/kinds/examples/kubevirt.yaml"), "--set-file", "kinds.wiring=" + wiring},
 			checks: []check{checkChartKubeVirt},
 		},
+		{name: "without-virtualmachine", values: []string{"ci/default-values.yaml"}, secrets: true, extra: withoutVMArgs},
 	}
 	c, err := client.New(cfg, client.Options{})
 	if err != nil {
@@ -332,12 +349,15 @@ func TestChart(t *testing.T) {
 			if got := can("patch", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "", mutatingName); got != tc.secrets {
 				t.Errorf("%s may patch %s: %t, want %t (only to inject its own CA: tls.method=self)", sa, mutatingName, got, tc.secrets)
 			}
-			kubevirt := tc.name == "kubevirt"
+			kubevirt, neonvm := tc.name == "kubevirt", tc.name == "without-virtualmachine"
 			if got := can("patch", "kubevirt.io", "virtualmachines", "default", "vm"); got != kubevirt {
 				t.Errorf("%s may patch KubeVirt VirtualMachines: %t, want %t", sa, got, kubevirt)
 			}
-			if got := can("patch", "vmipam.io", "virtualmachines", "default", "vm"); got == kubevirt {
-				t.Errorf("%s may patch vmipam's VirtualMachines: %t, want %t", sa, got, !kubevirt)
+			if got := can("patch", "vm.neon.tech", "virtualmachines", "default", "vm"); got != neonvm {
+				t.Errorf("%s may patch NeonVM VirtualMachines: %t, want %t", sa, got, neonvm)
+			}
+			if got, want := can("patch", "vmipam.io", "virtualmachines", "default", "vm"), !kubevirt && !neonvm; got != want {
+				t.Errorf("%s may patch vmipam's VirtualMachines: %t, want %t", sa, got, want)
 			}
 		})
 	}
@@ -475,6 +495,8 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{[]string{"kinds.config=x"}, "kinds.wiring"},
 		{[]string{"kinds.wiring=x"}, "kinds.config"},
 		{[]string{"webhook.clientAuth.enabled=true"}, "webhook.clientAuth.caBundle"},
+		{[]string{"crds.virtualMachine=false"}, "crds.virtualMachine=false leaves out vmipam's VirtualMachine CRD, but the kinds configuration serves that kind"},
+		{[]string{"crds.virtualMachine=no"}, "/crds/virtualMachine"},
 	}
 	for _, tc := range tests {
 		t.Run(strings.Join(tc.set, ","), func(t *testing.T) {

@@ -143,12 +143,15 @@ func kubectl(ctx context.Context, stdin []byte, args ...string) (stdout, stderr 
 	return out.String(), errOut.String(), err
 }
 
-// render builds the kustomization in dir (relative to the repository root)
-// as the install instructions in deploy/README.md do. The base references
+// render builds the kustomization in dir (relative to the repository root,
+// or absolute) as the install instructions in deploy/README.md do. The base references
 // the generated manifests in deploy/crd, deploy/rbac and deploy/webhook,
 // outside its directory, hence the load restrictor.
 func render(ctx context.Context, dir string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, kubectlPath, "kustomize", filepath.Join(root, dir))
+	if !filepath.IsAbs(dir) {
+		dir = filepath.Join(root, dir)
+	}
+	cmd := exec.CommandContext(ctx, kubectlPath, "kustomize", dir)
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	if err := cmd.Run(); err != nil {

@@ -191,13 +191,13 @@ func TestAddresses(t *testing.T) {
 		}
 		want[vm.Name] = vm.Spec.Addresses[0]
 	}
-	out, err := kubectl("get", "vm", "-n", ns)
+	out, err := kubectl("get", "vmivm", "-n", ns)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for name, addr := range want {
 		if !strings.Contains(out, name) || !strings.Contains(out, addr) {
-			t.Errorf("kubectl get vm does not show %s with %s:\n%s", name, addr, out)
+			t.Errorf("kubectl get vmivm does not show %s with %s:\n%s", name, addr, out)
 		}
 	}
 	consistent(t, poolName)

@@ -57,6 +57,13 @@ app.kubernetes.io/component: manager
 {{- if and .Values.kinds.wiring (not .Values.kinds.config) -}}
 {{- fail "kinds.wiring is set but kinds.config is not: pass the kinds configuration the wiring was rendered from with --set-file kinds.config=<file>" -}}
 {{- end -}}
+{{- if and .Values.crds.enabled (not .Values.crds.virtualMachine) -}}
+{{- range ((include "vmipam.kindsConfig" . | fromYaml).kinds | default list) -}}
+{{- if and (eq (.group | default "") "vmipam.io") (eq (.kind | default "") "VirtualMachine") -}}
+{{- fail "crds.virtualMachine=false leaves out vmipam's VirtualMachine CRD, but the kinds configuration serves that kind (vmipam.io VirtualMachine, which it serves when kinds.config is empty): pass the kinds you serve with --set-file kinds.config=<file> and their wiring with --set-file kinds.wiring=<file>, or keep crds.virtualMachine=true" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- if and .Values.webhook.clientAuth.enabled (not .Values.webhook.clientAuth.caBundle) -}}
 {{- fail "webhook.clientAuth.enabled: give the PEM of the CA that signs the API server's client certificate in webhook.clientAuth.caBundle" -}}
 {{- end -}}
