@@ -487,6 +487,13 @@ func (r *AddressGC) assign(ctx context.Context, obj *unstructured.Unstructured, 
 	}
 	plan, _ := pools.PlanFamilies(r.Kind, ask, pool, false)
 	got, err := pool.Assign(ctx, res, plan)
+	var paused *pools.PausedError
+	if errors.As(err, &paused) {
+		// No address from a paused pool, for this object either: it waits
+		// for the pool to be unpaused, or for its pool field to change.
+		r.event(obj, corev1.EventTypeWarning, "PoolPaused", "Assign", "%v", err)
+		return ctrl.Result{RequeueAfter: time.Minute}, nil
+	}
 	if err != nil {
 		r.event(obj, corev1.EventTypeWarning, "NoAddress", "Assign", "%v", err)
 		if errors.Is(err, ipam.ErrExhausted) {

@@ -72,6 +72,20 @@ func (e *RecoveringError) Error() string {
 // Is reports whether target is ErrNotReady.
 func (e *RecoveringError) Is(target error) bool { return target == ErrNotReady }
 
+// PausedError refuses an allocation from a pool whose spec.paused is set.
+// Field is where the object names its pool, for the message; empty when
+// not known (an object that bypassed the webhook).
+type PausedError struct{ Pool, Field string }
+
+func (e *PausedError) Error() string {
+	other := "name another pool"
+	if e.Field != "" {
+		other += " in " + e.Field
+	}
+	return fmt.Sprintf("IPPool %q is paused (spec.paused): it hands out no new addresses; %s, "+
+		"or unpause it with kubectl patch ippools.vmipam.io %s --type merge -p '{\"spec\":{\"paused\":false}}'", e.Pool, other, e.Pool)
+}
+
 // Admit gives a create its addresses: it selects the pool, plans the
 // families strictly, checks the static requests against the pool, and,
 // unless it is a dry run, reserves the addresses under a fresh token (the
@@ -80,14 +94,19 @@ func (e *RecoveringError) Is(target error) bool { return target == ErrNotReady }
 // Its refusals: a *FieldError (the fields say why; the pool the object
 // names among them), ErrNotReady (vmipam or the pool is recovering; retry),
 // ErrNotAllowed (wrapped with the pool's field), ErrNameTaken, and a
-// *FamilyError from Assign.
+// *FamilyError from Assign. A paused pool (see PausedError) is refused as
+// a *FieldError naming the pool's field, dry runs and static requests
+// included.
 func (r *Registry) Admit(ctx context.Context, c Create) (Admitted, error) {
 	pool, err := r.Select(ctx, c.Kind, c.Namespace, c.Pool)
+	var paused *PausedError
 	switch {
 	case errors.Is(err, ErrNotReady):
 		return Admitted{}, err
 	case errors.Is(err, ErrNotAllowed):
 		return Admitted{}, fmt.Errorf("%s: %w", c.Kind.PoolPath(), err)
+	case errors.As(err, &paused):
+		return Admitted{}, fieldError(field.Forbidden(field.NewPath(c.Kind.PoolPath()), paused.Error()))
 	case err != nil:
 		return Admitted{}, fieldError(field.Invalid(field.NewPath(c.Kind.PoolPath()), c.Pool, err.Error()))
 	case !pool.Ready():
@@ -120,7 +139,11 @@ func (r *Registry) Admit(ctx context.Context, c Create) (Admitted, error) {
 		return Admitted{}, err
 	}
 	got, err := pool.Assign(ctx, ipam.Reservation{Token: ad.Token, Namespace: c.Namespace, Ref: c.Ref}, plan)
-	if err != nil {
+	if errors.As(err, &paused) {
+		// Paused between Select and Assign.
+		paused.Field = c.Kind.PoolPath()
+		return Admitted{}, fieldError(field.Forbidden(field.NewPath(c.Kind.PoolPath()), paused.Error()))
+	} else if err != nil {
 		return Admitted{}, err
 	}
 	ad.Addrs, ad.Skipped = got.Addrs, got.Skipped

@@ -200,8 +200,12 @@ func (e *FamilyError) Unwrap() error { return e.Err }
 // half-assigned: when a family fails (other than an exhausted family of a
 // PreferDualStack plan that still gets the other), what this call
 // reserved goes back at once, without a cooldown, since no object can
-// carry it, and the error is a *FamilyError.
+// carry it, and the error is a *FamilyError. A paused pool reserves
+// nothing: the error is a *PausedError.
 func (p *Pool) Assign(ctx context.Context, r ipam.Reservation, plan Plan) (Assignment, error) {
+	if p.Paused() {
+		return Assignment{}, &PausedError{Pool: p.name}
+	}
 	var out Assignment
 	out.Addrs = make([]netip.Addr, 0, len(plan.Families))
 	// The debug lines' values are built only when they are written: this

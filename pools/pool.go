@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -37,6 +38,14 @@ type Pool struct {
 
 	noteDuplicate func(pool string)
 
+	// paused is spec.paused of the IPPool version last applied: set when
+	// the allocator is built, and by Ensure when only it changed, without
+	// a rebuild (see Paused).
+	paused atomic.Bool
+	// trends are the samples of the pool's trend (see trendSeries), shared
+	// with the allocators that rebuild this one.
+	trends *poolTrends
+
 	mu         sync.Mutex
 	deleting   bool
 	duplicates []string // the conflicts found by the last resync, for the status
@@ -47,6 +56,11 @@ func (p *Pool) Name() string { return p.name }
 
 // Default reports whether the pool is the default pool.
 func (p *Pool) Default() bool { return p.spec.Default }
+
+// Paused reports whether the IPPool's spec.paused stops new allocations:
+// Assign refuses, while binds, releases, adoptions of addresses already
+// held and resyncs go on. It is an atomic flag, read on every create.
+func (p *Pool) Paused() bool { return p.paused.Load() }
 
 // Ready reports whether the allocator has recovered and serves the pool.
 func (p *Pool) Ready() bool {

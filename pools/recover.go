@@ -60,18 +60,23 @@ func (r *Registry) ensure(ctx context.Context, pool *vmipamv1.IPPool) error {
 	old := r.pools[pool.Name]
 	r.mu.RUnlock()
 	if old != nil && old.uid == pool.UID && old.Ready() &&
-		(old.observedGeneration() == pool.Generation || equality.Semantic.DeepEqual(old.spec, pool.Spec)) {
-		// Unchanged, or only marked for deletion (which bumps the
-		// generation too): a rebuild would park the free list for no gain.
+		(old.observedGeneration() == pool.Generation || sameButPaused(old.spec, pool.Spec)) {
+		// Unchanged, only marked for deletion (which bumps the generation
+		// too), or only paused or unpaused: a rebuild would park the free
+		// list and recover from the store for no gain.
 		old.mu.Lock()
 		old.generation = pool.Generation
 		old.deleting = pool.DeletionTimestamp != nil
 		old.mu.Unlock()
+		old.paused.Store(pool.Spec.Paused)
 		return nil
 	}
 	p, err := r.build(pool)
 	if err != nil {
 		return err
+	}
+	if old != nil && old.uid == p.uid {
+		p.trends = old.trends
 	}
 	if old != nil {
 		old.stop()
@@ -131,6 +136,13 @@ func (r *Registry) ensure(ctx context.Context, pool *vmipamv1.IPPool) error {
 	return nil
 }
 
+// sameButPaused reports whether two versions of a pool's spec differ in
+// spec.paused at most: what the allocator applies without a rebuild.
+func sameButPaused(a, b vmipamv1.IPPoolSpec) bool {
+	a.Paused, b.Paused = false, false
+	return equality.Semantic.DeepEqual(a, b)
+}
+
 func (r *Registry) build(pool *vmipamv1.IPPool) (*Pool, error) {
 	ranges, err := ipam.ParseRanges(RangeSpecs(pool.Spec.Ranges))
 	if err != nil {
@@ -149,6 +161,8 @@ func (r *Registry) build(pool *vmipamv1.IPPool) (*Pool, error) {
 		name: pool.Name, ranges: ranges, uid: pool.UID, generation: pool.Generation, spec: *pool.Spec.DeepCopy(),
 		noteDuplicate: r.opts.NoteDuplicate, deleting: pool.DeletionTimestamp != nil,
 	}
+	p.paused.Store(pool.Spec.Paused)
+	p.trends = &poolTrends{}
 	store := kubestore.New(r.opts.Client, r.opts.APIReader, pool, r.opts.Holder)
 	v4, v6 := ranges.Family(true), ranges.Family(false)
 	for _, f := range []struct {

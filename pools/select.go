@@ -31,8 +31,8 @@ var ErrNotAllowed = errors.New("namespace not allowed to use the pool")
 // recovering, being deleted, re-created under its name, or whose spec
 // cannot be applied refuses only the objects that draw from it, with its
 // own reason; ErrNotReady when a retry will do. A pool that ns may not use
-// is refused with the reason. t is the object's kind, whose pool field the
-// messages name.
+// is refused with the reason, and a paused one with a *PausedError. t is
+// the object's kind, whose pool field the messages name.
 func (r *Registry) Select(ctx context.Context, t kinds.Kind, ns, named string) (*Pool, error) {
 	where := "the pool field of the kinds configuration"
 	if p := t.PoolPath(); p != "" {
@@ -57,7 +57,7 @@ func (r *Registry) Select(ctx context.Context, t kinds.Kind, ns, named string) (
 		if err != nil {
 			return nil, err
 		}
-		return p, r.usable(p, nsObj)
+		return p, r.usable(p, nsObj, where)
 	}
 	nsObj, err := r.namespace(ctx, ns)
 	if err != nil {
@@ -98,7 +98,12 @@ func (r *Registry) Select(ctx context.Context, t kinds.Kind, ns, named string) (
 	if err != nil {
 		return nil, err
 	}
-	return p, r.usable(p, nsObj)
+	// A paused pool chosen by its namespace selector or as the default
+	// refuses too, rather than giving way to the next pool in line: that
+	// pool may be another network the namespace's workloads were never
+	// meant to join, and the operator who paused the pool decides where
+	// they go next (name a pool, or move the selector or the default).
+	return p, r.usable(p, nsObj, where)
 }
 
 // serving returns the allocator that serves pool, as the cache holds it
@@ -155,14 +160,17 @@ func (r *Registry) selectorOf(pool *vmipamv1.IPPool) labels.Selector {
 	return sel
 }
 
-// usable says why the pool cannot serve the namespace, if it cannot.
-func (r *Registry) usable(p *Pool, ns *corev1.Namespace) error {
+// usable says why the pool cannot serve the namespace, if it cannot;
+// where is the object's pool field, for the messages.
+func (r *Registry) usable(p *Pool, ns *corev1.Namespace, where string) error {
 	switch {
 	case p.Deleting():
 		return fmt.Errorf("IPPool %q is being deleted and hands out no more addresses; name another pool", p.name)
 	case !p.Allows(ns):
 		return fmt.Errorf("%w: IPPool %q allows only the namespaces its spec.allowedNamespaces lists or selects, and %s is not one of them; "+
 			"name another pool, or ask the pool's owner to allow this namespace", ErrNotAllowed, p.name, ns.Name)
+	case p.Paused():
+		return &PausedError{Pool: p.name, Field: where}
 	}
 	return nil
 }
