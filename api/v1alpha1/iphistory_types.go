@@ -93,7 +93,7 @@ const (
 // vmipam writes these objects; `kubectl vmipam history` reads them.
 //
 // +kubebuilder:object:root=true
-// +kubebuilder:resource:scope=Cluster,categories=vmipam,shortName=vmihist
+// +kubebuilder:resource:scope=Cluster,shortName=vmihist
 // +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=`.spec.pool`
 // +kubebuilder:printcolumn:name="Chunk",type=string,JSONPath=`.spec.chunk`
 // +kubebuilder:printcolumn:name="Sequence",type=integer,JSONPath=`.spec.sequence`

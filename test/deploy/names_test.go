@@ -91,8 +91,9 @@ var namesPeers = []namesPeer{
 // an operator reads and acts on. IPBlock and IPBlockShare are left out:
 // they are vmipam's own bookkeeping (per pool, a block per replica's claim
 // and a share per holder), never edited by hand, and listing them beside
-// the pools and VMs would bury those.
-var namesCategorised = []string{"virtualmachines", "ippools", "iphistories", "ipreleases"}
+// the pools and VMs would bury those; so is IPHistory, a segment per
+// chunk of 256 addresses, which kubectl vmipam history reads.
+var namesCategorised = []string{"virtualmachines", "ippools", "ipreleases"}
 
 // namesOwnCRDs reads vmipam's generated CRDs (deploy/crd).
 func namesOwnCRDs(t *testing.T) []apiextensionsv1.CustomResourceDefinition {
