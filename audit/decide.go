@@ -422,8 +422,8 @@ type claim struct {
 // of the claim) is older than settle. Static requests hand an address
 // between holders only while it is free or armed, before its object
 // exists, and the object is labelled by its new holder. Objects younger
-// than settle are left alone too (adopted or labelled by the garbage
-// collector after a bypass). The confirmation reads the object, its
+// than the grace are left alone too (adopted and labelled by the garbage
+// collector within seconds of a create that bypassed the webhook). The confirmation reads the object, its
 // block and the Leases again.
 func mislabelled(s *snapshot, claims map[netip.Addr]claim) []Finding {
 	byLabel := map[string]string{}
@@ -432,7 +432,7 @@ func mislabelled(s *snapshot, claims map[netip.Addr]claim) []Finding {
 	}
 	var out []Finding
 	for _, o := range s.objects {
-		if o.deleting || len(o.addrs) == 0 || s.listed.Sub(o.created) <= s.settle(0) {
+		if o.deleting || len(o.addrs) == 0 || s.listed.Sub(o.created) <= s.grace {
 			continue
 		}
 		c, ok := claims[o.addrs[0]]

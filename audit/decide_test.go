@@ -265,7 +265,7 @@ func TestDecide(t *testing.T) {
 			s: func() *snapshot {
 				b := newSnap().claim("h0", a5, true, old)
 				o := b.vm("a", a5)
-				o.labelled, o.created = false, t0.Add(-20*time.Second)
+				o.labelled, o.created = false, t0.Add(-5*time.Second)
 				return b.s
 			}(),
 		},
