@@ -38,7 +38,7 @@ build: ## Build every package.
 .PHONY: test
 test: $(HELM) $(PROMTOOL) ## Unit, property, fuzz-seed and envtest integration tests under -race.
 	$(GO) vet ./...
-	HELM="$(HELM)" PROMTOOL="$(PROMTOOL)" KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" $(GO) test -race -count=1 -timeout 15m $$($(GO) list ./... | grep -v -e /test/chaos -e /test/replicas)
+	HELM="$(HELM)" PROMTOOL="$(PROMTOOL)" KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" $(GO) test -race -count=1 -timeout 15m $$($(GO) list ./... | grep -v -e /test/chaos -e /test/replicas -e /test/audit)
 	@# The suites that run several vmipam processes each, one after the other
 	@# (-p 1), after the rest: side by side on 2 cores they measure the machine.
 	@# TestRollingRestart is left out: a create lost to a keep-alive
@@ -47,11 +47,12 @@ test: $(HELM) $(PROMTOOL) ## Unit, property, fuzz-seed and envtest integration t
 	@# resting after the last takeover and the fill short of the pool).
 	@# `make test-replicas` and `make chaos` run it.
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" $(GO) test -race -count=1 -p 1 -timeout 15m -skip '^TestRollingRestart$$' ./test/replicas/
+	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" $(GO) test -race -count=1 -timeout 10m ./test/audit/
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" $(GO) test -race -count=1 -timeout 15m ./test/chaos/
 
 .PHONY: test-replicas
-test-replicas: ## Only the multi-replica suites (test/replicas, and the short chaos run with three replicas), which make test runs last.
-	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" $(GO) test -race -count=1 -p 1 -timeout 20m ./test/replicas/ ./test/chaos/
+test-replicas: ## Only the multi-replica suites (test/replicas, test/audit, and the short chaos run with three replicas), which make test runs last.
+	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" $(GO) test -race -count=1 -p 1 -timeout 20m ./test/replicas/ ./test/audit/ ./test/chaos/
 
 .PHONY: test-unit
 test-unit: ## Unit, property and fuzz-seed tests, no control plane: go test -short under -race.
