@@ -39,7 +39,9 @@ tenure, from its creation to now, comes first, with ENDED "Live".
 
 --since keeps what ended at or after a time; --at keeps only the tenure
 that covered a time (the question of an abuse report: which VM had this
-address at 14:00?). Both take an RFC 3339 time (2026-03-01T14:00:00Z, or
+address at 14:00?). A tenure without FROM is one whose start vmipam did
+not see (its object went without vmipam's finalizer); --at takes it to
+start when the tenure before it ended. Both take an RFC 3339 time (2026-03-01T14:00:00Z, or
 with an offset) or a duration back from now (90m, 2h, 3d).
 
 The history is what vmipam recorded: the newest records of each address,
@@ -113,16 +115,35 @@ func selectRecords(addr netip.Addr, recs []vmipamv1.AddressRecord, live []Holdin
 		}
 		out = append(out, rec)
 	}
-	for _, r := range recs {
+	for i, r := range recs {
 		if !since.IsZero() && r.To.Time.Before(since) {
 			continue
 		}
-		if !at.IsZero() && !history.HeldAt(r, at) {
+		if !at.IsZero() && !heldAt(r, recs[i+1:], at) {
 			continue
 		}
 		out = append(out, r)
 	}
 	return out
+}
+
+// heldAt reports whether rec covers t. A tenure whose start vmipam did not
+// see (its object went before vmipam noticed) started no earlier than the
+// end of the tenure before it, older (newest first): no two objects hold
+// an address at once.
+func heldAt(rec vmipamv1.AddressRecord, older []vmipamv1.AddressRecord, t time.Time) bool {
+	if !history.HeldAt(rec, t) {
+		return false
+	}
+	if rec.From != nil {
+		return true
+	}
+	for _, o := range older {
+		if o.Ended == vmipamv1.EndedAllocated || o.Ended == vmipamv1.EndedVanished {
+			return !t.Before(o.To.Time)
+		}
+	}
+	return true
 }
 
 func (o *Options) printHistory(h *History) error {
