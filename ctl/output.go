@@ -2,6 +2,7 @@ package ctl
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -37,14 +38,28 @@ func (o *Options) printStructured(v any) (bool, error) {
 // table writes rows under header, aligned as kubectl aligns its tables.
 func table(out io.Writer, header []string, rows [][]string) error {
 	w := printers.GetNewTabWriter(out)
-	fmt.Fprintln(w, strings.Join(header, "\t"))
+	pw := &printer{w: w}
+	pw.printf("%s\n", strings.Join(header, "\t"))
 	for _, r := range rows {
-		fmt.Fprintln(w, strings.Join(r, "\t"))
+		pw.printf("%s\n", strings.Join(r, "\t"))
 	}
-	if err := w.Flush(); err != nil {
+	if err := errors.Join(pw.err, w.Flush()); err != nil {
 		return fmt.Errorf("write table: %w", err)
 	}
 	return nil
+}
+
+// printer writes to w until a write fails, and keeps that error: the
+// commands write many lines and report one failure.
+type printer struct {
+	w   io.Writer
+	err error
+}
+
+func (p *printer) printf(format string, args ...any) {
+	if p.err == nil {
+		_, p.err = fmt.Fprintf(p.w, format, args...)
+	}
 }
 
 // orDash is s, or "-" when empty: a table cell is never blank.

@@ -100,10 +100,12 @@ func (o *Options) release(ctx context.Context, c client.Client, rel *vmipamv1.IP
 		}
 		return rel.Status.Phase != "", nil
 	})
-	if done, perr := o.printStructured(rel); done && perr != nil {
+	done, perr := o.printStructured(rel)
+	if !done && err == nil {
+		perr = o.printRelease(rel)
+	}
+	if perr != nil {
 		return perr
-	} else if !done && err == nil {
-		o.printRelease(rel)
 	}
 	switch {
 	case err != nil && wait.Interrupted(err):
@@ -119,20 +121,22 @@ func (o *Options) release(ctx context.Context, c client.Client, rel *vmipamv1.IP
 }
 
 // printRelease says what vmipam did.
-func (o *Options) printRelease(rel *vmipamv1.IPRelease) {
+func (o *Options) printRelease(rel *vmipamv1.IPRelease) error {
 	s := rel.Status
-	fmt.Fprintf(o.Out, "%s: %s %s", rel.Name, s.Phase, rel.Spec.Address)
+	out := &printer{w: o.Out}
+	out.printf("%s: %s %s", rel.Name, s.Phase, rel.Spec.Address)
 	if s.Pool != "" {
-		fmt.Fprintf(o.Out, " (pool %s)", s.Pool)
+		out.printf(" (pool %s)", s.Pool)
 	}
 	if s.Previous != "" {
-		fmt.Fprintf(o.Out, ", was %s", s.Previous)
+		out.printf(", was %s", s.Previous)
 	}
 	if s.Holder != "" {
-		fmt.Fprintf(o.Out, ", by replica %s", s.Holder)
+		out.printf(", by replica %s", s.Holder)
 	}
-	fmt.Fprintln(o.Out)
+	out.printf("\n")
 	if s.Message != "" {
-		fmt.Fprintln(o.Out, s.Message)
+		out.printf("%s\n", s.Message)
 	}
+	return out.err
 }

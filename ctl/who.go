@@ -146,9 +146,9 @@ func (o *Options) printWho(w *Who) error {
 	if done, err := o.printStructured(w); done {
 		return err
 	}
-	out := o.Out
-	fmt.Fprintf(out, "Address:  %s\n", w.Address)
-	fmt.Fprintf(out, "Pool:     %s (%s)\n", w.Pool, w.Family)
+	out := &printer{w: o.Out}
+	out.printf("Address:  %s\n", w.Address)
+	out.printf("Pool:     %s (%s)\n", w.Pool, w.Family)
 	state := w.State
 	switch {
 	case w.State == StateCooldown:
@@ -158,23 +158,26 @@ func (o *Options) printWho(w *Who) error {
 	case w.State == StateAllocated && len(w.Objects) > 1:
 		state += fmt.Sprintf(" to %d live objects: a duplicate; run kubectl vmipam check", len(w.Objects))
 	}
-	fmt.Fprintf(out, "State:    %s\n", state)
+	out.printf("State:    %s\n", state)
 	for _, h := range w.Objects {
 		del := ""
 		if h.Deleting {
 			del = " (being deleted)"
 		}
-		fmt.Fprintf(out, "Object:   %s %s uid=%s created=%s%s\n", h.Kind, h.Ref(), h.UID, stamp(h.Created), del)
+		out.printf("Object:   %s %s uid=%s created=%s%s\n", h.Kind, h.Ref(), h.UID, stamp(h.Created), del)
 	}
 	if w.Why == "" {
-		fmt.Fprintf(out, "Claim:    %s\n", claimLine(w))
+		out.printf("Claim:    %s\n", claimLine(w))
 	}
 	if len(w.LastHolders) == 0 {
-		fmt.Fprintln(out, "History:  none recorded")
-		return nil
+		out.printf("History:  none recorded\n")
+		return out.err
 	}
-	fmt.Fprintln(out, "Last holders:")
-	return table(out, historyHeader(w.LastHolders), historyRows(w.LastHolders))
+	out.printf("Last holders:\n")
+	if out.err != nil {
+		return out.err
+	}
+	return table(o.Out, historyHeader(w.LastHolders), historyRows(w.LastHolders))
 }
 
 // claimLine says whose claim the address is and whether that replica is

@@ -186,7 +186,10 @@ func TestPluginThreeReplicas(t *testing.T) {
 		live := vms[0]
 		addr := netip.MustParseAddr(live.Spec.Addresses[0])
 		chunk := history.ChunkOf(addr)
-		at := func(h int) *metav1.Time { t := metav1.NewTime(time.Now().Add(-time.Duration(h) * time.Hour).Truncate(time.Second)); return &t }
+		at := func(h int) *metav1.Time {
+			t := metav1.NewTime(time.Now().Add(-time.Duration(h) * time.Hour).Truncate(time.Second))
+			return &t
+		}
 		seg := &vmipamv1.IPHistory{
 			ObjectMeta: metav1.ObjectMeta{Name: history.SegmentName(chunk, 0), Labels: map[string]string{vmipamv1.ChunkLabel: history.ChunkLabelValue(chunk)}},
 			Spec: vmipamv1.IPHistorySpec{Pool: pool, Chunk: chunk.String(), Sequence: 0, Records: []vmipamv1.AddressRecord{
