@@ -31,6 +31,13 @@ could not read the cluster.`,
 			if grace < 0 {
 				return fmt.Errorf("--grace %s is negative: give a duration such as 30s", grace)
 			}
+			var ks []kinds.Kind
+			if o.KindsConfig != "" {
+				var err error
+				if ks, err = kinds.Load(o.KindsConfig); err != nil {
+					return fmt.Errorf("--kinds-config: %w", err)
+				}
+			}
 			c, err := o.client()
 			if err != nil {
 				return err
@@ -38,12 +45,6 @@ could not read the cluster.`,
 			d, m, err := o.discoveryAndMetadata()
 			if err != nil {
 				return err
-			}
-			var ks []kinds.Kind
-			if o.KindsConfig != "" {
-				if ks, err = kinds.Load(o.KindsConfig); err != nil {
-					return fmt.Errorf("--kinds-config: %w", err)
-				}
 			}
 			rep, err := audit.Run(contextOf(cmd), audit.Sources{Reader: c, Discovery: d, Metadata: m},
 				audit.Options{Kinds: ks, Namespace: o.VMIPAMNamespace, Grace: grace})
