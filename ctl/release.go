@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
+
 	"github.com/spf13/cobra"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -88,8 +90,17 @@ error.`,
 	return cmd
 }
 
-// release creates rel and waits up to timeout for its phase.
+// release creates rel, signed by the user the API server knows the
+// caller as, and waits up to timeout for its phase.
 func (o *Options) release(ctx context.Context, c client.Client, rel *vmipamv1.IPRelease, timeout time.Duration) error {
+	// An admission policy lets only the creator sign: the history records
+	// who asked. A SelfSubjectReview says who that is, however the
+	// kubeconfig authenticates.
+	review := &authenticationv1.SelfSubjectReview{}
+	if err := c.Create(ctx, review); err != nil {
+		return fmt.Errorf("learn which user you are (a SelfSubjectReview, which the IPRelease is signed with): %w", err)
+	}
+	rel.Spec.RequestedBy = review.Status.UserInfo.Username
 	if err := c.Create(ctx, rel); err != nil {
 		return fmt.Errorf("create an IPRelease of %s: %w", rel.Spec.Address, err)
 	}

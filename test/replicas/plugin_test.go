@@ -2,20 +2,16 @@ package replicas
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"net/netip"
 	"strings"
 	"testing"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/ctl"
-	"github.com/vmipam/vmipam/history"
 	"github.com/vmipam/vmipam/ipam"
 	"github.com/vmipam/vmipam/kubestore"
 	"github.com/vmipam/vmipam/test/fixture"
@@ -180,56 +176,30 @@ func TestPluginThreeReplicas(t *testing.T) {
 		})
 	})
 
-	t.Run("history: records newest first, the live holder first, --at and --since", func(t *testing.T) {
-		// The history writer is not part of this change: the test writes
-		// a segment of the chunk as vmipam's would.
-		live := vms[0]
-		addr := netip.MustParseAddr(live.Spec.Addresses[0])
-		chunk := history.ChunkOf(addr)
-		at := func(h int) *metav1.Time {
-			t := metav1.NewTime(time.Now().Add(-time.Duration(h) * time.Hour).Truncate(time.Second))
-			return &t
-		}
-		seg := &vmipamv1.IPHistory{
-			ObjectMeta: metav1.ObjectMeta{Name: history.SegmentName(chunk, 0), Labels: map[string]string{vmipamv1.ChunkLabel: history.ChunkLabelValue(chunk)}},
-			Spec: vmipamv1.IPHistorySpec{Pool: pool, Chunk: chunk.String(), Sequence: 0, Records: []vmipamv1.AddressRecord{
-				{Address: addr.String(), Kind: "VirtualMachine.vmipam.io", Namespace: s.ns, Name: "old-1", UID: "00000000-0000-0000-0000-000000000001", From: at(30), To: *at(26), Ended: vmipamv1.EndedAllocated},
-				{Address: addr.String(), Kind: "VirtualMachine.vmipam.io", Namespace: s.ns, Name: "old-2", UID: "00000000-0000-0000-0000-000000000002", From: at(20), To: *at(5), Ended: vmipamv1.EndedAllocated},
-				{Address: addr.String(), To: *at(4), Ended: vmipamv1.EndedCooldown, ReleasedBy: "alice", Reason: "INC-7"},
-				{Address: "10.77.0.250", Kind: "VirtualMachine.vmipam.io", Namespace: s.ns, Name: "other", UID: "00000000-0000-0000-0000-000000000003", From: at(3), To: *at(2), Ended: vmipamv1.EndedAllocated},
-			}},
-		}
-		if err := s.c.Create(s.ctx, seg); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = s.c.Delete(context.Background(), seg) })
-
-		out, code := pluginRun(t, "history", addr.String())
+	t.Run("history: the tenure vmipam recorded, the live holder first, --at and --since", func(t *testing.T) {
+		// gone's tenure, as the replica that released its address wrote
+		// it, and the VM now on another address of the same chunk.
+		out, code := pluginRun(t, "history", goneAddr, "-o", "json")
 		if code != ctl.ExitOK {
-			t.Fatalf("history exited %d", code)
+			t.Fatalf("history exited %d: %s", code, out)
 		}
-		lines := strings.Split(strings.TrimSpace(out), "\n")
-		if len(lines) != 5 {
-			t.Fatalf("history: %d lines, want a header and 4 rows (live, release, old-2, old-1)", len(lines))
+		lines := strings.Split(strings.TrimSpace(pluginTable(t, "history", goneAddr)), "\n")
+		if len(lines) != 2 {
+			t.Fatalf("history of %s: %q; want a header and gone's tenure", goneAddr, lines)
 		}
-		pluginWant(t, "header", lines[0], "FROM", "TO", "ENDED", "KIND", "NAMESPACE/NAME", "UID", "RELEASED-BY", "REASON")
-		pluginWant(t, "row 1: the live VM", lines[1], "now", "Live", s.ns+"/"+live.Name, string(live.UID))
-		pluginWant(t, "row 2: the release", lines[2], "Cooldown", "alice", "INC-7")
-		pluginWant(t, "row 3: old-2", lines[3], s.ns+"/old-2")
-		pluginWant(t, "row 4: old-1", lines[4], s.ns+"/old-1")
-
-		out, _ = pluginRun(t, "history", addr.String(), "--at", at(10).UTC().Format(time.RFC3339))
-		lines = strings.Split(strings.TrimSpace(out), "\n")
-		if len(lines) != 2 || !strings.Contains(lines[1], s.ns+"/old-2") {
-			t.Errorf("history --at 10h ago: %q, want old-2 alone", lines)
+		pluginWant(t, "header", lines[0], "FROM", "TO", "ENDED", "KIND", "NAMESPACE/NAME", "UID")
+		pluginWant(t, "gone's tenure", lines[1], "Allocated", "VirtualMachine.vmipam.io", s.ns+"/"+gone.Name, string(gone.UID))
+		mid := gone.CreationTimestamp.Add(time.Second / 2)
+		if out := pluginTable(t, "history", goneAddr, "--at", mid.UTC().Format(time.RFC3339Nano)); !strings.Contains(out, gone.Name) {
+			t.Errorf("history --at its lifetime: %q; want gone", out)
 		}
-		out, _ = pluginRun(t, "history", addr.String(), "--since", "6h")
-		if strings.Contains(out, "old-1") || !strings.Contains(out, "old-2") || !strings.Contains(out, "INC-7") || !strings.Contains(out, live.Name) {
-			t.Errorf("history --since 6h: want what ended in the last 6h (old-2 5h ago, the release) and the live VM, not old-1")
+		if out := pluginTable(t, "history", goneAddr, "--at", "48h"); strings.Contains(out, gone.Name) {
+			t.Errorf("history --at 48h ago: %q; want nothing (gone was created minutes ago)", out)
 		}
-		out, _ = pluginRun(t, "history", addr.String(), "--at", "28h")
-		pluginWant(t, "--at 28h", out, "old-1")
-		if _, code := pluginRun(t, "history", addr.String(), "--since", "yesterday"); code != ctl.ExitError {
+		live := vms[0]
+		out = pluginTable(t, "history", live.Spec.Addresses[0], "--since", "1h")
+		pluginWant(t, "the live VM", out, "Live", s.ns+"/"+live.Name, string(live.UID))
+		if _, code := pluginRun(t, "history", goneAddr, "--since", "yesterday"); code != ctl.ExitError {
 			t.Errorf("history --since yesterday exited %d, want %d", code, ctl.ExitError)
 		}
 	})
@@ -259,9 +229,7 @@ func TestPluginThreeReplicas(t *testing.T) {
 		pluginWant(t, "pools table", out, "POOL", "EXHAUSTION", pool)
 	})
 
-	t.Run("release: the client side of the IPRelease contract", func(t *testing.T) {
-		// vmipam's side of IPRelease is not part of this change: the
-		// test plays the replica, writing the status it would.
+	t.Run("release: the replica holding the claim answers", func(t *testing.T) {
 		if _, code := pluginRun(t, "release", goneAddr, "--skip-cooldown"); code != ctl.ExitError {
 			t.Errorf("release --skip-cooldown without --reason exited %d, want %d", code, ctl.ExitError)
 		}
@@ -269,62 +237,60 @@ func TestPluginThreeReplicas(t *testing.T) {
 		if err := s.c.List(s.ctx, &list); err != nil || len(list.Items) != 0 {
 			t.Fatalf("a refused flag created an IPRelease: %v %v", list.Items, err)
 		}
+		// The ends of a pending reservation and of a cooldown that are
+		// carried out wait a minute for creates in flight: the integration
+		// suite runs them on a test clock (TestIPRelease).
+		held := vms[1]
 		tests := map[string]struct {
-			args     []string
-			status   *vmipamv1.IPReleaseStatus
-			wantCode int
-			wants    []string
+			args  []string
+			addr  string
+			wants []string
 		}{
-			"done": {args: []string{"release", goneAddr, "--skip-cooldown", "--reason", "INC-8"}, wantCode: ctl.ExitOK,
-				status: &vmipamv1.IPReleaseStatus{Phase: vmipamv1.ReleaseDone, Message: "cooldown ended", Holder: "vmipam-1", Pool: pool, Previous: "Cooldown"},
-				wants:  []string{"Done " + goneAddr, "(pool plugin-pool)", "was Cooldown", "by replica vmipam-1", "cooldown ended"}},
-			// The refused and unanswered cases pass --skip-cooldown too: the
-			// IPRelease CRD's rule on skipCooldown cannot yet evaluate an
-			// object without it ("no such key").
-			"refused": {args: []string{"release", vms[1].Spec.Addresses[0], "--skip-cooldown", "--reason", "INC-9"}, wantCode: ctl.ExitFindings,
-				status: &vmipamv1.IPReleaseStatus{Phase: vmipamv1.ReleaseRefused, Message: "allocated to VirtualMachine " + s.ns + "/" + vms[1].Name},
-				wants:  []string{"Refused", "allocated to VirtualMachine " + s.ns + "/" + vms[1].Name}},
-			"nobody acts": {args: []string{"release", goneAddr, "--skip-cooldown", "--reason", "INC-10", "--timeout", "1s"}, wantCode: ctl.ExitFindings,
-				wants: []string{"no vmipam replica acted on IPRelease release-", "within 1s"}},
+			"held by a live VM": {args: []string{"release", held.Spec.Addresses[0], "--skip-cooldown", "--reason", "INC-9"}, addr: held.Spec.Addresses[0],
+				wants: []string{"Refused", "held by VirtualMachine " + s.ns + "/" + held.Name}},
+			"cooling down, not asked to skip it": {args: []string{"release", goneAddr}, addr: goneAddr,
+				wants: []string{"Refused", "cools down until"}},
+			"a cooldown just begun": {args: []string{"release", goneAddr, "--skip-cooldown", "--reason", "INC-10"}, addr: goneAddr,
+				wants: []string{"Refused", "try again after"}},
 		}
 		for name, tt := range tests {
 			t.Run(name, func(t *testing.T) {
-				ctx, cancel := context.WithCancel(s.ctx)
-				defer cancel()
-				if tt.status != nil {
-					go pluginPlayVMIPAM(ctx, s.c, *tt.status)
+				blocks, err := kubestore.Read(s.ctx, s.c, pool)
+				if err != nil {
+					t.Fatal(err)
 				}
+				claim := pluginClaimOf(blocks, netip.MustParseAddr(tt.addr))
 				out, code := pluginRun(t, tt.args...)
-				if code != tt.wantCode {
-					t.Errorf("exit %d, want %d", code, tt.wantCode)
+				if code != ctl.ExitFindings {
+					t.Errorf("exit %d, want %d (refused)", code, ctl.ExitFindings)
 				}
-				pluginWant(t, name, out, tt.wants...)
-				cancel()
-				_ = s.c.DeleteAllOf(s.ctx, &vmipamv1.IPRelease{})
+				pluginWant(t, name, out, append(tt.wants, "by replica "+claim)...)
 			})
 		}
 	})
 }
 
-// pluginPlayVMIPAM plays vmipam's replica for release's test: it sets st
-// on the first IPRelease without a phase.
-func pluginPlayVMIPAM(ctx context.Context, c client.Client, st vmipamv1.IPReleaseStatus) {
-	_ = harness.Poll(ctx, 50*time.Millisecond, 20*time.Second, func() error {
-		var list vmipamv1.IPReleaseList
-		if err := c.List(ctx, &list); err != nil {
-			return err
-		}
-		for i := range list.Items {
-			r := &list.Items[i]
-			if r.Status.Phase == "" {
-				r.Status = st
-				now := metav1.Now()
-				r.Status.CompletionTime = &now
-				return c.Status().Update(ctx, r)
+// pluginClaimOf returns the holder whose claim covers addr in blocks.
+func pluginClaimOf(blocks []ipam.Block, addr netip.Addr) string {
+	for i := range blocks {
+		if blocks[i].Prefix.Contains(addr) {
+			if h, ok := blocks[i].ClaimedBy(addr); ok {
+				return h
 			}
 		}
-		return &pluginErr{"no IPRelease yet"}
-	})
+	}
+	return ""
+}
+
+// pluginTable runs the plugin and returns its output, failing on a
+// non-zero exit.
+func pluginTable(t *testing.T, args ...string) string {
+	t.Helper()
+	out, code := pluginRun(t, args...)
+	if code != ctl.ExitOK {
+		t.Fatalf("kubectl vmipam %s exited %d: %s", strings.Join(args, " "), code, out)
+	}
+	return out
 }
 
 // pluginErr is a condition not met yet.
