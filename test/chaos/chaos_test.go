@@ -401,6 +401,22 @@ func TestChaos(t *testing.T) {
 	}
 	fig.total = time.Since(began)
 
+	// The address history against the ledger: every deleted VM's tenure,
+	// from its create to its deletion exactly, SIGKILLs and takeovers
+	// notwithstanding.
+	hist, err := harness.CheckHistory(ctx, c, ns, led, tr, 300)
+	if err != nil {
+		t.Errorf("the address history: %v", err)
+	}
+	t.Logf("address history: %d addresses, %d tenures of deleted VMs compared (%d with no deletionTimestamp seen), %d mismatches",
+		hist.Addresses, hist.Tenures, hist.Unknown, len(hist.Mismatches))
+	for _, m := range hist.Mismatches {
+		t.Errorf("ADDRESS HISTORY: %s", m)
+	}
+	if hist.Tenures == 0 {
+		t.Errorf("the address history: no tenure of a deleted VM compared")
+	}
+
 	report := fig.table(s, usable)
 	t.Log("\n" + report)
 	if testing.Verbose() {

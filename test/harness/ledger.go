@@ -277,6 +277,9 @@ func (l *Ledger) LateReuse(goneAt func(name string) (time.Time, bool)) (violatio
 type Gone struct {
 	At    time.Time
 	Exact bool
+	// Deleted is the VM's metadata.deletionTimestamp, as the watch last
+	// showed it; zero when it never showed one.
+	Deleted time.Time
 }
 
 // Tracker watches a namespace and notes when each VirtualMachine
@@ -287,16 +290,18 @@ type Tracker struct {
 	c  client.WithWatch
 	ns string
 
-	mu       sync.Mutex
-	present  map[string]bool
-	gone     map[string]Gone
+	mu      sync.Mutex
+	present map[string]bool
+	gone    map[string]Gone
+	// deleted is each VM's deletionTimestamp, as a watch event showed it.
+	deleted  map[string]time.Time
 	relists  int
 	restarts int
 }
 
 // NewTracker returns a tracker of the VirtualMachines of ns; Run runs it.
 func NewTracker(c client.WithWatch, ns string) *Tracker {
-	return &Tracker{c: c, ns: ns, present: map[string]bool{}, gone: map[string]Gone{}}
+	return &Tracker{c: c, ns: ns, present: map[string]bool{}, gone: map[string]Gone{}, deleted: map[string]time.Time{}}
 }
 
 // Run lists and watches until ctx ends, listing again whenever the watch
@@ -332,7 +337,7 @@ func (t *Tracker) relist(ctx context.Context) (string, error) {
 	}
 	for name := range t.present {
 		if !seen[name] {
-			t.gone[name] = Gone{At: now}
+			t.gone[name] = Gone{At: now, Deleted: t.deleted[name]}
 			delete(t.present, name)
 		}
 	}
@@ -364,15 +369,24 @@ func (t *Tracker) watch(ctx context.Context, rv string) {
 				return
 			case ev.Type == watch.Deleted:
 				t.mu.Lock()
-				t.gone[vm.Name] = Gone{At: time.Now(), Exact: true}
+				t.noteDeleted(vm)
+				t.gone[vm.Name] = Gone{At: time.Now(), Exact: true, Deleted: t.deleted[vm.Name]}
 				delete(t.present, vm.Name)
 				t.mu.Unlock()
 			case ev.Type == watch.Added || ev.Type == watch.Modified:
 				t.mu.Lock()
+				t.noteDeleted(vm)
 				t.present[vm.Name] = true
 				t.mu.Unlock()
 			}
 		}
+	}
+}
+
+// noteDeleted keeps vm's deletionTimestamp, if it has one. t.mu is held.
+func (t *Tracker) noteDeleted(vm *vmipamv1.VirtualMachine) {
+	if d := vm.DeletionTimestamp; d != nil {
+		t.deleted[vm.Name] = d.Time
 	}
 }
 
