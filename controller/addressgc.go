@@ -287,6 +287,12 @@ func (r *AddressGC) act(ctx context.Context, obj *unstructured.Unstructured, f f
 	case actNoPool:
 		r.event(obj, corev1.EventTypeWarning, "NoPool", "Assign", "%v", f.noPool)
 	case actRemoveFinalizer:
+		// Rare: its pool is gone, or no replica claims its address.
+		why := "no replica claims its address"
+		if f.pool == nil {
+			why = "its pool is gone"
+		}
+		logf.FromContext(ctx).Info("Letting an object go with nothing to release", "reason", why, "addresses", f.addrs)
 		return ctrl.Result{}, r.removeFinalizer(ctx, obj)
 	case actRelease:
 		return r.release(ctx, obj, f.pool, f.addrs, owner)
