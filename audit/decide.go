@@ -34,7 +34,7 @@ type snapshot struct {
 	// orphans are IPBlockShares whose IPBlock does not exist.
 	orphans []share
 	// leases are the holder Leases, by holder.
-	leases map[string]lease
+	leases map[string]pools.HolderLease
 	// ipblocks counts the IPBlocks read.
 	ipblocks int
 }
@@ -116,27 +116,8 @@ type share struct {
 	written                    time.Time
 }
 
-// lease is a holder Lease.
-type lease struct {
-	holder, identity string
-	renewed          time.Time
-	duration         time.Duration
-}
-
-// live reports whether the holder itself renewed its Lease within its
-// duration at now.
-func (l lease) live(now time.Time) bool {
-	return l.identity == l.holder && !now.After(l.renewed.Add(l.duration))
-}
-
-// takenOver reports whether a live replica is taking the holder's claims
-// over at now: the takeover mark is renewed by its taker as it goes.
-func (l lease) takenOver(now time.Time) bool {
-	return strings.HasPrefix(l.identity, pools.TakeoverPrefix) && !now.After(l.renewed.Add(l.duration))
-}
-
 // leaseOf returns holder's Lease, and false when it has none.
-func (s *snapshot) leaseOf(holder string) (lease, bool) {
+func (s *snapshot) leaseOf(holder string) (pools.HolderLease, bool) {
 	l, ok := s.leases[holder]
 	return l, ok
 }
@@ -303,7 +284,7 @@ func leaks(s *snapshot) []Finding {
 				}
 				l, hasLease := s.leaseOf(h)
 				why := "vmipam rests such an address (max of pending TTL and cooldown) when it recovers the pool or takes the holder over, and releases it at its next resync"
-				if !hasLease || !l.live(s.now) {
+				if !hasLease || !l.Live(s.now) {
 					why = "its holder is not running: a live replica takes its claims over and rests the address"
 				}
 				out = append(out, Finding{
@@ -367,16 +348,16 @@ func deadHolders(s *snapshot) []Finding {
 				continue
 			}
 			state = "has no Lease"
-		case l.live(s.now), l.takenOver(s.now):
+		case l.Live(s.now), takenOver(l, s.now):
 			continue
 		default:
-			lapsed := l.renewed.Add(l.duration)
-			if s.now.Sub(lapsed) <= s.settle(l.duration) {
+			lapsed := l.Renewed.Add(l.Duration)
+			if s.now.Sub(lapsed) <= s.settle(l.Duration) {
 				continue
 			}
 			state = fmt.Sprintf("has a Lease that lapsed %s ago", s.now.Sub(lapsed).Round(time.Second))
-			if l.identity != l.holder && l.identity != "" {
-				state += fmt.Sprintf(" (last written by %s)", l.identity)
+			if l.Identity != l.Holder && l.Identity != "" {
+				state += fmt.Sprintf(" (last written by %s)", l.Identity)
 			}
 		}
 		out = append(out, Finding{
@@ -443,12 +424,12 @@ func mislabelled(s *snapshot, claims map[netip.Addr]claim) []Finding {
 		if o.labelled && o.label == want {
 			continue
 		}
-		if l, ok := s.leaseOf(c.holder); !ok || !l.live(s.now) {
+		if l, ok := s.leaseOf(c.holder); !ok || !l.Live(s.now) {
 			continue
 		}
 		if o.labelled {
 			if h, ok := byLabel[o.label]; ok {
-				if l := s.leases[h]; !l.live(s.now) {
+				if l := s.leases[h]; !l.Live(s.now) {
 					continue
 				}
 			} else if s.now.Sub(c.block.written) <= s.settle(0) {
@@ -599,4 +580,11 @@ func unmarkPatch(o object) string {
 		"labels": map[string]any{vmipamv1.HolderLabel: nil}, "finalizers": keep,
 	}})
 	return string(raw)
+}
+
+// takenOver reports whether a live replica is taking l's holder over at
+// now.
+func takenOver(l pools.HolderLease, now time.Time) bool {
+	_, ok := l.TakenOverBy(now)
+	return ok
 }

@@ -42,9 +42,9 @@ func newSnap() *tsnap {
 		blocks: []block{{pool: "p", name: "p.10-0-0-0-20", written: t0.Add(-time.Hour), holders: map[string]part{},
 			b: ipam.Block{Prefix: prefix, Claims: map[string]*ipam.Bitmap{}, InUse: map[string]*ipam.Bitmap{}, Armed: map[string]*ipam.Bitmap{},
 				Cooldowns: map[netip.Addr]time.Time{}, Exact: true}}},
-		leases: map[string]lease{
-			"h0": {holder: "h0", identity: "h0", renewed: t0, duration: testLease},
-			"h1": {holder: "h1", identity: "h1", renewed: t0, duration: testLease},
+		leases: map[string]pools.HolderLease{
+			"h0": {Holder: "h0", Identity: "h0", Renewed: t0, Duration: testLease},
+			"h1": {Holder: "h1", Identity: "h1", Renewed: t0, Duration: testLease},
 		},
 	}
 	return &tsnap{s: s}
@@ -134,7 +134,7 @@ func TestDecide(t *testing.T) {
 		},
 		"in use, on no object, of a dead holder (no replica left)": {
 			s: newSnap().claim("h0", a5, true, t0.Add(-5*time.Minute)).with(func(s *snapshot) {
-				s.leases["h0"] = lease{holder: "h0", identity: "h0", renewed: t0.Add(-5 * time.Minute), duration: testLease}
+				s.leases["h0"] = pools.HolderLease{Holder: "h0", Identity: "h0", Renewed: t0.Add(-5 * time.Minute), Duration: testLease}
 			}),
 			want: []string{"DeadHolderClaims   h0", "Leak 10.0.0.5  h0"},
 		},
@@ -161,7 +161,7 @@ func TestDecide(t *testing.T) {
 			s: func() *snapshot {
 				b := newSnap().claim("h2", a5, true, old)
 				b.vm("a", a5).label = pools.HolderLabelValue("h2")
-				b.s.leases["h2"] = lease{holder: "h2", identity: "h2", renewed: t0.Add(-time.Hour), duration: testLease}
+				b.s.leases["h2"] = pools.HolderLease{Holder: "h2", Identity: "h2", Renewed: t0.Add(-time.Hour), Duration: testLease}
 				return b.s
 			}(),
 			want: []string{"DeadHolderClaims   h2"},
@@ -170,7 +170,7 @@ func TestDecide(t *testing.T) {
 			s: func() *snapshot {
 				b := newSnap().claim("h2", a5, true, old)
 				b.vm("a", a5).label = "h2"
-				b.s.leases["h2"] = lease{holder: "h2", identity: "h2", renewed: t0.Add(-30 * time.Second), duration: testLease}
+				b.s.leases["h2"] = pools.HolderLease{Holder: "h2", Identity: "h2", Renewed: t0.Add(-30 * time.Second), Duration: testLease}
 				return b.s
 			}(),
 		},
@@ -178,7 +178,7 @@ func TestDecide(t *testing.T) {
 			s: func() *snapshot {
 				b := newSnap().claim("h2", a5, true, old)
 				b.vm("a", a5).label = "h2"
-				b.s.leases["h2"] = lease{holder: "h2", identity: pools.TakeoverPrefix + "h0", renewed: t0, duration: testLease}
+				b.s.leases["h2"] = pools.HolderLease{Holder: "h2", Identity: pools.TakeoverPrefix + "h0", Renewed: t0, Duration: testLease}
 				return b.s
 			}(),
 		},
@@ -186,7 +186,7 @@ func TestDecide(t *testing.T) {
 			s: func() *snapshot {
 				b := newSnap().claim("h2", a5, true, old)
 				b.vm("a", a5).label = "h2"
-				b.s.leases["h2"] = lease{holder: "h2", identity: pools.TakeoverPrefix + "h0", renewed: t0.Add(-time.Hour), duration: testLease}
+				b.s.leases["h2"] = pools.HolderLease{Holder: "h2", Identity: pools.TakeoverPrefix + "h0", Renewed: t0.Add(-time.Hour), Duration: testLease}
 				return b.s
 			}(),
 			want: []string{"DeadHolderClaims   h2"},
@@ -223,7 +223,7 @@ func TestDecide(t *testing.T) {
 			s: func() *snapshot {
 				b := newSnap().claim("h1", a5, true, old)
 				b.vm("a", a5)
-				b.s.leases["h0"] = lease{holder: "h0", identity: pools.TakeoverPrefix + "h1", renewed: t0, duration: testLease}
+				b.s.leases["h0"] = pools.HolderLease{Holder: "h0", Identity: pools.TakeoverPrefix + "h1", Renewed: t0, Duration: testLease}
 				return b.s
 			}(),
 		},
@@ -231,7 +231,7 @@ func TestDecide(t *testing.T) {
 			s: func() *snapshot {
 				b := newSnap().claim("h1", a5, true, old)
 				b.vm("a", a5)
-				b.s.leases["h0"] = lease{holder: "h0", identity: "h0", renewed: t0.Add(-20 * time.Second), duration: testLease}
+				b.s.leases["h0"] = pools.HolderLease{Holder: "h0", Identity: "h0", Renewed: t0.Add(-20 * time.Second), Duration: testLease}
 				return b.s
 			}(),
 		},
@@ -257,7 +257,7 @@ func TestDecide(t *testing.T) {
 			s: func() *snapshot {
 				b := newSnap().claim("h1", a5, true, old)
 				b.vm("a", a5)
-				b.s.leases["h1"] = lease{holder: "h1", identity: "h1", renewed: t0.Add(-20 * time.Second), duration: testLease}
+				b.s.leases["h1"] = pools.HolderLease{Holder: "h1", Identity: "h1", Renewed: t0.Add(-20 * time.Second), Duration: testLease}
 				return b.s
 			}(),
 		},

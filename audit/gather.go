@@ -2,7 +2,6 @@ package audit
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -17,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/client-go/discovery"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
@@ -41,11 +39,11 @@ func gather(ctx context.Context, src Sources, opts Options) (*snapshot, error) {
 	s := &snapshot{grace: opts.Grace, namespace: opts.Namespace, pools: map[string]pool{}}
 	ks := opts.Kinds
 	if ks == nil {
-		leases, err := readLeases(ctx, src.Reader, opts.Namespace)
+		leases, err := pools.ReadHolderLeases(ctx, src.Reader, opts.Namespace)
 		if err != nil {
 			return nil, err
 		}
-		ks = kindsOf(leases)
+		ks = pools.KindsOf(leases)
 	}
 	s.listed = time.Now() //nolint:forbidigo // compared with the API server's times, across processes
 	for _, t := range ks {
@@ -61,14 +59,14 @@ func gather(ctx context.Context, src Sources, opts Options) (*snapshot, error) {
 	if err := readBlocks(ctx, src.Reader, s); err != nil {
 		return nil, err
 	}
-	leases, err := readLeases(ctx, src.Reader, opts.Namespace)
+	leases, err := pools.ReadHolderLeases(ctx, src.Reader, opts.Namespace)
 	if err != nil {
 		return nil, err
 	}
 	s.now = time.Now() //nolint:forbidigo // leases are real time, compared across processes
-	s.leases = map[string]lease{}
+	s.leases = map[string]pools.HolderLease{}
 	for _, l := range leases {
-		s.leases[l.holder] = l.lease
+		s.leases[l.Holder] = l
 	}
 	if src.Discovery != nil && src.Metadata != nil {
 		if err := readMarked(ctx, src, ks, s); err != nil {
@@ -301,61 +299,6 @@ func (l *listed) List(_ context.Context, list client.ObjectList, opts ...client.
 		return fmt.Errorf("list %T: only IPBlocks and IPBlockShares are served", list)
 	}
 	return nil
-}
-
-// namedLease is a holder Lease with what it publishes.
-type namedLease struct {
-	lease
-	kinds []kinds.Kind
-}
-
-// readLeases reads the holder Leases of namespace ns.
-func readLeases(ctx context.Context, r client.Reader, ns string) ([]namedLease, error) {
-	var l coordinationv1.LeaseList
-	if err := r.List(ctx, &l, client.InNamespace(ns), client.MatchingLabels{pools.HolderLeaseLabel: "true"}); err != nil {
-		return nil, fmt.Errorf("list holder Leases in %s: %w", ns, err)
-	}
-	out := make([]namedLease, 0, len(l.Items))
-	for i := range l.Items {
-		obj := &l.Items[i]
-		holder, ok := strings.CutPrefix(obj.Name, pools.LeaseName(""))
-		if !ok {
-			continue
-		}
-		nl := namedLease{lease: lease{
-			holder: holder, identity: ptr.Deref(obj.Spec.HolderIdentity, ""),
-			duration: time.Duration(ptr.Deref(obj.Spec.LeaseDurationSeconds, int32(pools.DefaultLeaseDuration/time.Second))) * time.Second,
-		}}
-		if obj.Spec.RenewTime != nil {
-			nl.renewed = obj.Spec.RenewTime.Time
-		}
-		if raw := obj.Annotations[pools.KindsAnnotation]; raw != "" {
-			// Best effort: a holder of another version may publish
-			// something else; its kinds are then not known.
-			_ = json.Unmarshal([]byte(raw), &nl.kinds)
-		}
-		out = append(out, nl)
-	}
-	return out, nil
-}
-
-// kindsOf is the union of the kinds the holder Leases publish, the
-// default when none does.
-func kindsOf(ls []namedLease) []kinds.Kind {
-	var out []kinds.Kind
-	seen := map[schema.GroupVersionKind]bool{}
-	for _, l := range ls {
-		for _, t := range l.kinds {
-			if !seen[t.GVK] {
-				seen[t.GVK] = true
-				out = append(out, t)
-			}
-		}
-	}
-	if len(out) == 0 {
-		return kinds.Default()
-	}
-	return out
 }
 
 // readMarked finds the objects of kinds other than ks that carry vmipam's

@@ -1,20 +1,15 @@
 package ctl
 
 import (
-	"cmp"
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/netip"
-	"slices"
 	"strings"
 	"time"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
@@ -38,44 +33,31 @@ type Holder struct {
 	// TakenOverBy names the replica taking this one's claims over, if one
 	// is.
 	TakenOverBy string `json:"takenOverBy,omitempty"`
-	// kinds is the Lease's KindsAnnotation.
-	kinds string
 }
 
 // holders reads the holder Leases in vmipam's namespace, by holder name.
 func (o *Options) holders(ctx context.Context, r client.Reader) (map[string]Holder, error) {
-	var list coordinationv1.LeaseList
-	if err := r.List(ctx, &list, client.InNamespace(o.VMIPAMNamespace), client.MatchingLabels{pools.HolderLeaseLabel: "true"}); err != nil {
-		return nil, fmt.Errorf("list the holder Leases in namespace %s: %w", o.VMIPAMNamespace, err)
+	ls, err := pools.ReadHolderLeases(ctx, r, o.VMIPAMNamespace)
+	if err != nil {
+		return nil, err
 	}
-	out := make(map[string]Holder, len(list.Items))
-	for i := range list.Items {
-		h := holderOf(&list.Items[i], o.Now())
+	now := o.Now()
+	out := make(map[string]Holder, len(ls))
+	for _, l := range ls {
+		h := Holder{Name: l.Holder, Live: l.Live(now), Renewed: l.Renewed}
+		// A takeover mark names its taker whether or not it lapsed: the
+		// holder is not live either way.
+		h.TakenOverBy, _ = strings.CutPrefix(l.Identity, pools.TakeoverPrefix)
+		if h.TakenOverBy == l.Identity {
+			h.TakenOverBy = ""
+		}
 		out[h.Name] = h
 	}
 	return out, nil
 }
 
-// holderOf reads one holder Lease at now. The holder's name is the
-// Lease's name past pools.LeaseName's prefix, which stays when a takeover
-// rewrites the holder identity.
-func holderOf(l *coordinationv1.Lease, now time.Time) Holder {
-	h := Holder{Name: strings.TrimPrefix(l.Name, pools.LeaseName("")), kinds: l.Annotations[pools.KindsAnnotation]}
-	id := ptr.Deref(l.Spec.HolderIdentity, "")
-	if taker, ok := strings.CutPrefix(id, pools.TakeoverPrefix); ok {
-		h.TakenOverBy = taker
-	}
-	if l.Spec.RenewTime != nil {
-		h.Renewed = l.Spec.RenewTime.Time
-		d := time.Duration(ptr.Deref(l.Spec.LeaseDurationSeconds, int32(pools.DefaultLeaseDuration/time.Second))) * time.Second
-		h.Live = id == h.Name && !now.After(h.Renewed.Add(d))
-	}
-	return h
-}
-
 // kinds returns the kinds vmipam serves: --kinds-config's when given, else
-// those the holder Leases publish (the union, by kind, the most recently
-// renewed Lease's description winning), else kinds.Default().
+// those the holder Leases publish (pools.KindsOf), else kinds.Default().
 func (o *Options) kinds(ctx context.Context, r client.Reader) ([]kinds.Kind, error) {
 	if o.KindsConfig != "" {
 		ks, err := kinds.Load(o.KindsConfig)
@@ -84,35 +66,16 @@ func (o *Options) kinds(ctx context.Context, r client.Reader) ([]kinds.Kind, err
 		}
 		return ks, nil
 	}
-	hs, err := o.holders(ctx, r)
+	ls, err := pools.ReadHolderLeases(ctx, r, o.VMIPAMNamespace)
 	if err != nil {
 		return nil, err
 	}
-	return kindsOf(hs)
-}
-
-// kindsOf merges the kinds the holders publish.
-func kindsOf(hs map[string]Holder) ([]kinds.Kind, error) {
-	byRenewal := slices.SortedFunc(func(yield func(Holder) bool) {
-		for _, h := range hs {
-			if h.kinds != "" && !yield(h) {
-				return
-			}
-		}
-	}, func(a, b Holder) int { return cmp.Or(b.Renewed.Compare(a.Renewed), strings.Compare(a.Name, b.Name)) })
-	var out []kinds.Kind
-	for _, h := range byRenewal {
-		var ks []kinds.Kind
-		if err := json.Unmarshal([]byte(h.kinds), &ks); err != nil {
-			return nil, fmt.Errorf("the kinds on the Lease of holder %s (annotation %s): %w; give --kinds-config with vmipam's kinds configuration instead", h.Name, pools.KindsAnnotation, err)
-		}
-		for _, k := range ks {
-			if !slices.ContainsFunc(out, func(o kinds.Kind) bool { return o.GVK == k.GVK }) {
-				out = append(out, k)
-			}
+	for _, l := range ls {
+		if l.KindsErr != nil {
+			return nil, fmt.Errorf("%w; give --kinds-config with vmipam's kinds configuration instead", l.KindsErr)
 		}
 	}
-	return kinds.OrDefault(out), nil
+	return pools.KindsOf(ls), nil
 }
 
 // Holding is a live object that carries an address.

@@ -1,20 +1,15 @@
 package ctl
 
 import (
-	"encoding/json"
 	"net/netip"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
-	"github.com/vmipam/vmipam/kinds"
-	"github.com/vmipam/vmipam/pools"
 )
 
 func TestExhaustion(t *testing.T) {
@@ -216,85 +211,5 @@ func TestHistoryRows(t *testing.T) {
 	}
 	if got := strings.Join(historyRows(withRelease)[1], " "); got != "- 2026-03-01T12:00:00Z Cooldown - - - alice INC-1" {
 		t.Errorf("release row = %q", got)
-	}
-}
-
-func TestHolderOf(t *testing.T) {
-	now := time.Date(2026, 3, 1, 14, 0, 0, 0, time.UTC)
-	lease := func(id string, renewed time.Duration) *coordinationv1.Lease {
-		l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: pools.LeaseName("vmipam-0")},
-			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(id), LeaseDurationSeconds: ptr.To[int32](15)}}
-		if renewed >= 0 {
-			l.Spec.RenewTime = &metav1.MicroTime{Time: now.Add(-renewed)}
-		}
-		return l
-	}
-	tests := map[string]struct {
-		l    *coordinationv1.Lease
-		want Holder
-	}{
-		"renewed 5s ago: live":         {l: lease("vmipam-0", 5*time.Second), want: Holder{Name: "vmipam-0", Live: true, Renewed: now.Add(-5 * time.Second)}},
-		"renewed 15s ago: still live":  {l: lease("vmipam-0", 15*time.Second), want: Holder{Name: "vmipam-0", Live: true, Renewed: now.Add(-15 * time.Second)}},
-		"renewed 16s ago: lapsed":      {l: lease("vmipam-0", 16*time.Second), want: Holder{Name: "vmipam-0", Renewed: now.Add(-16 * time.Second)}},
-		"never renewed":                {l: lease("vmipam-0", -1), want: Holder{Name: "vmipam-0"}},
-		"released (empty identity)":    {l: lease("", time.Second), want: Holder{Name: "vmipam-0", Renewed: now.Add(-time.Second)}},
-		"being taken over by vmipam-1": {l: lease(pools.TakeoverPrefix+"vmipam-1", time.Second), want: Holder{Name: "vmipam-0", Renewed: now.Add(-time.Second), TakenOverBy: "vmipam-1"}},
-	}
-	for name, tt := range tests {
-		t.Run(name, func(t *testing.T) {
-			if got := holderOf(tt.l, now); got != tt.want {
-				t.Errorf("holderOf = %+v, want %+v", got, tt.want)
-			}
-		})
-	}
-}
-
-func TestKindsOf(t *testing.T) {
-	other := kinds.Kind{GVK: vmipamv1.GroupVersion.WithKind("Other"), Resource: "others", AddressField: []string{"spec", "ip"}}
-	js := func(ks ...kinds.Kind) string {
-		b, err := json.Marshal(ks)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return string(b)
-	}
-	now := time.Now()
-	tests := map[string]struct {
-		hs      map[string]Holder
-		want    []string
-		wantErr string
-	}{
-		"no Leases: the default": {want: []string{"VirtualMachine"}},
-		"one Lease":              {hs: map[string]Holder{"a": {Name: "a", kinds: js(other)}}, want: []string{"Other"}},
-		"the union, newest first": {hs: map[string]Holder{
-			"a": {Name: "a", Renewed: now, kinds: js(other)},
-			"b": {Name: "b", Renewed: now.Add(-time.Second), kinds: js(kinds.VirtualMachine, other)},
-		}, want: []string{"Other", "VirtualMachine"}},
-		"a Lease without kinds is skipped": {hs: map[string]Holder{"a": {Name: "a"}, "b": {Name: "b", kinds: js(other)}}, want: []string{"Other"}},
-		"garbage names the Lease":          {hs: map[string]Holder{"a": {Name: "a", kinds: "{"}}, wantErr: "holder a"},
-	}
-	for name, tt := range tests {
-		t.Run(name, func(t *testing.T) {
-			ks, err := kindsOf(tt.hs)
-			if tt.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-					t.Fatalf("kindsOf error = %v, want %q", err, tt.wantErr)
-				}
-				return
-			}
-			var got []string
-			for _, k := range ks {
-				got = append(got, k.GVK.Kind)
-			}
-			if err != nil || !slices.Equal(got, tt.want) {
-				t.Errorf("kindsOf = %v, %v; want %v", got, err, tt.want)
-			}
-		})
-	}
-	// What the Lease publishes round-trips to a Kind that finds the
-	// address where the configured one does.
-	var back []kinds.Kind
-	if err := json.Unmarshal([]byte(js(kinds.VirtualMachine)), &back); err != nil || len(back) != 1 || back[0].GVR() != kinds.VirtualMachine.GVR() {
-		t.Errorf("round trip of the reference kind = %+v, %v", back, err)
 	}
 }
