@@ -1,10 +1,8 @@
 package history
 
 import (
-	"fmt"
 	"net/netip"
 	"strconv"
-	"strings"
 
 	"github.com/vmipam/vmipam/kubestore"
 )
@@ -33,13 +31,4 @@ func ChunkLabelValue(chunk netip.Prefix) string { return kubestore.PrefixName(ch
 // a dot and the sequence, as "10-100-0-0-24.3".
 func SegmentName(chunk netip.Prefix, seq int64) string {
 	return ChunkLabelValue(chunk) + "." + strconv.FormatInt(seq, 10)
-}
-
-// sequenceOf parses the sequence at the end of a segment's name.
-func sequenceOf(name string) (int64, error) {
-	i := strings.LastIndexByte(name, '.')
-	if i < 0 {
-		return 0, fmt.Errorf("segment name %q has no sequence", name)
-	}
-	return strconv.ParseInt(name[i+1:], 10, 64)
 }

@@ -13,12 +13,12 @@ import (
 // ended early: the object may still appear with the address.
 const InFlight = 60 * time.Second
 
-// ErrTooSoon: an early end was asked of an address whose create may still
-// be in flight.
+// ErrTooSoon is returned when an early end was asked of an address whose
+// create may still be in flight.
 var ErrTooSoon = errors.New("too soon to end it early")
 
-// ErrNothingToEnd: an early end was asked of an address that is neither
-// pending nor cooling down here.
+// ErrNothingToEnd is returned when an early end was asked of an address
+// that is neither pending nor cooling down here.
 var ErrNothingToEnd = errors.New("nothing to end")
 
 // Ended says what EndEarly did: the state the address was in and its

@@ -42,7 +42,8 @@ func (r *Registry) LogAssigned(log logr.Logger, rec vmipamv1.AddressRecord) {
 		"namespace", rec.Namespace, "name", rec.Name, "uid", rec.UID, "holder", r.opts.Holder)
 }
 
-// LogReleased: see LogAssigned.
+// LogReleased writes the info line for a release: the fields of
+// LogAssigned, ended, and the extra key-value pairs kv.
 func (r *Registry) LogReleased(log logr.Logger, rec vmipamv1.AddressRecord, kv ...any) {
 	log.Info("Address released", append([]any{"event", "released", "address", rec.Address, "pool", rec.Pool, "kind", rec.Kind,
 		"namespace", rec.Namespace, "name", rec.Name, "uid", rec.UID, "holder", r.opts.Holder, "ended", rec.Ended}, kv...)...)

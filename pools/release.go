@@ -95,7 +95,7 @@ func (r *Registry) ReleaseEarly(ctx context.Context, req EarlyRelease) (Released
 	if err != nil {
 		return out, err
 	}
-	st, owner, until := p.Lookup(addr)
+	st, owner, _ := p.Lookup(addr)
 	out.Was = st
 	if holder != "" {
 		return out, refuse("%s in pool %s is held by %s: delete that object to release it", addr, p.name, holder)
@@ -112,7 +112,7 @@ func (r *Registry) ReleaseEarly(ctx context.Context, req EarlyRelease) (Released
 		if err := p.Release(ctx, addr, owner); err != nil {
 			return out, fmt.Errorf("release %s: %w", addr, err)
 		}
-		_, _, until = p.Lookup(addr)
+		_, _, until := p.Lookup(addr)
 		rec.Ended = vmipamv1.EndedVanished
 		out.Message = fmt.Sprintf("released %s, allocated to %s (uid %s), which is gone, into its cooldown until %s", addr, owner.Ref, owner.UID, until.UTC().Format(time.RFC3339))
 		if req.SkipCooldown {
