@@ -292,8 +292,29 @@ func (r *AddressGC) act(ctx context.Context, obj *unstructured.Unstructured, f f
 		if f.pool == nil {
 			why = "its pool is gone"
 		}
-		logf.FromContext(ctx).Info("Letting an object go with nothing to release", "reason", why, "addresses", f.addrs)
-		return ctrl.Result{}, r.removeFinalizer(ctx, obj)
+		log := logf.FromContext(ctx)
+		log.Info("Letting an object go with nothing to release", "reason", why, "addresses", f.addrs)
+		// Nothing to release, but the object held its addresses until
+		// now all the same: its tenures go into the history before it
+		// goes, as a release's do.
+		pool := obj.GetAnnotations()[vmipamv1.PoolAnnotation]
+		if f.pool != nil {
+			pool = f.pool.Name()
+		}
+		recs := make([]vmipamv1.AddressRecord, 0, len(f.addrs))
+		for _, a := range f.addrs {
+			recs = append(recs, r.tenure(obj, pool, a))
+		}
+		if err := r.Registry.Record(ctx, recs...); err != nil {
+			return ctrl.Result{}, fmt.Errorf("record the tenure of %s: %w", client.ObjectKeyFromObject(obj), err)
+		}
+		if err := r.removeFinalizer(ctx, obj); err != nil {
+			return ctrl.Result{}, err
+		}
+		for _, rec := range recs {
+			r.Registry.LogReleased(log, rec)
+		}
+		return ctrl.Result{}, nil
 	case actRelease:
 		return r.release(ctx, obj, f.pool, f.addrs, owner)
 	case actAssign:
@@ -335,7 +356,7 @@ func (r *AddressGC) release(ctx context.Context, obj *unstructured.Unstructured,
 		case err != nil:
 			return ctrl.Result{}, err
 		default:
-			recs = append(recs, r.tenure(obj, pool, a))
+			recs = append(recs, r.tenure(obj, pool.Name(), a))
 		}
 	}
 	// The tenures, stored before the finalizer goes: a crash between the
@@ -362,9 +383,9 @@ func (r *AddressGC) release(ctx context.Context, obj *unstructured.Unstructured,
 // tenure is the history record of obj's tenure of addr, which its
 // deletion ends: from its create to its deletion, both as the API server
 // stamped them, so that a release made again records the same.
-func (r *AddressGC) tenure(obj metav1.Object, pool *pools.Pool, addr netip.Addr) vmipamv1.AddressRecord {
+func (r *AddressGC) tenure(obj metav1.Object, pool string, addr netip.Addr) vmipamv1.AddressRecord {
 	rec := vmipamv1.AddressRecord{
-		Address: addr.String(), Pool: pool.Name(), Kind: KindName(r.Kind),
+		Address: addr.String(), Pool: pool, Kind: KindName(r.Kind),
 		Namespace: obj.GetNamespace(), Name: obj.GetName(), UID: string(obj.GetUID()),
 		Ended: vmipamv1.EndedAllocated,
 	}

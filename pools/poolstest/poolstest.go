@@ -26,8 +26,14 @@ import (
 // with each of ps recovered.
 func Start(t testing.TB, c client.Client, clk ipam.Clock, holder string, ps ...*vmipamv1.IPPool) *pools.Registry {
 	t.Helper()
-	reg := pools.NewRegistry(pools.Options{Client: c, APIReader: c, Kinds: kinds.Default(), Holder: holder, Clock: clk,
-		RunInterval: time.Hour, ResyncInterval: time.Hour, StatusInterval: time.Hour})
+	return start(t, pools.Options{Client: c, APIReader: c, Kinds: kinds.Default(), Holder: holder, Clock: clk}, ps...)
+}
+
+// start is Start with opts, whose periodic loops it slows to an hour.
+func start(t testing.TB, opts pools.Options, ps ...*vmipamv1.IPPool) *pools.Registry {
+	t.Helper()
+	opts.RunInterval, opts.ResyncInterval, opts.StatusInterval = time.Hour, time.Hour, time.Hour
+	reg := pools.NewRegistry(opts)
 	ctx, stop := context.WithCancel(context.Background())
 	var done sync.WaitGroup
 	done.Go(func() { _ = reg.Start(ctx) })

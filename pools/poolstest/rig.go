@@ -35,12 +35,20 @@ type Rig struct {
 // through funcs, with a registry on clock clk that recovered each of ps.
 func NewRig(t testing.TB, clk ipam.Clock, funcs interceptor.Funcs, ps ...*vmipamv1.IPPool) *Rig {
 	t.Helper()
+	return NewRecordingRig(t, clk, funcs, nil, ps...)
+}
+
+// NewRecordingRig is NewRig with a registry that records the address
+// history in rec (none when nil).
+func NewRecordingRig(t testing.TB, clk ipam.Clock, funcs interceptor.Funcs, rec pools.Recorder, ps ...*vmipamv1.IPPool) *Rig {
+	t.Helper()
 	b := fake.NewClientBuilder().WithScheme(scheme.Scheme)
 	for _, p := range ps {
 		b = b.WithObjects(p.DeepCopy())
 	}
 	c := interceptor.NewClient(b.Build(), funcs)
-	return &Rig{Client: c, Registry: Start(t, c, clk, "vmipam", ps...)}
+	return &Rig{Client: c, Registry: start(t, pools.Options{Client: c, APIReader: c, Kinds: kinds.Default(), Holder: "vmipam",
+		Clock: clk, History: rec}, ps...)}
 }
 
 // Admitted is a VirtualMachine named name in namespace "default" (UID
