@@ -126,7 +126,8 @@ injection of the certificate method. Argument: (list $ $content).
 {{- $_ := set . "namespaceSelector" (dict "matchExpressions" (list (dict "key" "kubernetes.io/metadata.name" "operator" "NotIn" "values" $excluded))) -}}
 {{- end }}
 {{- end }}
-{{- if eq $o.kind "ValidatingAdmissionPolicyBinding" }}
+{{- /* A binding with no matchResources (the IPRelease policy) matches in every namespace: no webhook is called, so none is excluded. */}}
+{{- if and (eq $o.kind "ValidatingAdmissionPolicyBinding") $o.spec.matchResources }}
 {{- $_ := set $o.spec.matchResources "namespaceSelector" (dict "matchExpressions" (list (dict "key" "kubernetes.io/metadata.name" "operator" "NotIn" "values" $excluded))) -}}
 {{- end }}
 {{- if and (eq $o.kind "CustomResourceDefinition") $.Values.crds.keep }}
