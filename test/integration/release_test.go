@@ -71,7 +71,7 @@ func TestIPRelease(t *testing.T) {
 	clk := clocktesting.NewFakeClock(epoch)
 	v := startVMIPAM(t, clk)
 	ns := namespace(t)
-	newPool(t, v, "release", []vmipamv1.IPRange{{CIDR: "10.30.0.0/28"}}, func(p *vmipamv1.IPPool) {
+	newPool(t, v, "release", []vmipamv1.IPRange{{CIDR: "10.31.0.0/28"}}, func(p *vmipamv1.IPPool) {
 		p.Spec.Cooldown.Duration = 10 * time.Minute
 		p.Spec.PendingTTL.Duration = 5 * time.Minute
 	})
@@ -80,12 +80,12 @@ func TestIPRelease(t *testing.T) {
 
 	// Nobody may sign for someone else.
 	forged := &vmipamv1.IPRelease{ObjectMeta: metav1.ObjectMeta{GenerateName: "release-"},
-		Spec: vmipamv1.IPReleaseSpec{Address: "10.30.0.3", RequestedBy: "someone-else"}}
+		Spec: vmipamv1.IPReleaseSpec{Address: "10.31.0.3", RequestedBy: "someone-else"}}
 	if err := k8sClient.Create(ctx, forged); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec.requestedBy must name the user creating the IPRelease, "+user) {
 		t.Fatalf("IPRelease signed for another user: %v; want it refused, naming %s", err, user)
 	}
 	noReason := &vmipamv1.IPRelease{ObjectMeta: metav1.ObjectMeta{GenerateName: "release-"},
-		Spec: vmipamv1.IPReleaseSpec{Address: "10.30.0.3", SkipCooldown: true, RequestedBy: user}}
+		Spec: vmipamv1.IPReleaseSpec{Address: "10.31.0.3", SkipCooldown: true, RequestedBy: user}}
 	if err := k8sClient.Create(ctx, noReason); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "skipCooldown needs a reason") {
 		t.Fatalf("skipCooldown without a reason: %v; want it refused", err)
 	}
