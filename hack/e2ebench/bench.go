@@ -213,6 +213,9 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 	if err := b.measureDeletes(ctx, rep); err != nil {
 		return nil, err
 	}
+	if err := b.measureHistory(ctx, rep); err != nil {
+		return nil, fmt.Errorf("history phase: %w", err)
+	}
 	if err := b.measureReplicas(ctx, rep); err != nil {
 		return nil, fmt.Errorf("replicas phase: %w", err)
 	}
@@ -406,6 +409,20 @@ func requestCounts(m metricSet) map[string]float64 {
 	return out
 }
 
+// requestDelta returns the requests the API server served from a0 to
+// a1, by verb and resource, as requestCounts keys them; only those that
+// grew.
+func requestDelta(a0, a1 metricSet) map[string]float64 {
+	out := map[string]float64{}
+	before := requestCounts(a0)
+	for k, v := range requestCounts(a1) {
+		if n := v - before[k]; n > 0 {
+			out[k] = n
+		}
+	}
+	return out
+}
+
 // settle waits after a round until vmipam's address controller has caught
 // up: its work queue empty and, after a round with vmipam, every
 // reservation bound. It records how long that took, then pauses, so that
@@ -518,13 +535,7 @@ func (b *bench) measureDeletes(ctx context.Context, rep *report) error {
 		if err != nil {
 			return err
 		}
-		d.requests = map[string]float64{}
-		before := requestCounts(a0)
-		for k, v := range requestCounts(a1) {
-			if n := v - before[k]; n > 0 {
-				d.requests[k] = n
-			}
-		}
+		d.requests = requestDelta(a0, a1)
 		d.storeWrites = v1.sum("vmipam_store_writes_total", map[string]string{"pool": poolName}) -
 			v0.sum("vmipam_store_writes_total", map[string]string{"pool": poolName})
 		st.deletion = d

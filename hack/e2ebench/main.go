@@ -74,6 +74,8 @@ type options struct {
 	pacedN    int
 	// replicas and replicasN: the replicas phase's layout and creates.
 	replicas, replicasN int
+	// historyN: the history phase's creates per setting; 0: no phase.
+	historyN int
 }
 
 // paced reports whether the steady-rate phase runs.
@@ -104,6 +106,7 @@ func main() {
 	flag.IntVar(&o.pacedN, "paced-n", 1500, "VirtualMachines to create with vmipam in the steady-rate phase (see -paced-rate).")
 	flag.IntVar(&o.replicas, "replicas", 3, "After the deletes, compare one vmipam process with this many replicas behind a stand-in for the Service, in alternating rounds; below 2: no such phase.")
 	flag.IntVar(&o.replicasN, "replicas-n", 1500, "VirtualMachines to create with each layout in the replicas phase (see -replicas).")
+	flag.IntVar(&o.historyN, "history-n", 1500, "After the deletes, VirtualMachines to create and delete with vmipam's address history on, and again with it off (--no-history), in alternating rounds; 0: no such phase.")
 	flag.StringVar(&o.vmipamArgs, "vmipam-args", "", "Extra flags for the vmipam binary, space-separated (e.g. --enable-http2).")
 	flag.StringVar(&o.vmipamEnv, "vmipam-env", "", "Extra environment for the vmipam processes only, space-separated NAME=value (e.g. GOGC=400); the control plane and this program keep theirs.")
 	flag.Parse()
@@ -124,6 +127,8 @@ func (o *options) validate() error {
 		return fmt.Errorf("-n (%d) and -baseline-n (%d) must be at least -rounds (%d)", o.n, o.baselineN, o.rounds)
 	case o.clients != "per-worker" && o.clients != "shared":
 		return fmt.Errorf("-clients=%q: use per-worker or shared", o.clients)
+	case o.historyN < 0:
+		return errors.New("-history-n must not be negative")
 	case o.cooldown <= 0:
 		return errors.New("-cooldown must be positive")
 	case math.IsNaN(o.pacedRate) || math.IsInf(o.pacedRate, 0):
@@ -146,6 +151,10 @@ func (o *options) validate() error {
 	if o.replicas >= 2 {
 		// The deletes before the phase leave their addresses cooling.
 		need, what = need+2*(o.replicasN+o.rounds*min(o.warmup, 64)), what+" and the replicas phase"
+	}
+	if o.historyN > 0 {
+		// A round's deletes leave its addresses cooling into the next.
+		need, what = need+2*((o.historyN+o.rounds-1)/o.rounds+min(o.warmup, 64)), what+" and the history phase"
 	}
 	if usable < need {
 		return fmt.Errorf("-pool-cidr %s has %d usable addresses; %s need %d", p, usable, what, need)

@@ -156,9 +156,22 @@ func (b *bench) measureReplicas(ctx context.Context, rep *report) error {
 // relayout stops what runs vmipam and starts st's layout, then waits
 // until the webhooks answer through it.
 func (b *bench) relayout(ctx context.Context, st *replicaStats, extra []string) error {
+	ready, err := b.restartVMIPAM(ctx, st.replicas, extra)
+	if err != nil {
+		return err
+	}
+	st.ready = append(st.ready, ready)
+	return nil
+}
+
+// restartVMIPAM stops what runs vmipam and starts it again: one process
+// when replicas is 1, else that many behind the stand-in Service, with
+// the extra flags; it returns how long the start took until the webhooks
+// answered.
+func (b *bench) restartVMIPAM(ctx context.Context, replicas int, extra []string) (time.Duration, error) {
 	if b.vmipam != nil {
 		if err := b.vmipam.Stop(30 * time.Second); err != nil {
-			return fmt.Errorf("stop vmipam: %w", err)
+			return 0, fmt.Errorf("stop vmipam: %w", err)
 		}
 		b.vmipam = nil
 	}
@@ -167,24 +180,23 @@ func (b *bench) relayout(ctx context.Context, st *replicaStats, extra []string) 
 	if logs == nil {
 		logs = io.Discard
 	}
-	if st.replicas == 1 {
+	if replicas == 1 {
 		p, err := b.cl.StartVMIPAM(ctx, logs, extra...)
 		if err != nil {
-			return fmt.Errorf("start one vmipam: %w", err)
+			return 0, fmt.Errorf("start one vmipam: %w", err)
 		}
 		b.vmipam = p
 	} else {
-		rs, err := b.cl.StartReplicas(ctx, st.replicas, func(int) io.Writer { return logs }, extra...)
+		rs, err := b.cl.StartReplicas(ctx, replicas, func(int) io.Writer { return logs }, extra...)
 		if err != nil {
-			return fmt.Errorf("start %d replicas: %w", st.replicas, err)
+			return 0, fmt.Errorf("start %d replicas: %w", replicas, err)
 		}
 		b.vmipam = rs
 	}
 	if err := b.waitStamped(ctx); err != nil {
-		return err
+		return 0, err
 	}
-	st.ready = append(st.ready, time.Since(start))
-	return nil
+	return time.Since(start), nil
 }
 
 // replicasSection writes the replicas phase's table.

@@ -109,6 +109,7 @@ type report struct {
 	noopReviews int64
 	paced       pacedStats
 	replicas    replicasPhase
+	history     historyPhase
 }
 
 func ms(d time.Duration) string { return secs(d.Seconds()) }
@@ -512,6 +513,7 @@ func (r *report) markdown() string {
 
 	r.pacedSection(&b)
 	r.replicasSection(&b)
+	r.historySection(&b)
 
 	w("## Deletes")
 	w("")
