@@ -32,6 +32,8 @@ const (
 	// maxAttempts bounds the retries of one chunk's append on conflicts
 	// with other replicas appending to it.
 	maxAttempts = 8
+	// parallelChunks bounds the chunks one batch writes at once.
+	parallelChunks = 8
 )
 
 // Writer appends records to the history. Record waits until its records
@@ -127,18 +129,29 @@ func (w *Writer) write(ctx context.Context, recs []vmipamv1.AddressRecord) error
 		}
 		by[ChunkOf(a)] = append(by[ChunkOf(a)], rec)
 	}
-	var errs []error
-	for _, chunk := range slices.SortedFunc(func(yield func(netip.Prefix) bool) {
-		for p := range by {
-			if !yield(p) {
-				return
+	// The chunks in parallel, a few at a time: each is its own object,
+	// and a release waits for its chunk's write before its finalizer
+	// comes off, so a batch over many chunks written one by one would
+	// hold every delete in it for the sum of their round trips.
+	var (
+		mu   sync.Mutex
+		errs []error
+		wg   sync.WaitGroup
+		sem  = make(chan struct{}, parallelChunks)
+	)
+	for chunk, recs := range by {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			if err := w.appendTo(ctx, chunk, recs); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
 			}
-		}
-	}, netip.Prefix.Compare) {
-		if err := w.appendTo(ctx, chunk, by[chunk]); err != nil {
-			errs = append(errs, err)
-		}
+		})
 	}
+	wg.Wait()
+	slices.SortFunc(errs, func(a, b error) int { return cmp.Compare(a.Error(), b.Error()) })
 	return errors.Join(errs...)
 }
 

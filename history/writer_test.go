@@ -2,13 +2,16 @@ package history
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -176,4 +179,55 @@ func TestPrune(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestWriterManyChunks: one batch over more chunks than it writes at once
+// stores every chunk's records, and a chunk whose writes fail fails the
+// batch naming that chunk alone, the others' records stored all the same.
+func TestWriterManyChunks(t *testing.T) {
+	ctx := context.Background()
+	var inFlight, most atomic.Int64
+	failing := SegmentName(netip.MustParsePrefix("10.0.7.0/24"), 0)
+	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithInterceptorFuncs(interceptor.Funcs{
+		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+			n := inFlight.Add(1)
+			defer inFlight.Add(-1)
+			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+			}
+			time.Sleep(5 * time.Millisecond) // a round trip, so that the writes overlap
+			if obj.GetName() == failing {
+				return apierrors.NewInternalError(errors.New("etcd is sad"))
+			}
+			return c.Create(ctx, obj, opts...)
+		},
+	}).Build()
+	w := NewWriter(c, c)
+	w.Clock = fixedClock{t0.Add(time.Hour)}
+	var recs []vmipamv1.AddressRecord
+	for i := range 3 * parallelChunks {
+		recs = append(recs, tenure(fmt.Sprintf("10.0.%d.1", i), i))
+	}
+	err := w.Record(ctx, recs...)
+	if err == nil || !strings.Contains(err.Error(), "10.0.7.0/24") || strings.Contains(err.Error(), "10.0.8.0/24") {
+		t.Fatalf("Record = %v, want the error of chunk 10.0.7.0/24 alone", err)
+	}
+	for i := range 3 * parallelChunks {
+		got, err := Read(ctx, c, netip.MustParseAddr(fmt.Sprintf("10.0.%d.1", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := 1 - b2i(i == 7); len(got) != want {
+			t.Errorf("10.0.%d.1: %d records, want %d", i, len(got), want)
+		}
+	}
+	if m := most.Load(); m < 2 || m > parallelChunks {
+		t.Errorf("at most %d chunk writes at once, want 2 to %d", m, parallelChunks)
+	}
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
