@@ -40,19 +40,23 @@ func tokens(n int) []string {
 	return t
 }
 
-// BenchmarkAllocateRelease is one allocate and one release on a /16 pool at
-// steady state: the clock moves 1ms an operation against a 1s cooldown, so
-// about a thousand addresses cycle through cooldown and back to the free
-// list, and nothing touches the store.
-func BenchmarkAllocateRelease(b *testing.B) {
-	ctx := context.Background()
+// steadyManager returns a recovered Manager of a /16 pool on a benchClock.
+func steadyManager(b *testing.B) (*Manager, *benchClock) {
+	b.Helper()
 	clk := &benchClock{}
 	m := benchManager(b, "10.0.0.0/16", clk, NewMemoryStore())
-	if _, err := m.Recover(ctx, nil); err != nil {
+	if _, err := m.Recover(context.Background(), nil); err != nil {
 		b.Fatal(err)
 	}
+	return m, clk
+}
+
+// allocReleaseOp returns one operation of the allocate-release benchmarks:
+// allocate for the i-th of 4096 tokens, release it, move the clock 1ms.
+func allocReleaseOp(b *testing.B, m *Manager, clk *benchClock) func(i int) {
+	ctx := context.Background()
 	toks := tokens(4096)
-	op := func(i int) {
+	return func(i int) {
 		tok := toks[i&4095]
 		a, err := m.Allocate(ctx, Reservation{Token: tok})
 		if err != nil {
@@ -63,6 +67,16 @@ func BenchmarkAllocateRelease(b *testing.B) {
 		}
 		clk.Step(time.Millisecond)
 	}
+}
+
+// BenchmarkAllocateRelease is one allocate and one release on a /16 pool at
+// steady state: the clock moves 1ms an operation against a 1s cooldown, so
+// about a thousand addresses cycle through cooldown and back to the free
+// list, and nothing touches the store.
+func BenchmarkAllocateRelease(b *testing.B) {
+	ctx := context.Background()
+	m, clk := steadyManager(b)
+	op := allocReleaseOp(b, m, clk)
 	for i := range 20000 { // warm up to the steady state
 		op(i)
 		if i%64 == 0 {
@@ -88,11 +102,7 @@ func BenchmarkAllocateRelease(b *testing.B) {
 // finds the ready list empty here, so it never writes.
 func BenchmarkAllocateReleaseHot(b *testing.B) {
 	ctx := context.Background()
-	clk := &benchClock{}
-	m := benchManager(b, "10.0.0.0/16", clk, NewMemoryStore())
-	if _, err := m.Recover(ctx, nil); err != nil {
-		b.Fatal(err)
-	}
+	m, clk := steadyManager(b)
 	readyCount := func() int {
 		m.mu.Lock()
 		defer m.mu.Unlock()
@@ -116,18 +126,7 @@ func BenchmarkAllocateReleaseHot(b *testing.B) {
 		armTime += time.Since(start)
 		armed += readyCount() - before
 	}
-	toks := tokens(4096)
-	op := func(i int) {
-		tok := toks[i&4095]
-		a, err := m.Allocate(ctx, Reservation{Token: tok})
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := m.Release(a, Owner{Token: tok}); err != nil {
-			b.Fatal(err)
-		}
-		clk.Step(time.Millisecond)
-	}
+	op := allocReleaseOp(b, m, clk)
 	low := m.armBatchLocked(clk.Now())
 	for i := range 20000 { // warm up to the steady state
 		if readyCount() <= low {
