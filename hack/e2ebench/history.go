@@ -104,21 +104,15 @@ func (b *bench) measureHistory(ctx context.Context, rep *report) error {
 
 			k := per[r]
 			logf("history round %d/%d, history %s: creating %d", r+1, o.rounds, name, k)
-			a0, err := b.apiserverMetrics(ctx)
+			var res opsResult
+			cpu, a0, a1, err := b.around(ctx, func() error {
+				res = b.runOps(ctx, k, b.createOp(modeWith, prefix, offset))
+				return b.settle(ctx, modeWith, &modeStats{})
+			})
 			if err != nil {
-				return err
-			}
-			c0 := sampleCPU()
-			res := b.runOps(ctx, k, b.createOp(modeWith, prefix, offset))
-			if err := b.settle(ctx, modeWith, &modeStats{}); err != nil {
 				return fmt.Errorf("history %s: %w", name, err)
 			}
-			c1 := sampleCPU()
-			a1, err := b.apiserverMetrics(ctx)
-			if err != nil {
-				return err
-			}
-			st.createCPU.add(c1.sub(c0))
+			st.createCPU.add(cpu)
 			addTo(&st.createWrites, writesByResource(requestDelta(a0, a1)))
 			st.created += len(res.lat)
 			st.failed += res.errors
@@ -129,18 +123,16 @@ func (b *bench) measureHistory(ctx context.Context, rep *report) error {
 			rate := float64(len(res.lat)) / res.elapsed.Seconds()
 			st.rates = append(st.rates, rate)
 
-			c0 = sampleCPU()
-			d, err := b.deleteAll(ctx, modeWith, prefix, offset, res.ok)
+			var d deletion
+			cpu, a0, a1, err = b.around(ctx, func() (err error) {
+				d, err = b.deleteAll(ctx, modeWith, prefix, offset, res.ok)
+				return err
+			})
 			if err != nil {
 				return fmt.Errorf("history %s: %w", name, err)
 			}
-			c2 := sampleCPU()
-			a2, err := b.apiserverMetrics(ctx)
-			if err != nil {
-				return err
-			}
-			st.deleteCPU.add(c2.sub(c0))
-			addTo(&st.deleteWrites, writesByResource(requestDelta(a1, a2)))
+			st.deleteCPU.add(cpu)
+			addTo(&st.deleteWrites, writesByResource(requestDelta(a0, a1)))
 			st.deleted += d.count
 			st.deleteTime += d.gone
 			offset += k
@@ -149,6 +141,23 @@ func (b *bench) measureHistory(ctx context.Context, rep *report) error {
 		}
 	}
 	return nil
+}
+
+// around runs fn and returns the CPU it took, from /proc, and the API
+// server's metrics from before and after it.
+func (b *bench) around(ctx context.Context, fn func() error) (cpu cpuSample, a0, a1 metricSet, err error) {
+	if a0, err = b.apiserverMetrics(ctx); err != nil {
+		return cpu, nil, nil, err
+	}
+	c0 := sampleCPU()
+	if err := fn(); err != nil {
+		return cpu, nil, nil, err
+	}
+	cpu = sampleCPU().sub(c0)
+	if a1, err = b.apiserverMetrics(ctx); err != nil {
+		return cpu, nil, nil, err
+	}
+	return cpu, a0, a1, nil
 }
 
 // historySection writes the history phase's table.

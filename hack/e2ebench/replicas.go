@@ -121,23 +121,17 @@ func (b *bench) measureReplicas(ctx context.Context, rep *report) error {
 			offset += min(o.warmup, 64)
 			k := per[r]
 			logf("replicas round %d/%d, %d replica(s): creating %d", r+1, o.rounds, st.replicas, k)
-			a0, err := b.apiserverMetrics(ctx)
-			if err != nil {
-				return err
-			}
-			c0 := sampleCPU()
-			res := b.runOps(ctx, k, b.createOp(modeWith, fmt.Sprintf("rep%d", st.replicas), offset))
-			c1 := sampleCPU()
-			if ctx.Err() != nil {
+			var res opsResult
+			cpu, a0, a1, err := b.around(ctx, func() error {
+				res = b.runOps(ctx, k, b.createOp(modeWith, fmt.Sprintf("rep%d", st.replicas), offset))
 				return ctx.Err()
-			}
-			a1, err := b.apiserverMetrics(ctx)
+			})
 			if err != nil {
 				return err
 			}
 			st.api.add(a0, a1)
 			offset += k
-			st.cpu.add(c1.sub(c0))
+			st.cpu.add(cpu)
 			st.elapsed += res.elapsed
 			st.lat = append(st.lat, res.lat...)
 			st.errors += res.errors
