@@ -25,27 +25,32 @@ const sealTimeout = 10 * time.Second
 // holders are, and takes over the claims of holders that left. A Lease
 // lost to another holder (this one was taken over while it could not
 // renew) drops every allocator: they recover anew once the Lease is held
-// again.
-func (r *Registry) keepLease(ctx context.Context) {
+// again. A holder slot another process took (ErrSlotTaken) is returned:
+// the process must stop.
+func (r *Registry) keepLease(ctx context.Context) error {
 	log := logf.FromContext(ctx)
 	switch err := r.lease.renew(ctx); {
 	case errors.Is(err, errLost):
 		log.Info("The holder lease was taken over: recovering every pool anew", "holder", r.opts.Holder)
 		r.dropAll()
 		if err := r.lease.acquire(ctx); err != nil {
-			return
+			if errors.Is(err, ErrSlotTaken) {
+				return fmt.Errorf("holder %s: %w; restart to take a slot anew", r.opts.Holder, err)
+			}
+			return nil
 		}
 		r.ensureAll(ctx)
-		return
+		return nil
 	case err != nil && ctx.Err() == nil:
 		log.Error(err, "Renewing the holder lease", "holder", r.opts.Holder, "stillValid", r.lease.valid())
-		return
+		return nil
 	}
 	r.listPeers(ctx)
 	// A lost allocator whose write went unheard (one that found the
 	// takeover while it had nothing to write) is rebuilt here at the
 	// latest.
 	r.rebuildLost(ctx)
+	return nil
 }
 
 // rebuildLost rebuilds, off the renewal loop, the allocator of every pool

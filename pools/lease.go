@@ -88,6 +88,16 @@ type LeaseOptions struct {
 	// Duration, RenewDeadline and RetryPeriod default to the constants
 	// above; RenewDeadline must be shorter than Duration.
 	Duration, RenewDeadline, RetryPeriod time.Duration
+	// Process, when set, names the process holding Holder, a holder slot
+	// (see TakeSlot): the Lease is this process's only while it names it.
+	Process string
+	// Handoff is how long the other replicas leave a released slot to its
+	// next incarnation before they take its claims over; default
+	// DefaultSlotHandoff.
+	Handoff time.Duration
+	// Draining, when set, reports that the process is shutting down; a
+	// slot's Lease then says so (DrainingAnnotation).
+	Draining func() bool
 }
 
 // LeaseName returns the name of holder's Lease.
@@ -120,6 +130,8 @@ type lease struct {
 	since time.Time
 	// waiting is why the last attempt to acquire the Lease failed.
 	waiting error
+	// drainingSince is when Draining first said so.
+	drainingSince time.Time
 }
 
 func newLease(c client.Client, r client.Reader, opts LeaseOptions) *lease {
@@ -131,6 +143,9 @@ func newLease(c client.Client, r client.Reader, opts LeaseOptions) *lease {
 	}
 	if opts.RetryPeriod == 0 {
 		opts.RetryPeriod = DefaultRetryPeriod
+	}
+	if opts.Handoff == 0 {
+		opts.Handoff = DefaultSlotHandoff
 	}
 	return &lease{c: c, r: r, opts: opts, start: time.Now()} //nolint:forbidigo // leases are real time
 }
@@ -168,10 +183,31 @@ func (l *lease) waitingFor() error {
 // being, or were, taken over.
 var errLost = errors.New("the holder's lease was taken over")
 
+// ErrSlotTaken says another live process holds this process's holder slot
+// (this one stopped renewing it for longer than the lease duration): the
+// process must start over and take a slot anew.
+var ErrSlotTaken = errors.New("another process holds this holder slot")
+
+// ours reports whether obj, this holder's Lease, names this holder and,
+// for a slot, this process.
+func (l *lease) ours(obj *coordinationv1.Lease) bool {
+	return ptr.Deref(obj.Spec.HolderIdentity, "") == l.opts.Holder && (l.opts.Process == "" || slotProcess(obj) == l.opts.Process)
+}
+
+// labels are the labels of this holder's Lease.
+func (l *lease) labels() map[string]string {
+	m := map[string]string{HolderLeaseLabel: "true", holderLabel: labelValue(l.opts.Holder)}
+	if l.opts.Process != "" {
+		m[SlotLabel] = "true"
+	}
+	return m
+}
+
 // acquire takes this holder's Lease: created if missing, taken at once if
 // it names this holder (a restart: a holder name is used by one process at
-// a time) or was released, and waited for while another holder is taking
-// this one's claims over.
+// a time; a slot's Lease must name this process too) or was released, and
+// waited for while another holder is taking this one's claims over. A
+// slot another live process holds is ErrSlotTaken, at once.
 func (l *lease) acquire(ctx context.Context) error {
 	log := logf.FromContext(ctx)
 	for tries := 0; ; tries++ {
@@ -179,8 +215,8 @@ func (l *lease) acquire(ctx context.Context) error {
 		l.mu.Lock()
 		l.waiting = err
 		l.mu.Unlock()
-		if err == nil {
-			return nil
+		if err == nil || errors.Is(err, ErrSlotTaken) {
+			return err
 		}
 		// A takeover in progress is routine; anything else (a missing
 		// namespace, a denied write) is said once and then every minute.
@@ -204,10 +240,7 @@ func (l *lease) tryAcquire(ctx context.Context) error {
 	err := l.r.Get(ctx, key, obj)
 	switch {
 	case apierrors.IsNotFound(err):
-		obj = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{
-			Namespace: key.Namespace, Name: key.Name,
-			Labels: map[string]string{HolderLeaseLabel: "true", holderLabel: labelValue(l.opts.Holder)},
-		}}
+		obj = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}
 		l.fill(obj, sent, true)
 		if err := l.c.Create(ctx, obj); err != nil {
 			return fmt.Errorf("create lease %s: %w", key.Name, err)
@@ -219,6 +252,9 @@ func (l *lease) tryAcquire(ctx context.Context) error {
 		if strings.HasPrefix(id, TakeoverPrefix) && !expired(obj, sent, 0) {
 			return fmt.Errorf("%w: holder %s is taking this holder's claims over", errTakingOver, strings.TrimPrefix(id, TakeoverPrefix))
 		}
+		if l.opts.Process != "" && id == l.opts.Holder && !l.ours(obj) && !expired(obj, sent, 0) {
+			return fmt.Errorf("%w: lease %s names process %s", ErrSlotTaken, key.Name, slotProcess(obj))
+		}
 		l.fill(obj, sent, id != l.opts.Holder)
 		if err := l.c.Update(ctx, obj); err != nil {
 			return fmt.Errorf("take lease %s: %w", key.Name, err)
@@ -228,8 +264,26 @@ func (l *lease) tryAcquire(ctx context.Context) error {
 	return nil
 }
 
-// fill writes this holder into obj, renewed at sent, with its counts.
+// fill writes this holder into obj, renewed at sent, with its labels,
+// counts, kinds and, for a slot, process.
 func (l *lease) fill(obj *coordinationv1.Lease, sent time.Time, transition bool) {
+	if obj.Labels == nil {
+		obj.Labels = map[string]string{}
+	}
+	for k, v := range l.labels() {
+		obj.Labels[k] = v
+	}
+	if l.opts.Process != "" {
+		if obj.Annotations == nil {
+			obj.Annotations = map[string]string{}
+		}
+		obj.Annotations[ProcessAnnotation] = l.opts.Process
+		if d := l.draining(sent); !d.IsZero() {
+			obj.Annotations[DrainingAnnotation] = d.UTC().Format(time.RFC3339)
+		} else {
+			delete(obj.Annotations, DrainingAnnotation)
+		}
+	}
 	if l.counts != nil {
 		if obj.Annotations == nil {
 			obj.Annotations = map[string]string{}
@@ -249,6 +303,20 @@ func (l *lease) fill(obj *coordinationv1.Lease, sent time.Time, transition bool)
 		obj.Spec.AcquireTime = &metav1.MicroTime{Time: sent}
 		obj.Spec.LeaseTransitions = ptr.To(ptr.Deref(obj.Spec.LeaseTransitions, 0) + 1)
 	}
+}
+
+// draining returns since when the process has been shutting down, zero
+// while it is not.
+func (l *lease) draining(now time.Time) time.Time {
+	if l.opts.Draining == nil || !l.opts.Draining() {
+		return time.Time{}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.drainingSince.IsZero() {
+		l.drainingSince = now
+	}
+	return l.drainingSince
 }
 
 // renewed records a successful write of the Lease, sent at sent.
@@ -274,7 +342,6 @@ func (l *lease) renew(ctx context.Context) error {
 	l.mu.Unlock()
 	obj := &coordinationv1.Lease{}
 	obj.Namespace, obj.Name, obj.ResourceVersion = key.Namespace, key.Name, version
-	obj.Labels = map[string]string{HolderLeaseLabel: "true", holderLabel: labelValue(l.opts.Holder)}
 	l.fill(obj, sent, false)
 	// A merge patch with the resourceVersion, not an Update: an Update of
 	// a Lease that is gone creates it again (Leases allow create on
@@ -299,7 +366,7 @@ func (l *lease) renew(ctx context.Context) error {
 		} else if gerr != nil {
 			return errors.Join(err, gerr)
 		}
-		if ptr.Deref(cur.Spec.HolderIdentity, "") != l.opts.Holder {
+		if !l.ours(cur) {
 			l.lose()
 			return errLost
 		}
@@ -333,7 +400,6 @@ func (l *lease) release(ctx context.Context) error {
 	l.mu.Unlock()
 	obj := &coordinationv1.Lease{}
 	obj.Namespace, obj.Name, obj.ResourceVersion = l.opts.Namespace, LeaseName(l.opts.Holder), version
-	obj.Labels = map[string]string{HolderLeaseLabel: "true", holderLabel: labelValue(l.opts.Holder)}
 	l.fill(obj, time.Now(), false) //nolint:forbidigo // leases are real time
 	obj.Spec.HolderIdentity = ptr.To("")
 	if err := l.c.Update(ctx, obj); err != nil {
@@ -381,6 +447,11 @@ func (l *lease) peers(ctx context.Context) ([]peer, error) {
 				// nothing, or something else.
 				_ = json.Unmarshal([]byte(obj.Annotations[countsAnnotation]), &p.counts)
 			}
+		case id == "" && isSlot(&obj):
+			// A released slot waits for its next incarnation (a
+			// rollout's new pod) for a while: taken over, its objects
+			// would all be relabelled.
+			p.leaving = obj.Spec.RenewTime == nil || now.After(obj.Spec.RenewTime.Add(l.opts.Handoff))
 		case id == "":
 			p.leaving = true
 		case strings.HasPrefix(id, TakeoverPrefix):

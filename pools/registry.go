@@ -69,6 +69,10 @@ type Options struct {
 	// Holder above). Every allocator of this replica serves only while
 	// the Lease is held.
 	Lease LeaseOptions
+	// Slot, if set, is the holder slot this process took (TakeSlot): its
+	// Holder is the Holder above, and Lease.Process names this process.
+	// Start takes the slot's renewals over.
+	Slot *Slot
 	// History, if set, stores the history of addresses (see Record).
 	History Recorder
 	// Informers, if set, deliver the IPBlocks as they change, so that an
@@ -183,7 +187,11 @@ func (r *Registry) Start(ctx context.Context) error {
 		}
 	}
 	close(r.started)
+	r.opts.Slot.handOff()
 	if err := r.lease.acquire(ctx); err != nil {
+		if errors.Is(err, ErrSlotTaken) {
+			return fmt.Errorf("holder %s: %w; restart to take a slot anew", r.opts.Holder, err)
+		}
 		return nil // stopped before it held the Lease
 	}
 	close(r.leased)
@@ -212,7 +220,10 @@ func (r *Registry) Start(ctx context.Context) error {
 			r.shutdown(ctx)
 			return nil
 		case <-renew.C:
-			r.keepLease(ctx)
+			if err := r.keepLease(ctx); err != nil {
+				r.tasks.Wait()
+				return err
+			}
 		case <-r.lostOne:
 			r.rebuildLost(ctx)
 		case <-r.relist:

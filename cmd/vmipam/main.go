@@ -9,6 +9,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -19,9 +20,11 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/certwatcher"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
@@ -66,6 +69,10 @@ type options struct {
 	clientCNSet bool
 	// apiCompression asks the API server for compressed responses.
 	apiCompression bool
+	// slots takes the holder from a holder slot; --holder then names the
+	// process.
+	slots                 bool
+	slotHandoff, slotWait time.Duration
 }
 
 func main() {
@@ -91,6 +98,9 @@ func main() {
 	flag.DurationVar(&o.retryPeriod, "leader-elect-retry-period", pools.DefaultRetryPeriod, "Deprecated: --lease-retry-period.")
 	flag.StringVar(&o.namespace, "namespace", envOr("POD_NAMESPACE", "vmipam-system"), "vmipam's own namespace: its Secret, holder leases and events.")
 	flag.StringVar(&o.holder, "holder", envOr("POD_NAME", hostname()), "This replica's name in the pools' claims and its holder lease: stable across its restarts, and used by one process at a time (the pod's name, from $POD_NAME).")
+	flag.BoolVar(&o.slots, "holder-slots", false, "Take the holder from a slot (slot-0, slot-1, …: the Lease vmipam-holder-slot-N) instead of --holder, which then names this process on the slot's Lease. A slot a stopped replica released goes, with its claims and the objects labelled for it, to the next replica that starts: a rollout takes nothing over and relabels nothing (docs/design.md, \"Holder slots\"). Roll such a Deployment with maxSurge 0, so that each new pod finds the slot of the pod it replaces.")
+	flag.DurationVar(&o.slotHandoff, "slot-handoff", pools.DefaultSlotHandoff, "With --holder-slots: how long a released slot waits for its next replica before the others take its claims over (a scale-down) and relabel its objects.")
+	flag.DurationVar(&o.slotWait, "slot-wait", pools.DefaultSlotWait, "With --holder-slots: how long a starting replica waits for the slot of a replica that is shutting down, before it opens a slot of its own.")
 	flag.DurationVar(&o.drain, "shutdown-drain", 10*time.Second, "On SIGTERM, how long to keep serving, not ready and closing connections, while the Service stops sending requests here; then shut down, sealing the pools.")
 	flag.DurationVar(&o.connWait, "shutdown-connection-wait", 85*time.Second, "After --shutdown-drain, how much longer to keep serving until the API server has closed the connections it keeps idle here (its transports close one idle for 90s); those left are closed then. Closing an idle connection races with an admission the API server may be sending on it, which then fails; 0 closes them at the end of the drain.")
 	flag.StringVar(&o.webhookHost, "webhook-host", "", "Address the webhook server binds to (all interfaces when empty).")
@@ -141,6 +151,8 @@ func (o options) validate() error {
 		return fmt.Errorf("--lease-renew-deadline (%s) must be longer than 1.2 × --lease-retry-period (%s)", o.renewDeadline, o.retryPeriod)
 	case o.holder == "":
 		return errors.New("--holder is empty: give each replica a stable name (the pod's name, from $POD_NAME)")
+	case o.slots && (o.slotHandoff <= 0 || o.slotWait < 0):
+		return errors.New("--slot-handoff must be positive and --slot-wait not negative")
 	case o.drain < 0 || o.connWait < 0:
 		return errors.New("--shutdown-drain and --shutdown-connection-wait must not be negative")
 	case o.limits.MaxBodyBytes <= 0 || o.limits.MaxInflightBytes <= 0 || o.limits.MaxConcurrent <= 0 || o.limits.ReadTimeout <= 0:
@@ -187,6 +199,20 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
+	var draining atomic.Bool
+	o.limits.Draining = draining.Load
+	// The holder slot first: the manager binds the probe address, which
+	// answers while the slot is waited for, and its caches select by the
+	// holder.
+	lease := pools.LeaseOptions{Namespace: o.namespace, Duration: o.leaseDuration, RenewDeadline: o.renewDeadline, RetryPeriod: o.retryPeriod}
+	holder, slot := o.holder, (*pools.Slot)(nil)
+	if o.slots {
+		lease.Process, lease.Handoff, lease.Draining = o.holder, o.slotHandoff, draining.Load
+		if slot, err = takeSlot(cfg, lease, o.slotWait, o.probeAddr); err != nil {
+			return err
+		}
+		holder = slot.Holder
+	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 scheme.Scheme,
 		Metrics:                metricsOptions(o, tlsOpts),
@@ -209,23 +235,55 @@ func run(o options) error {
 			return fmt.Errorf("add client CA watcher: %w", err)
 		}
 	}
-	var draining atomic.Bool
-	o.limits.Draining = draining.Load
 	if _, err := app.Setup(mgr, app.Options{
-		Holder: o.holder, Namespace: o.namespace, ResyncInterval: o.resync, Limits: o.limits, History: o.history, Draining: draining.Load, Kinds: kinds,
-		Lease: pools.LeaseOptions{Duration: o.leaseDuration, RenewDeadline: o.renewDeadline, RetryPeriod: o.retryPeriod},
+		Holder: holder, Namespace: o.namespace, ResyncInterval: o.resync, Limits: o.limits, History: o.history, Draining: draining.Load, Kinds: kinds,
+		Lease: lease, Slot: slot,
 	}); err != nil {
 		return err
 	}
 	if o.leaderElect {
 		setupLog.Info("--leader-elect is deprecated and ignored: every replica runs every controller")
 	}
-	setupLog.Info("Starting vmipam", "namespace", o.namespace, "holder", o.holder, "certMode", o.certMode,
+	setupLog.Info("Starting vmipam", "namespace", o.namespace, "holder", holder, "process", o.holder, "certMode", o.certMode,
 		"webhookPort", o.webhookPort, "webhookClientAuth", clientAuth != nil)
 	if err := mgr.Start(drainingSignalHandler(o.drain, o.connWait, &draining, httpServer)); err != nil {
 		return fmt.Errorf("run manager: %w", err)
 	}
 	return nil
+}
+
+// takeSlot takes a holder slot (pools.TakeSlot) with a client of its own:
+// the manager's reads from caches that do not run yet, and their label
+// selectors need the holder. SIGTERM or SIGINT ends the wait. Meanwhile
+// probeAddr answers /healthz (alive: waiting for the slot of a replica
+// that is shutting down can take its drain) and not /readyz.
+func takeSlot(cfg *rest.Config, lease pools.LeaseOptions, wait time.Duration, probeAddr string) (*pools.Slot, error) {
+	c, err := client.New(cfg, client.Options{Scheme: scheme.Scheme})
+	if err != nil {
+		return nil, fmt.Errorf("create a client to take a holder slot: %w", err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if probeAddr != "" && probeAddr != "0" {
+		mux := http.NewServeMux()
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })
+		mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+			http.Error(w, "waiting for a holder slot", http.StatusServiceUnavailable)
+		})
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		ln, err := net.Listen("tcp", probeAddr)
+		if err != nil {
+			return nil, fmt.Errorf("--health-probe-bind-address %s: %w", probeAddr, err)
+		}
+		go func() { _ = srv.Serve(ln) }()
+		// Closed before the manager binds the address again.
+		defer func() { _ = srv.Close() }()
+	}
+	slot, err := pools.TakeSlot(ctrl.LoggerInto(ctx, setupLog), c, pools.SlotOptions{Lease: lease, Wait: wait})
+	if err != nil {
+		return nil, fmt.Errorf("--holder-slots: %w", err)
+	}
+	return slot, nil
 }
 
 // drainingSignalHandler returns a context that ends after the first

@@ -41,6 +41,9 @@ type Options struct {
 	Namespace string
 	// Lease times the holder Lease; zero fields take the defaults.
 	Lease pools.LeaseOptions
+	// Slot, if set, is the holder slot this process took: Holder is its
+	// Holder (see pools.Options.Slot).
+	Slot *pools.Slot
 	// Kinds are the kinds given addresses (the kinds configuration);
 	// empty means vmipam's own VirtualMachine.
 	Kinds []kinds.Kind
@@ -154,7 +157,7 @@ func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
 	reg := pools.NewRegistry(pools.Options{
 		History: rec,
 		Client:  mgr.GetClient(), APIReader: mgr.GetAPIReader(), Kinds: ts, Holder: opts.Holder, Clock: opts.Clock,
-		Lease: lease, Informers: mgr.GetCache(),
+		Lease: lease, Slot: opts.Slot, Informers: mgr.GetCache(),
 		RunInterval: opts.RunInterval, ResyncInterval: opts.ResyncInterval, StatusInterval: opts.StatusInterval, ProveInterval: opts.ProveInterval,
 		Recorder:          mgr.GetEventRecorder("vmipam"),
 		ObserveAllocation: metrics.ObserveAllocation, NoteDuplicate: metrics.NoteDuplicate,

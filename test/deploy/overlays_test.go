@@ -323,9 +323,20 @@ func checkDeployment(t *testing.T, r *rendered) {
 	if d.Spec.Replicas == nil || *d.Spec.Replicas < 3 {
 		t.Errorf("replicas %v: the webhooks fail closed, so run at least 3 replicas (one may be down while two answer)", deref(d.Spec.Replicas))
 	}
+	// With holder slots a pod stops before its replacement starts, which
+	// takes its slot: a surge pod would find none and open another, whose
+	// claims the others would take over at the end of the rollout.
+	slots := slices.Contains(c.Args, "--holder-slots")
 	if ru := d.Spec.Strategy.RollingUpdate; d.Spec.Strategy.Type != appsv1.RollingUpdateDeploymentStrategyType || ru == nil ||
-		ru.MaxUnavailable == nil || ru.MaxUnavailable.String() != "0" || ru.MaxSurge == nil || ru.MaxSurge.String() != "1" {
-		t.Errorf("strategy %+v: want RollingUpdate with maxSurge 1 and maxUnavailable 0, so a replacement is ready before an old pod stops", d.Spec.Strategy)
+		ru.MaxUnavailable == nil || ru.MaxSurge == nil {
+		t.Errorf("strategy %+v: want RollingUpdate", d.Spec.Strategy)
+	} else if slots && (ru.MaxUnavailable.String() != "1" || ru.MaxSurge.String() != "0") {
+		t.Errorf("strategy %+v with --holder-slots: want maxSurge 0 and maxUnavailable 1, so each replacement finds the slot of the pod it replaces", d.Spec.Strategy)
+	} else if !slots && (ru.MaxUnavailable.String() != "0" || ru.MaxSurge.String() != "1") {
+		t.Errorf("strategy %+v: want maxSurge 1 and maxUnavailable 0, so a replacement is ready before an old pod stops", d.Spec.Strategy)
+	}
+	if !slots {
+		t.Errorf("args %v: want --holder-slots, so that a rollout hands each slot on and relabels no VM", c.Args)
 	}
 	if pod.ServiceAccountName != serviceAccount {
 		t.Errorf("serviceAccountName %q, want %q", pod.ServiceAccountName, serviceAccount)

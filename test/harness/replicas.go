@@ -12,9 +12,13 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/vmipam/vmipam/pools"
 	"github.com/vmipam/vmipam/test/lbproxy"
 )
 
@@ -51,8 +55,12 @@ type Replica struct {
 	// from 0: logsFor was called with it, and the default holder is
 	// vmipam-<Index>.
 	Index int
-	// Holder is its --holder, the name of its claims in the pools.
+	// Holder is the name of its claims in the pools: its --holder, or,
+	// with --holder-slots, the slot it took.
 	Holder string
+	// Name is its --holder: with --holder-slots the process's name on
+	// its slot's Lease (a pod's name), else Holder.
+	Name string
 	// WebhookPort, MetricsPort and ProbePort are its own ports on
 	// 127.0.0.1.
 	WebhookPort, MetricsPort, ProbePort int
@@ -111,6 +119,7 @@ func (r *Replicas) Start(ctx context.Context, holder string) (*Replica, error) {
 	if rep.Holder == "" {
 		rep.Holder = "vmipam-" + strconv.Itoa(rep.Index)
 	}
+	rep.Name = rep.Holder
 	logs := io.Discard
 	if r.logsFor != nil {
 		if w := r.logsFor(rep.Index); w != nil {
@@ -120,7 +129,10 @@ func (r *Replicas) Start(ctx context.Context, holder string) (*Replica, error) {
 	if err := r.Proxy.Add(rep.backend()); err != nil {
 		return nil, err
 	}
-	rep.Process, err = r.c.startVMIPAM(ctx, pt, rep.Holder, logs, r.extra)
+	rep.Process, err = r.c.startVMIPAM(ctx, pt, rep.Name, logs, r.extra)
+	if err == nil && r.Slots() {
+		rep.Holder, err = r.c.SlotOf(ctx, rep.Name)
+	}
 	if err == nil {
 		err = r.waitInRotation(ctx, rep)
 	}
@@ -135,6 +147,23 @@ func (r *Replicas) Start(ctx context.Context, holder string) (*Replica, error) {
 	r.all = append(r.all, rep)
 	r.mu.Unlock()
 	return rep, nil
+}
+
+// Slots reports whether the replicas run with --holder-slots.
+func (r *Replicas) Slots() bool { return slices.Contains(r.extra, "--holder-slots") }
+
+// SlotOf returns the holder slot process holds, as its Lease says.
+func (c *Cluster) SlotOf(ctx context.Context, process string) (string, error) {
+	var list coordinationv1.LeaseList
+	if err := c.Client.List(ctx, &list, client.InNamespace(Namespace), client.MatchingLabels{pools.SlotLabel: "true"}); err != nil {
+		return "", fmt.Errorf("list the slot Leases: %w", err)
+	}
+	for _, l := range list.Items {
+		if l.Annotations[pools.ProcessAnnotation] == process && ptr.Deref(l.Spec.HolderIdentity, "") != "" {
+			return ptr.Deref(l.Spec.HolderIdentity, ""), nil
+		}
+	}
+	return "", fmt.Errorf("no slot Lease names process %s", process)
 }
 
 // waitInRotation waits for the proxy's next probe of a ready replica.
@@ -186,7 +215,10 @@ func (r *Replicas) Remove(rep *Replica) (lbproxy.BackendStatus, bool) {
 // own, and old leaves rotation and gets SIGTERM (stopTimeout, then SIGKILL)
 // only once the replacement is in rotation. With old's holder (a
 // StatefulSet's pod), old leaves and stops first, so that two live
-// processes never claim under one name. old may have exited already.
+// processes never claim under one name. With --holder-slots (a Deployment
+// rolled with maxSurge 0), old leaves and gets SIGTERM, and the
+// replacement starts at once, as the Deployment creates it; it takes
+// old's slot once old released it. old may have exited already.
 func (r *Replicas) Replace(ctx context.Context, old *Replica, holder string, stopTimeout time.Duration) (*Replica, error) {
 	retire := func() error {
 		_, _ = r.Remove(old)
@@ -203,6 +235,22 @@ func (r *Replicas) Replace(ctx context.Context, old *Replica, holder string, sto
 			return nil, err
 		}
 		return r.Start(ctx, holder)
+	}
+	if r.Slots() {
+		_, _ = r.Remove(old)
+		stopped := make(chan error, 1)
+		go func() {
+			if old.exited() {
+				stopped <- nil
+				return
+			}
+			stopped <- old.Stop(stopTimeout)
+		}()
+		rep, err := r.Start(ctx, holder)
+		if serr := <-stopped; serr != nil {
+			err = errors.Join(err, fmt.Errorf("stop replica %d (%s): %w", old.Index, old.Holder, serr))
+		}
+		return rep, err
 	}
 	rep, err := r.Start(ctx, holder)
 	if err != nil {

@@ -3,6 +3,7 @@ package replicas
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -17,22 +18,24 @@ import (
 	"github.com/vmipam/vmipam/test/harness"
 )
 
-// TestRollingRestart replaces the three replicas one at a time, as a
-// Deployment's rollout does (the new pod started and ready first, then the
-// old one SIGTERMed: it turns not ready, drains for --shutdown-drain,
-// seals its blocks and releases its Lease), while 16 clients create and
-// delete VirtualMachines without retrying. No create and no delete may
-// fail; no two live VMs may share an address; no address may be handed
-// out again before its previous holder's delete plus the cooldown; and
-// once everything is deleted and the cooldown has passed (and the rest of
-// a pending reservation taken over from a replaced replica, whose VM may
-// yet appear: max(pending TTL, cooldown) after the takeover), nothing is
-// leaked: the old holders' Leases and claims are gone, the replicas hold
-// nothing but free addresses, and the pool can be filled to its last
-// address.
+// TestRollingRestart replaces the three replicas, run with holder slots
+// as the manifests run them, one at a time, as a Deployment's rollout with
+// maxSurge 0 does (the old pod SIGTERMed: it turns not ready, drains for
+// --shutdown-drain, seals its blocks and releases its slot; its
+// replacement, started at once, waits for the slot and takes it), while
+// 16 clients create and delete VirtualMachines without retrying. Each slot
+// goes to its replacement: no claim is taken over and no VM relabelled.
+// No create and no delete may fail; no two live VMs may share an address;
+// no address may be handed out again before its previous holder's delete
+// plus the cooldown; and once everything is deleted and the cooldown has
+// passed (and the rest of a pending reservation, whose VM may yet appear:
+// max(pending TTL, cooldown) after the restart), nothing is leaked: the
+// replicas hold nothing but free addresses, and the pool can be filled to
+// its last address. (Holders named after pods, which a rollout takes over,
+// roll in test/chaos.)
 func TestRollingRestart(t *testing.T) {
 	s := newSuite(t)
-	s.startReplicas(3)
+	s.startReplicas(3, "--holder-slots")
 	const (
 		pool     = "rolling"
 		cooldown = 5 * time.Second
@@ -55,10 +58,24 @@ func TestRollingRestart(t *testing.T) {
 	t.Cleanup(trDone.Wait) // the test's context ends it
 
 	led := harness.NewLedger(cooldown, 1, harness.Prefixes{prefix})
+	// VMs that live through the restart, whose holder labels must not
+	// change (the storm's live a few hundred milliseconds).
+	const kept = 60
+	for i := range kept {
+		name := fmt.Sprintf("kept-%d", i)
+		rec := &harness.Record{Name: name, Sent: time.Now()}
+		vm, err := s.create(s.ctx, name, pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec.Resp = time.Now()
+		led.Created(rec, vm)
+	}
 	st := &storm{s: s, pool: pool, prefix: "roll", led: led, maxOwn: 8, deleteP: 0.4, think: 10 * time.Millisecond}
 	stormStart := time.Now()
 	stopStorm := st.start(clients)
 	harness.Sleep(s.ctx, pad)
+	labelsBefore := s.holderLabels()
 	rollStart := time.Now()
 	s.mark("rolling restart begins")
 	fresh, err := s.rs.RollingRestart(s.ctx, false, 30*time.Second)
@@ -106,6 +123,39 @@ func TestRollingRestart(t *testing.T) {
 	}
 	s.checkLive("after the rolling restart", pool, prefix)
 	s.checkLabels("after the rolling restart", pool, prefix)
+	// Every slot went to a replacement; no VM that lived through the
+	// restart has another holder label.
+	oldSlots, newSlots := make([]string, 0, len(old)), make([]string, 0, len(fresh))
+	for _, rep := range old {
+		oldSlots = append(oldSlots, rep.Holder)
+	}
+	for _, rep := range fresh {
+		newSlots = append(newSlots, rep.Holder)
+	}
+	slices.Sort(oldSlots)
+	slices.Sort(newSlots)
+	if !slices.Equal(oldSlots, newSlots) {
+		t.Errorf("slots before the rolling restart %v, after %v: want each handed to a replacement", oldSlots, newSlots)
+	}
+	labelsAfter := s.holderLabels()
+	lived, relabelled := 0, []string{}
+	for uid, before := range labelsBefore {
+		after, ok := labelsAfter[uid]
+		if !ok {
+			continue
+		}
+		lived++
+		if after != before {
+			relabelled = append(relabelled, fmt.Sprintf("%s: %s -> %s", uid, before, after))
+		}
+	}
+	t.Logf("VMs that lived through the rolling restart: %d, relabelled: %d", lived, len(relabelled))
+	if len(relabelled) > 0 {
+		t.Errorf("RELABELLED by the rolling restart: %d of %d VMs:\n%s", len(relabelled), lived, summarize(relabelled, 10))
+	}
+	if lived < kept {
+		t.Errorf("only %d VMs lived through the rolling restart, %d kept: the relabel check proves little", lived, kept)
+	}
 
 	// Everything goes; then the cooldown passes.
 	s.deleteAll(led, 60*time.Second)
@@ -118,14 +168,14 @@ func TestRollingRestart(t *testing.T) {
 	}
 
 	for _, rep := range old {
-		if seen := s.waitLeaseGone(rep.Holder, 30*time.Second); !seen.ok {
-			t.Errorf("the Lease of the replaced holder %s is still there 30s after the drain: nobody took it over", rep.Holder)
+		if got, err := s.cl.SlotOf(s.ctx, rep.Name); err == nil {
+			t.Errorf("the Lease of slot %s still names the replaced process %s", got, rep.Name)
 		}
 	}
-	// A reservation still pending when its replica sealed, whose VM the
-	// takeover did not find (stored a moment later, or deleted before the
-	// new holder adopted it), rests for max(pending TTL, cooldown) from
-	// the takeover: the last one ended the rolling restart.
+	// A reservation still pending when its replica sealed, whose VM its
+	// slot's next process did not find (stored a moment later, or deleted
+	// before it was recovered), rests for max(pending TTL, cooldown) from
+	// the recovery: the last one ended the rolling restart.
 	harness.Sleep(s.ctx, time.Until(drained.Add(cooldown+2*time.Second)))
 	harness.Sleep(s.ctx, time.Until(rollEnd.Add(max(cooldown, pendingTTL)+2*time.Second)))
 	s.checkNoLeak(pool, usable, fresh)
@@ -248,4 +298,21 @@ func (s *suite) checkNoLeak(pool string, usable int, live []*harness.Replica) {
 		s.t.Logf("IPPool status at rest: usable %d allocated %d pending %d free %d cooldown %d",
 			p.Status.Usable, p.Status.Allocated, p.Status.Pending, p.Status.Free, p.Status.Cooldown)
 	}
+}
+
+// holderLabels returns the holder label of every VirtualMachine of the
+// suite's namespace, by UID.
+func (s *suite) holderLabels() map[string]string {
+	s.t.Helper()
+	var l vmipamv1.VirtualMachineList
+	if err := s.c.List(s.ctx, &l, client.InNamespace(s.ns)); err != nil {
+		s.t.Fatalf("list VirtualMachines: %v", err)
+	}
+	out := make(map[string]string, len(l.Items))
+	for _, vm := range l.Items {
+		if vm.DeletionTimestamp == nil {
+			out[string(vm.UID)] = vm.Labels[vmipamv1.HolderLabel]
+		}
+	}
+	return out
 }
