@@ -98,6 +98,9 @@ func (m *Manager) allocate(ctx context.Context, r Reservation, now time.Time) (n
 			m.stats.exhausted.Add(1)
 			return netip.Addr{}, fmt.Errorf("allocate from pool %q: %w", m.cfg.Pool, err)
 		}
+		if attempt == 0 {
+			m.stats.storeWaits.Add(1)
+		}
 		var stale []netip.Prefix
 		if unarmed == 0 && claimable == 0 && !askable {
 			if refresh {

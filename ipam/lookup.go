@@ -50,6 +50,10 @@ type Stats struct {
 	// Granted and Received count addresses handed over to and from other
 	// holders; TakenOver, addresses taken over from holders that left.
 	Granted, Received, TakenOver uint64
+	// StoreWaits counts allocations that found no armed address and
+	// waited for a store write (arming, a claim, a read or a request to
+	// another holder) before they were answered.
+	StoreWaits uint64
 }
 
 // Add returns the sum of s and o: the counters of several Managers (the
@@ -70,6 +74,7 @@ func (s Stats) Add(o Stats) Stats {
 	s.Granted += o.Granted
 	s.Received += o.Received
 	s.TakenOver += o.TakenOver
+	s.StoreWaits += o.StoreWaits
 	return s
 }
 
@@ -79,6 +84,7 @@ type stats struct {
 	storeFailures                                         atomic.Uint64
 	pendingLimited, unused                                atomic.Uint64
 	granted, received, takenOver                          atomic.Uint64
+	storeWaits                                            atomic.Uint64
 }
 
 // Holds reports whether this Manager holds addr (claims it, in any state):
@@ -207,5 +213,6 @@ func (m *Manager) Stats() Stats {
 		RebalanceFailures: s.rebalanceFailures.Load(), StoreConflicts: s.storeConflicts.Load(), StoreWrites: s.writes.Load(), StoreFailures: s.storeFailures.Load(),
 		PendingLimited: s.pendingLimited.Load(), Unused: s.unused.Load(),
 		Granted: s.granted.Load(), Received: s.received.Load(), TakenOver: s.takenOver.Load(),
+		StoreWaits: s.storeWaits.Load(),
 	}
 }

@@ -118,6 +118,7 @@ var (
 		{prometheus.NewDesc("vmipam_rebalances_total", "Free-list rebalances (claims or returns).", []string{"pool"}, nil), func(s ipam.Stats) uint64 { return s.Rebalances }},
 		{prometheus.NewDesc("vmipam_rebalance_failures_total", "Rebalances that failed.", []string{"pool"}, nil), func(s ipam.Stats) uint64 { return s.RebalanceFailures }},
 		{prometheus.NewDesc("vmipam_pending_limited_total", "Reservations refused because their namespace held as many pending reservations as the pool allows.", []string{"pool"}, nil), func(s ipam.Stats) uint64 { return s.PendingLimited }},
+		{prometheus.NewDesc("vmipam_allocation_store_waits_total", "Allocations that found no armed address and waited for a write or a read of the store (arming, a claim, a request to another replica): the ready list ran dry.", []string{"pool"}, nil), func(s ipam.Stats) uint64 { return s.StoreWaits }},
 		{prometheus.NewDesc("vmipam_unused_returns_total", "Lapsed reservations returned without a cooldown, proved never stored.", []string{"pool"}, nil), func(s ipam.Stats) uint64 { return s.Unused }},
 	}
 )

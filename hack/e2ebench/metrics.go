@@ -134,6 +134,9 @@ type webhookResult struct {
 	alloc histogram
 	// storeWrites during the rounds.
 	storeWrites float64
+	// allocations, and storeWaits: those that found the ready list empty
+	// and waited for the store.
+	allocations, storeWaits float64
 }
 
 func webhookStats(vBefore, vAfter, aBefore, aAfter metricSet) webhookResult {
@@ -156,5 +159,7 @@ func webhookStats(vBefore, vAfter, aBefore, aAfter metricSet) webhookResult {
 			map[string]string{"name": noopMutatingName, "operation": "CREATE", "rejected": "false"}),
 		alloc:       delta(vBefore, vAfter, "vmipam_allocation_duration_seconds", pool),
 		storeWrites: vAfter.sum("vmipam_store_writes_total", pool) - vBefore.sum("vmipam_store_writes_total", pool),
+		allocations: vAfter.sum("vmipam_allocations_total", pool) - vBefore.sum("vmipam_allocations_total", pool),
+		storeWaits:  vAfter.sum("vmipam_allocation_store_waits_total", pool) - vBefore.sum("vmipam_allocation_store_waits_total", pool),
 	}
 }
