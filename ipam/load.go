@@ -147,6 +147,19 @@ func (m *Manager) setPersistedLocked(bs *blockState, b Block) {
 	m.othersFree += free - bs.othersFree
 	bs.persisted, bs.elsewhere, bs.othersFree = b, n, free
 	m.persistedSeq++
+	// An unhanded address the store shows not claimed by this holder: the
+	// write that failed did not land, or was undone since. Whatever the
+	// store later shows of it at this holder (taken over, handed over)
+	// came after, from a holder that may have handed it out: it is no
+	// longer the failed write's echo, to be freed on sight.
+	if len(m.unhanded) > 0 {
+		mine := b.Claims[m.cfg.Holder]
+		for a := range m.unhanded {
+			if b.Prefix.Contains(a) && (mine == nil || !mine.Has(blockOffset(a))) {
+				delete(m.unhanded, a)
+			}
+		}
+	}
 	for h, r := range b.Requests {
 		if h != m.cfg.Holder && r.Asks() && bs.ours > 0 {
 			bs.requested = true
