@@ -101,13 +101,29 @@ func (m *Manager) rollRateLocked(now time.Time) {
 	m.rateStart, m.rateCount = now, 0
 }
 
-// armBatchLocked is how many free addresses to keep armed: cfg.ArmBatch,
-// or the allocations of the last full second or of the current one when
-// that is more, up to armMax. A crash rests no more than that: about a
-// second's allocations beyond the configured batch at most. In exchange,
-// a fast stream of allocations arms (writes its block) about twice a
-// second, not every ArmBatch/2 allocations.
-func (m *Manager) armBatchLocked(now time.Time) int {
+// rateWindow is the shortest span the current second's allocations are
+// extrapolated from: a burst's first hundred milliseconds say its rate
+// well enough, its first few allocations do not.
+const rateWindow = 100 * time.Millisecond
+
+// rateLocked is the rate of allocations, per second: that of the last
+// full second, or the current second's so far when more, extrapolated to
+// a whole second once rateWindow has passed (and as if it had before),
+// so that a burst out of idle is met by batches and claims of its size
+// within a tenth of a second, not a second later, after its first
+// allocations emptied the ready list.
+func (m *Manager) rateLocked(now time.Time) int {
 	m.rollRateLocked(now)
-	return min(max(m.cfg.ArmBatch, m.lastRate, m.rateCount), m.armMax)
+	el := max(now.Sub(m.rateStart), rateWindow)
+	return max(m.lastRate, int(int64(m.rateCount)*int64(time.Second)/int64(el)))
+}
+
+// armBatchLocked is how many free addresses to keep armed: cfg.ArmBatch,
+// or a second's allocations at the current rate (rateLocked) when that is
+// more, up to armMax. A crash rests no more than that: about a second's
+// allocations beyond the configured batch at most. In exchange, a fast
+// stream of allocations arms (writes its block) about twice a second, not
+// every ArmBatch/2 allocations.
+func (m *Manager) armBatchLocked(now time.Time) int {
+	return min(max(m.cfg.ArmBatch, m.rateLocked(now)), m.armMax)
 }

@@ -76,3 +76,38 @@ func countBits(bm *Bitmap) int {
 	}
 	return n
 }
+
+// TestArmBatchMeetsABurst: a burst out of idle (1,000 allocations a
+// second, after a pause) is met at its rate within its first tenth of a
+// second: the arm batch, and with it the point where Run is kicked to arm
+// more, follows the burst's extrapolated rate, not the configured batch
+// that the last full second (none) leaves, so the ready list is refilled
+// before the burst's first allocations empty it. Before rateWindow has
+// passed, a handful of allocations counts as if spread over it.
+func TestArmBatchMeetsABurst(t *testing.T) {
+	ctx := context.Background()
+	m, clk, _ := newTestManager(t, testPool{cidr: "10.0.0.0/18", low: 32, target: 128, high: 512,
+		cooldown: time.Hour, pendingTT: time.Hour})
+	clk.Step(time.Minute) // idle: no rate left
+	// At 100 allocations: a second's worth is 1,000, capped at a 32nd
+	// of the pool (armMax, 511).
+	want := map[int]int{1: 32, 5: 50, 20: 200, 100: m.armMax}
+	for i := 1; i <= 100; i++ {
+		if _, err := m.Allocate(ctx, Reservation{Token: fmt.Sprint("b", i), Namespace: fmt.Sprint("ns", i%64)}); err != nil {
+			t.Fatalf("allocation %d: %v", i, err)
+		}
+		clk.Step(time.Millisecond)
+		if w, ok := want[i]; ok {
+			m.mu.Lock()
+			got := m.armBatchLocked(m.clock.Now())
+			m.mu.Unlock()
+			if got != w {
+				t.Errorf("after %d allocations in %d ms: arm batch %d; want %d", i, i, got, w)
+			}
+		}
+	}
+	// And the marks claim ahead of it: four seconds of it, up to high.
+	if _, target, _ := m.targets(); target != 512 {
+		t.Errorf("target free after the burst's first 100 ms: %d; want 512 (4 s at 1,000/s, capped at the high watermark)", target)
+	}
+}

@@ -75,8 +75,7 @@ func (m *Manager) marksLocked() (low, target, high int) {
 	// up to the high watermark, and claims again while half a second of
 	// it is left: each claim writes a block that other holders may be
 	// writing too, and one that comes too late makes allocations wait.
-	m.rollRateLocked(m.clock.Now())
-	if rate := max(m.lastRate, m.rateCount); rate > 0 {
+	if rate := m.rateLocked(m.clock.Now()); rate > 0 {
 		target = max(target, min(4*rate, high))
 		low = max(low, min(rate/2, target/2))
 	}
