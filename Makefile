@@ -66,6 +66,12 @@ chaos: ## The long reliability run: 3 replicas, 3m of load, 12 SIGKILLs, 3 rolli
 e2e: $(HELM) ## vmipam's image in a real single-node cluster (as root: kubelet, containerd, kube-proxy; no route out), installed by the chart, and the suite in test/e2e. KEEP=1 leaves the cluster up.
 	HELM="$(HELM)" hack/e2e/run.sh
 
+# The fleet of make bench-scale; CI runs a small one to check the mode works.
+SCALE_N ?= 100000
+.PHONY: bench-scale
+bench-scale: ## The end-to-end benchmark at scale: a fleet of SCALE_N VMs (100,000) over 3 replicas, then memory per VM, a resync, a replica's restart, a rollout and the rounds at that size (results/scale/e2e-bench.md).
+	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" $(GO) run ./hack/e2ebench -fleet $(SCALE_N) -pool-cidr 10.64.0.0/14 -replicas 0 -history-n 0 -results results/scale $(E2E_BENCH_FLAGS)
+
 .PHONY: envtest-assets
 envtest-assets: ## Build (once) the control-plane binaries the tests use.
 	@hack/envtest-assets.sh

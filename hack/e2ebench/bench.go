@@ -200,15 +200,29 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 	if b.clients, err = b.newClients(); err != nil {
 		return nil, err
 	}
+	if o.fleet > 0 {
+		if err := b.startScale(ctx); err != nil {
+			return nil, fmt.Errorf("scale mode: %w", err)
+		}
+	}
 	logf("control plane, vmipam and pool %s (%s) ready; warming up with %d VirtualMachines per mode", poolName, o.poolCIDR, o.warmup)
 	if err := b.warmUp(ctx); err != nil {
 		return nil, fmt.Errorf("warm up: %w", err)
+	}
+	if err := b.measureScale(ctx, rep); err != nil {
+		return nil, fmt.Errorf("scale mode: %w", err)
 	}
 	if err := b.measureCreates(ctx, rep); err != nil {
 		return nil, err
 	}
 	if err := b.measurePaced(ctx, rep); err != nil {
 		return nil, fmt.Errorf("steady-rate phase: %w", err)
+	}
+	if o.fleet > 0 {
+		// Deleting the fleet would measure little and take long.
+		rep.loadEnd = loadavg()
+		rep.finished = time.Now()
+		return rep, nil
 	}
 	if err := b.measureDeletes(ctx, rep); err != nil {
 		return nil, err

@@ -272,6 +272,23 @@ func (b *bench) admissions() (float64, error) {
 }
 
 func (b *bench) vmipamMetrics() (metricSet, error) {
+	if rs := b.replicas(); rs != nil && b.opts.fleet > 0 {
+		// Every replica's samples, one after the other: sums and
+		// histograms add them up.
+		var all metricSet
+		for _, r := range rs.Live() {
+			text, err := r.Metrics()
+			if err != nil {
+				return nil, fmt.Errorf("read the metrics of replica %d: %w", r.Index, err)
+			}
+			m, err := parseMetrics(text)
+			if err != nil {
+				return nil, fmt.Errorf("the metrics of replica %d: %w", r.Index, err)
+			}
+			all = append(all, m...)
+		}
+		return all, nil
+	}
 	text, err := b.cl.Metrics()
 	if err != nil {
 		return nil, fmt.Errorf("read vmipam's metrics: %w", err)

@@ -19,6 +19,11 @@ type cpuSample struct {
 	// among it), which /proc does not charge to any process.
 	softirq float64
 	steal   float64
+	// reaped is the CPU time of this program's children that exited and
+	// were waited for (a vmipam process stopped): what they spent before
+	// the sample is in procs at the sample before, and gone from procs
+	// after.
+	reaped float64
 }
 
 // sampleCPU reads /proc: this process, its children (the control plane and
@@ -35,6 +40,7 @@ func sampleCPU() cpuSample {
 	}
 	if st, err := self.Stat(); err == nil {
 		s.procs["e2ebench"] = st.CPUTime()
+		s.reaped = float64(st.CUTime+st.CSTime) / userHZ
 	}
 	procs, _ := fs.AllProcs()
 	for _, p := range procs {
@@ -57,7 +63,8 @@ func sampleCPU() cpuSample {
 }
 
 func (s cpuSample) sub(o cpuSample) cpuSample {
-	d := cpuSample{procs: map[string]float64{}, busy: s.busy - o.busy, total: s.total - o.total, softirq: s.softirq - o.softirq, steal: s.steal - o.steal}
+	d := cpuSample{procs: map[string]float64{}, busy: s.busy - o.busy, total: s.total - o.total, softirq: s.softirq - o.softirq, steal: s.steal - o.steal,
+		reaped: s.reaped - o.reaped}
 	for k, v := range s.procs {
 		d.procs[k] = v - o.procs[k]
 	}
@@ -75,7 +82,12 @@ func (s *cpuSample) add(o cpuSample) {
 	s.total += o.total
 	s.softirq += o.softirq
 	s.steal += o.steal
+	s.reaped += o.reaped
 }
+
+// userHZ is the clock tick /proc counts children's times in (procfs's
+// CPUTime assumes the same).
+const userHZ = 100
 
 // other is the machine's busy CPU time spent outside the run's processes
 // and softirq.

@@ -76,6 +76,12 @@ type options struct {
 	replicas, replicasN int
 	// historyN: the history phase's creates per setting; 0: no phase.
 	historyN int
+	// fleet: the scale mode's fleet; 0: no scale mode. scaleResync is
+	// its replicas' resync interval; slots, whether they run with
+	// --holder-slots (vmipam before holder slots has no such flag).
+	fleet       int
+	scaleResync time.Duration
+	slots       bool
 }
 
 // paced reports whether the steady-rate phase runs.
@@ -107,6 +113,9 @@ func main() {
 	flag.IntVar(&o.replicas, "replicas", 3, "After the deletes, compare one vmipam process with this many replicas behind a stand-in for the Service, in alternating rounds; below 2: no such phase.")
 	flag.IntVar(&o.replicasN, "replicas-n", 1500, "VirtualMachines to create with each layout in the replicas phase (see -replicas).")
 	flag.IntVar(&o.historyN, "history-n", 1500, "After the deletes, VirtualMachines to create and delete with vmipam's address history on, and again with it off (--no-history), in alternating rounds; 0: no such phase.")
+	flag.IntVar(&o.fleet, "fleet", 0, "The scale mode (make bench-scale): vmipam runs as 3 replicas, a fleet of this many VirtualMachines is created through them first, then memory per VM, an idle resync interval, a replica's replacement and a rolling restart are measured, and the rounds run with the fleet present; the deletes and the history and replicas phases do not run. 0: no scale mode. The pool must hold the fleet (-pool-cidr).")
+	flag.DurationVar(&o.scaleResync, "scale-resync", time.Minute, "The scale mode's --resync-interval, and the idle window measured as one resync interval.")
+	flag.BoolVar(&o.slots, "slots", true, "In the scale mode, run the replicas with --holder-slots (false for a vmipam that predates it, with -repo).")
 	flag.StringVar(&o.vmipamArgs, "vmipam-args", "", "Extra flags for the vmipam binary, space-separated (e.g. --enable-http2).")
 	flag.StringVar(&o.vmipamEnv, "vmipam-env", "", "Extra environment for the vmipam processes only, space-separated NAME=value (e.g. GOGC=400); the control plane and this program keep theirs.")
 	flag.Parse()
@@ -129,6 +138,10 @@ func (o *options) validate() error {
 		return fmt.Errorf("-clients=%q: use per-worker or shared", o.clients)
 	case o.historyN < 0:
 		return errors.New("-history-n must not be negative")
+	case o.fleet < 0:
+		return errors.New("-fleet must not be negative")
+	case o.fleet > 0 && o.scaleResync < 10*time.Second:
+		return errors.New("-scale-resync must be at least 10s")
 	case o.cooldown <= 0:
 		return errors.New("-cooldown must be positive")
 	case math.IsNaN(o.pacedRate) || math.IsInf(o.pacedRate, 0):
@@ -145,14 +158,17 @@ func (o *options) validate() error {
 	// rounds' ones until the phase deletes them.
 	usable := 1<<(32-p.Bits()) - 2
 	need, what := o.n+2*o.warmup, "-n plus the warm-up"
+	if o.fleet > 0 {
+		need, what = need+o.fleet, "-fleet, -n plus the warm-up"
+	}
 	if o.paced() {
 		need, what = need+o.pacedN, "-n, -paced-n and the warm-up"
 	}
-	if o.replicas >= 2 {
+	if o.replicas >= 2 && o.fleet == 0 {
 		// The deletes before the phase leave their addresses cooling.
 		need, what = need+2*(o.replicasN+o.rounds*min(o.warmup, 64)), what+" and the replicas phase"
 	}
-	if o.historyN > 0 {
+	if o.historyN > 0 && o.fleet == 0 {
 		// A round's deletes leave its addresses cooling into the next.
 		need, what = need+2*((o.historyN+o.rounds-1)/o.rounds+min(o.warmup, 64)), what+" and the history phase"
 	}
