@@ -33,6 +33,8 @@ type Holder struct {
 	// TakenOverBy names the replica taking this one's claims over, if one
 	// is.
 	TakenOverBy string `json:"takenOverBy,omitempty"`
+	// Process is the pod holding a holder slot (--holder-slots).
+	Process string `json:"process,omitempty"`
 }
 
 // holders reads the holder Leases in vmipam's namespace, by holder name.
@@ -44,7 +46,7 @@ func (o *Options) holders(ctx context.Context, r client.Reader) (map[string]Hold
 	now := o.Now()
 	out := make(map[string]Holder, len(ls))
 	for _, l := range ls {
-		h := Holder{Name: l.Holder, Live: l.Live(now), Renewed: l.Renewed}
+		h := Holder{Name: l.Holder, Live: l.Live(now), Renewed: l.Renewed, Process: l.Process}
 		// A takeover mark names its taker whether or not it lapsed: the
 		// holder is not live either way.
 		h.TakenOverBy, _ = strings.CutPrefix(l.Identity, pools.TakeoverPrefix)

@@ -190,6 +190,8 @@ func claimLine(w *Who) string {
 		return w.Claim + " (no holder Lease: the replica is gone; another replica takes its claims over)"
 	case w.ClaimHolder.TakenOverBy != "":
 		return w.Claim + " (not live: being taken over by " + w.ClaimHolder.TakenOverBy + ")"
+	case w.ClaimHolder.Live && w.ClaimHolder.Process != "":
+		return w.Claim + " (live, pod " + w.ClaimHolder.Process + ", renewed " + stamp(w.ClaimHolder.Renewed) + ")"
 	case w.ClaimHolder.Live:
 		return w.Claim + " (live, renewed " + stamp(w.ClaimHolder.Renewed) + ")"
 	}

@@ -28,6 +28,9 @@ type HolderLease struct {
 	Identity string
 	Renewed  time.Time
 	Duration time.Duration
+	// Process names the process (the pod) holding a holder slot
+	// (ProcessAnnotation); empty for a holder named after its pod.
+	Process string
 	// Kinds are the kinds the holder serves (KindsAnnotation); nil when it
 	// publishes none, and KindsErr says why they could not be read.
 	Kinds    []kinds.Kind
@@ -62,7 +65,7 @@ func ReadHolderLeases(ctx context.Context, r client.Reader, ns string) ([]Holder
 			continue
 		}
 		l := HolderLease{
-			Holder: holder, Identity: ptr.Deref(obj.Spec.HolderIdentity, ""),
+			Holder: holder, Identity: ptr.Deref(obj.Spec.HolderIdentity, ""), Process: obj.Annotations[ProcessAnnotation],
 			Duration: time.Duration(ptr.Deref(obj.Spec.LeaseDurationSeconds, int32(DefaultLeaseDuration/time.Second))) * time.Second,
 		}
 		if obj.Spec.RenewTime != nil {
