@@ -334,9 +334,15 @@ func (r *AddressGC) release(ctx context.Context, obj *unstructured.Unstructured,
 			// Released before: the finalizer's removal failed, or the
 			// cache has not seen it yet. Only the first releases again,
 			// which starts the cooldown again (the object is still
-			// there), so ask the API server which.
-			if gone, err := r.finalized(ctx, obj); gone || err != nil {
-				return ctrl.Result{}, err
+			// there), so ask the API server which. When it cannot say,
+			// the object may still be there: release again all the
+			// same, which only lengthens the cooldown.
+			gone, err := r.finalized(ctx, obj)
+			if gone {
+				return ctrl.Result{}, nil
+			}
+			if err != nil {
+				log.V(1).Info("Releasing again: the API server cannot say whether the object is gone", "error", err.Error())
 			}
 		}
 	}
@@ -354,7 +360,7 @@ func (r *AddressGC) release(ctx context.Context, obj *unstructured.Unstructured,
 			// Someone else holds it: releasing would take it from them.
 			r.event(obj, corev1.EventTypeWarning, "ReleaseSkipped", "Release", "%v", err)
 		case err != nil:
-			return ctrl.Result{}, err
+			return r.retryCooling(ctx, pool, addrs, err)
 		default:
 			recs = append(recs, r.tenure(obj, pool.Name(), a))
 		}
@@ -362,10 +368,10 @@ func (r *AddressGC) release(ctx context.Context, obj *unstructured.Unstructured,
 	// The tenures, stored before the finalizer goes: a crash between the
 	// two releases and records again, which reads as once.
 	if err := r.Registry.Record(ctx, recs...); err != nil {
-		return ctrl.Result{}, fmt.Errorf("record the release of %s: %w", client.ObjectKeyFromObject(obj), err)
+		return r.retryCooling(ctx, pool, addrs, fmt.Errorf("record the release of %s: %w", client.ObjectKeyFromObject(obj), err))
 	}
 	if err := r.removeFinalizer(ctx, obj); err != nil {
-		return ctrl.Result{}, err
+		return r.retryCooling(ctx, pool, addrs, err)
 	}
 	// Log lines, not Events: an Event per object lifetime would double
 	// the API writes of a fleet of short-lived machines.
@@ -378,6 +384,31 @@ func (r *AddressGC) release(ctx context.Context, obj *unstructured.Unstructured,
 		}
 	}
 	return ctrl.Result{}, nil
+}
+
+// minCoolingRetry is the shortest wait of retryCooling.
+const minCoolingRetry = 100 * time.Millisecond
+
+// retryCooling is the outcome of a release that failed after it put some
+// of addrs into cooldown, with the object still there: the retry must come
+// before that cooldown ends, since it releases again and so starts the
+// cooldown again, and an address must not be free while an object still
+// carries it. The error backoff grows past any cooldown while the API
+// server is away, so retryCooling logs err and retries within half of the
+// shortest cooldown left; with none left, it returns err to the backoff.
+func (r *AddressGC) retryCooling(ctx context.Context, pool *pools.Pool, addrs []netip.Addr, err error) (ctrl.Result, error) {
+	left, cooling := time.Duration(0), false
+	for _, a := range addrs {
+		if d, ok := pool.CooldownLeft(a); ok && (!cooling || d < left) {
+			left, cooling = d, true
+		}
+	}
+	if !cooling {
+		return ctrl.Result{}, err
+	}
+	after := max(left/2, minCoolingRetry)
+	logf.FromContext(ctx).Error(err, "Releasing; retrying before the cooldown ends", "retryIn", after)
+	return ctrl.Result{RequeueAfter: after}, nil
 }
 
 // tenure is the history record of obj's tenure of addr, which its

@@ -74,9 +74,10 @@ func TestReleaseRetry(t *testing.T) {
 			}
 			reader.Remember(ctx, t, req.NamespacedName)
 			failNext.Store(tt.failPatch)
-			_, err = gc.Reconcile(ctx, req)
-			if tt.failPatch != (err != nil) {
-				t.Fatalf("first reconcile of the deletion: %v", err)
+			// A failed removal retries before the cooldown ends.
+			res, err := gc.Reconcile(ctx, req)
+			if err != nil || tt.failPatch != (res.RequeueAfter > 0) {
+				t.Fatalf("first reconcile of the deletion: %+v, %v", res, err)
 			}
 			_, _, first := p.Lookup(a)
 			clk.Step(10 * time.Second)
@@ -95,5 +96,94 @@ func TestReleaseRetry(t *testing.T) {
 				t.Errorf("cooldown ends %s, want %s as before: the VM was gone, the reconcile saw it from a stale cache", until.Format(time.TimeOnly), first.Format(time.TimeOnly))
 			}
 		})
+	}
+}
+
+// TestReleaseRetryOutage: the API server goes away as a VM is deleted, for
+// longer than the cooldown. The address must cool down as long as the VM
+// is there: each reconcile that fails after releasing asks to come back
+// before the cooldown ends (the error backoff would come back too late),
+// and each comes back to release again, even when the API server cannot
+// say whether the VM is gone. Once the API server answers, the finalizer
+// goes and a whole cooldown starts.
+func TestReleaseRetryOutage(t *testing.T) {
+	const cooldown = 5 * time.Second
+	ctx := t.Context()
+	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	pool := fixture.Pool("outage", fixture.Stored("uid-pool"), fixture.WithCIDRs("10.97.0.0/28"),
+		fixture.WithCooldown(cooldown), fixture.WithPendingTTL(time.Minute))
+	var down atomic.Bool
+	errDown := errors.New("injected: connection refused")
+	rig := poolstest.NewRig(t, clk, interceptor.Funcs{
+		Get: func(ctx context.Context, cl client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			if down.Load() {
+				return errDown
+			}
+			return cl.Get(ctx, key, obj, opts...)
+		},
+		Patch: func(ctx context.Context, cl client.WithWatch, obj client.Object, p client.Patch, opts ...client.PatchOption) error {
+			if down.Load() {
+				return errDown
+			}
+			return cl.Patch(ctx, obj, p, opts...)
+		},
+		Update: func(ctx context.Context, cl client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
+			if down.Load() {
+				return errDown
+			}
+			return cl.Update(ctx, obj, opts...)
+		},
+		Create: func(ctx context.Context, cl client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+			if down.Load() {
+				return errDown
+			}
+			return cl.Create(ctx, obj, opts...)
+		},
+	}, pool)
+	c, reg := rig.Client, rig.Registry
+	p := reg.Get(pool.Name)
+	a, err := p.AllocateFamily(ctx, ipam.Reservation{Token: "token-1"}, vmipamv1.IPv4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vm := poolstest.Admitted("vm-1", "token-1", pool.Name, a)
+	if err := c.Create(ctx, vm); err != nil {
+		t.Fatal(err)
+	}
+	// The cache keeps the VM as it was when its deletion began.
+	reader := &poolstest.StaleReader{Reader: c}
+	gc := &controller.AddressGC{Client: c, Reader: reader, APIReader: c, Registry: reg, Kind: kinds.VirtualMachine}
+	req := ctrl.Request{NamespacedName: client.ObjectKeyFromObject(vm)}
+	if _, err := gc.Reconcile(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Delete(ctx, vm); err != nil {
+		t.Fatal(err)
+	}
+	reader.Remember(ctx, t, req.NamespacedName)
+	reader.Stale = true
+	down.Store(true)
+	outage := 4 * cooldown
+	for start := clk.Now(); clk.Since(start) < outage; {
+		res, err := gc.Reconcile(ctx, req)
+		if err != nil || res.RequeueAfter <= 0 {
+			t.Fatalf("reconcile at +%s, the API server away: %+v, %v; want a retry after a while and no error", clk.Since(start), res, err)
+		}
+		left, cooling := p.CooldownLeft(a)
+		if !cooling || res.RequeueAfter >= left {
+			t.Fatalf("reconcile at +%s: retry in %s, with %s (cooling: %t) left of the cooldown of %s, which the VM still carries",
+				clk.Since(start), res.RequeueAfter, left, cooling, a)
+		}
+		clk.Step(res.RequeueAfter)
+	}
+	down.Store(false)
+	if res, err := gc.Reconcile(ctx, req); err != nil || res.RequeueAfter != 0 {
+		t.Fatalf("reconcile with the API server back: %+v, %v", res, err)
+	}
+	if err := c.Get(ctx, req.NamespacedName, kinds.VirtualMachine.New()); err == nil {
+		t.Fatal("the VM is still there once the API server is back")
+	}
+	if left, cooling := p.CooldownLeft(a); !cooling || left < cooldown {
+		t.Errorf("%s cools down %s more (cooling: %t) after the finalizer's removal, want %s", a, left, cooling, cooldown)
 	}
 }

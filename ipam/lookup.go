@@ -148,6 +148,21 @@ func (m *Manager) Mark() uint64 {
 	return m.seq
 }
 
+// CooldownLeft reports how long addr still cools down, by the Manager's
+// clock, and false when it is not cooling down.
+func (m *Manager) CooldownLeft(addr netip.Addr) (time.Duration, bool) {
+	addr = Canonical(addr)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.clock.Now()
+	m.advance(now)
+	e := m.entries[addr]
+	if e == nil || e.state != StateCooldown {
+		return 0, false
+	}
+	return e.at.Sub(now), true
+}
+
 // Lookup reports the state of addr and its owner or cooldown deadline.
 func (m *Manager) Lookup(addr netip.Addr) (State, Owner, time.Time) {
 	addr = Canonical(addr)

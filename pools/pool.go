@@ -303,6 +303,15 @@ func (p *Pool) Lookup(addr netip.Addr) (ipam.State, ipam.Owner, time.Time) {
 	return ipam.StateUnclaimed, ipam.Owner{}, time.Time{}
 }
 
+// CooldownLeft reports how long addr still cools down, and false when it
+// is not cooling down here.
+func (p *Pool) CooldownLeft(addr netip.Addr) (time.Duration, bool) {
+	if m := p.of(addr); m != nil {
+		return m.CooldownLeft(addr)
+	}
+	return 0, false
+}
+
 // Snapshot returns the pool's counts per state, over both families.
 func (p *Pool) Snapshot() ipam.Counts {
 	var c ipam.Counts
