@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -44,7 +44,8 @@ func TestResyncKeepsAddressBoundDuringItsList(t *testing.T) {
 	rig := poolstest.NewRig(t, clk, interceptor.Funcs{
 		List: func(ctx context.Context, cl client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
 			err := cl.List(ctx, list, opts...)
-			if _, vms := list.(*unstructured.UnstructuredList); vms && armed.CompareAndSwap(true, false) {
+			// The list of every VM, as metadata: the resync's last.
+			if _, vms := list.(*metav1.PartialObjectMetadataList); vms && armed.CompareAndSwap(true, false) {
 				close(listed)
 				<-resume
 			}

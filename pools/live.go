@@ -5,9 +5,13 @@ import (
 	"fmt"
 	"net/netip"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -98,13 +102,109 @@ func (r *Registry) eachObject(ctx context.Context, ns string, fn func(obj *unstr
 	return nil
 }
 
+// eachOf calls fn with every object of kind t in namespace ns (every
+// namespace when empty), each once, read from the API server.
+//
+// A kind whose stamped objects can be read from their metadata
+// (kinds.Kind.MetadataSuffices) is listed in two passes that see every
+// object, as one list of whole objects would, at a fraction of the cost:
+// first the whole objects without a holder label (those that bypassed the
+// webhook or that vmipam does not manage: their address, if any, is only
+// at its location), then every object as metadata, which the API server
+// encodes as protobuf even for a custom resource (a whole one comes as
+// JSON, and decoding it is most of a list's cost on both sides). An
+// object in the second pass that carries vmipam's address annotation is
+// read from its metadata (kinds.Kind.FromMetadata); one without it that
+// the first pass did not see (labelled meanwhile, or adopted after it
+// bypassed the webhook) is read whole again, by a Get each, or by one
+// more list when there are more than maxWholeReads of them. An object
+// live through both passes is seen in one of them, whatever happened to
+// its label meanwhile.
 func (r *Registry) eachOf(ctx context.Context, t kinds.Kind, ns string, fn func(obj *unstructured.Unstructured)) error {
-	opts := []client.ListOption{client.Limit(listPage)}
+	if !t.MetadataSuffices() {
+		return r.eachWhole(ctx, t, ns, nil, fn)
+	}
+	seen := map[types.UID]bool{}
+	once := func(obj *unstructured.Unstructured) {
+		if !seen[obj.GetUID()] {
+			seen[obj.GetUID()] = true
+			fn(obj)
+		}
+	}
+	none, err := labels.NewRequirement(vmipamv1.HolderLabel, selection.DoesNotExist, nil)
+	if err != nil {
+		return fmt.Errorf("select unlabelled objects: %w", err)
+	}
+	if err := r.eachWhole(ctx, t, ns, labels.NewSelector().Add(*none), once); err != nil {
+		return err
+	}
+	var whole []client.ObjectKey
+	err = r.eachPage(ctx, t, ns, func() client.ObjectList {
+		l := &metav1.PartialObjectMetadataList{}
+		l.SetGroupVersionKind(t.GVK.GroupVersion().WithKind(t.GVK.Kind + "List"))
+		return l
+	}, func(list client.ObjectList) {
+		for i := range list.(*metav1.PartialObjectMetadataList).Items {
+			m := &list.(*metav1.PartialObjectMetadataList).Items[i]
+			if seen[m.UID] {
+				continue
+			}
+			// Items may come typed as metadata, or not at all.
+			m.SetGroupVersionKind(t.GVK)
+			if obj, ok := t.FromMetadata(m); ok {
+				once(obj)
+			} else {
+				whole = append(whole, client.ObjectKey{Namespace: m.Namespace, Name: m.Name})
+			}
+		}
+	})
+	if err != nil || len(whole) == 0 {
+		return err
+	}
+	if len(whole) > maxWholeReads {
+		return r.eachWhole(ctx, t, ns, nil, once)
+	}
+	for _, key := range whole {
+		obj := t.New()
+		if err := r.opts.APIReader.Get(ctx, key, obj); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue // gone since the pass
+			}
+			return fmt.Errorf("get %s %s: %w", t.GVR().GroupResource(), key, err)
+		}
+		once(obj)
+	}
+	return nil
+}
+
+// maxWholeReads bounds the objects eachOf reads whole one at a time after
+// its passes; more are read in one list of whole objects instead.
+const maxWholeReads = 100
+
+// eachWhole calls fn with every whole object of kind t in namespace ns
+// (every namespace when empty) that sel selects (every one when nil).
+func (r *Registry) eachWhole(ctx context.Context, t kinds.Kind, ns string, sel labels.Selector, fn func(obj *unstructured.Unstructured)) error {
+	var opts []client.ListOption
+	if sel != nil {
+		opts = append(opts, client.MatchingLabelsSelector{Selector: sel})
+	}
+	return r.eachPage(ctx, t, ns, func() client.ObjectList { return t.NewList() }, func(list client.ObjectList) {
+		for i := range list.(*unstructured.UnstructuredList).Items {
+			fn(&list.(*unstructured.UnstructuredList).Items[i])
+		}
+	}, opts...)
+}
+
+// eachPage lists kind t in namespace ns from the API server a page at a
+// time, into lists that newList makes, and calls fn with each page. A kind
+// whose CRD is not installed has none.
+func (r *Registry) eachPage(ctx context.Context, t kinds.Kind, ns string, newList func() client.ObjectList, fn func(client.ObjectList), opts ...client.ListOption) error {
+	opts = append(opts, client.Limit(listPage))
 	if ns != "" {
 		opts = append(opts, client.InNamespace(ns))
 	}
 	for cont := ""; ; {
-		list := t.NewList()
+		list := newList()
 		if err := r.opts.APIReader.List(ctx, list, append(opts, client.Continue(cont))...); err != nil {
 			if meta.IsNoMatchError(err) && !r.served(t.GVK) {
 				// Its CRD is not installed, and never was while this
@@ -115,9 +215,7 @@ func (r *Registry) eachOf(ctx context.Context, t kinds.Kind, ns string, fn func(
 			}
 			return fmt.Errorf("list %s: %w", t.GVR().GroupResource(), err)
 		}
-		for i := range list.Items {
-			fn(&list.Items[i])
-		}
+		fn(list)
 		if cont = list.GetContinue(); cont == "" {
 			return nil
 		}
