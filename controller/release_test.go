@@ -3,6 +3,7 @@ package controller_test
 import (
 	"context"
 	"errors"
+	"net/netip"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/vmipam/vmipam/controller"
 	"github.com/vmipam/vmipam/ipam"
 	"github.com/vmipam/vmipam/kinds"
+	"github.com/vmipam/vmipam/pools"
 	"github.com/vmipam/vmipam/pools/poolstest"
 	"github.com/vmipam/vmipam/test/fixture"
 )
@@ -52,27 +54,8 @@ func TestReleaseRetry(t *testing.T) {
 					return cl.Patch(ctx, obj, p, opts...)
 				},
 			}, pool)
-			c, reg := rig.Client, rig.Registry
-			p := reg.Get(pool.Name)
-			a, err := p.AllocateFamily(ctx, ipam.Reservation{Token: "token-1"}, vmipamv1.IPv4)
-			if err != nil {
-				t.Fatal(err)
-			}
-			vm := poolstest.Admitted("vm-1", "token-1", pool.Name, a)
-			if err := c.Create(ctx, vm); err != nil {
-				t.Fatal(err)
-			}
-			// The reader is the cache: it may show an older object.
-			reader := &poolstest.StaleReader{Reader: c}
-			gc := &controller.AddressGC{Client: c, Reader: reader, APIReader: c, Registry: reg, Kind: kinds.VirtualMachine}
-			req := ctrl.Request{NamespacedName: client.ObjectKeyFromObject(vm)}
-			if _, err := gc.Reconcile(ctx, req); err != nil {
-				t.Fatal(err)
-			}
-			if err := c.Delete(ctx, vm); err != nil {
-				t.Fatal(err)
-			}
-			reader.Remember(ctx, t, req.NamespacedName)
+			d := startDeleting(t, rig, pool.Name)
+			p, a, gc, req, reader := d.pool, d.addr, d.gc, d.req, d.reader
 			failNext.Store(tt.failPatch)
 			// A failed removal retries before the cooldown ends.
 			res, err := gc.Reconcile(ctx, req)
@@ -140,28 +123,10 @@ func TestReleaseRetryOutage(t *testing.T) {
 			return cl.Create(ctx, obj, opts...)
 		},
 	}, pool)
-	c, reg := rig.Client, rig.Registry
-	p := reg.Get(pool.Name)
-	a, err := p.AllocateFamily(ctx, ipam.Reservation{Token: "token-1"}, vmipamv1.IPv4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	vm := poolstest.Admitted("vm-1", "token-1", pool.Name, a)
-	if err := c.Create(ctx, vm); err != nil {
-		t.Fatal(err)
-	}
+	d := startDeleting(t, rig, pool.Name)
+	c, p, a, gc, req := rig.Client, d.pool, d.addr, d.gc, d.req
 	// The cache keeps the VM as it was when its deletion began.
-	reader := &poolstest.StaleReader{Reader: c}
-	gc := &controller.AddressGC{Client: c, Reader: reader, APIReader: c, Registry: reg, Kind: kinds.VirtualMachine}
-	req := ctrl.Request{NamespacedName: client.ObjectKeyFromObject(vm)}
-	if _, err := gc.Reconcile(ctx, req); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Delete(ctx, vm); err != nil {
-		t.Fatal(err)
-	}
-	reader.Remember(ctx, t, req.NamespacedName)
-	reader.Stale = true
+	d.reader.Stale = true
 	down.Store(true)
 	outage := 4 * cooldown
 	for start := clk.Now(); clk.Since(start) < outage; {
@@ -186,4 +151,43 @@ func TestReleaseRetryOutage(t *testing.T) {
 	if left, cooling := p.CooldownLeft(a); !cooling || left < cooldown {
 		t.Errorf("%s cools down %s more (cooling: %t) after the finalizer's removal, want %s", a, left, cooling, cooldown)
 	}
+}
+
+// deleting is a VM admitted, bound and then deleted, which waits for its
+// finalizer's removal: its pool and address, the controller that looks
+// after it, its request, and the cache the controller reads it through,
+// which remembers it as it was when its deletion began.
+type deleting struct {
+	pool   *pools.Pool
+	addr   netip.Addr
+	gc     *controller.AddressGC
+	req    ctrl.Request
+	reader *poolstest.StaleReader
+}
+
+// startDeleting admits VM vm-1 from pool, binds it, and deletes it.
+func startDeleting(t *testing.T, rig *poolstest.Rig, pool string) deleting {
+	t.Helper()
+	ctx := t.Context()
+	c, reg := rig.Client, rig.Registry
+	p := reg.Get(pool)
+	a, err := p.AllocateFamily(ctx, ipam.Reservation{Token: "token-1"}, vmipamv1.IPv4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vm := poolstest.Admitted("vm-1", "token-1", pool, a)
+	if err := c.Create(ctx, vm); err != nil {
+		t.Fatal(err)
+	}
+	reader := &poolstest.StaleReader{Reader: c}
+	gc := &controller.AddressGC{Client: c, Reader: reader, APIReader: c, Registry: reg, Kind: kinds.VirtualMachine}
+	req := ctrl.Request{NamespacedName: client.ObjectKeyFromObject(vm)}
+	if _, err := gc.Reconcile(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Delete(ctx, vm); err != nil {
+		t.Fatal(err)
+	}
+	reader.Remember(ctx, t, req.NamespacedName)
+	return deleting{pool: p, addr: a, gc: gc, req: req, reader: reader}
 }
