@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -72,6 +73,11 @@ type AddressGC struct {
 	// its finalizer patch, so more in flight keep mass deletions moving,
 	// and the releases that must be flushed share their pool's flush.
 	MaxConcurrentReconciles int
+
+	// gone holds, by key, the objects seen deleted from the watch while
+	// their address was still allocated to them here (see noteGone), for
+	// their next reconcile.
+	gone sync.Map
 }
 
 // finalized reports whether obj, as the API server has it now, is gone or
@@ -114,7 +120,7 @@ func (r *AddressGC) SetupWithManager(mgr ctrl.Manager) error {
 	switch {
 	case r.Own != nil && r.Kind.MetadataSuffices():
 		// The objects vmipam stamped, as metadata: Reader rebuilds them.
-		b = b.WatchesRawSource(source.Kind(r.Own, r.Kind.NewMetadata(), &bindOnCreate{bind: r.bindCreated}))
+		b = b.WatchesRawSource(source.Kind(r.Own, r.Kind.NewMetadata(), &bindOnCreate{bind: r.bindCreated, gone: r.noteGone}))
 	case r.Own != nil:
 		b = b.WatchesRawSource(source.Kind(r.Own, r.Kind.New(), &handler.TypedEnqueueRequestForObject[*unstructured.Unstructured]{}))
 	default:
@@ -130,10 +136,13 @@ func (r *AddressGC) SetupWithManager(mgr ctrl.Manager) error {
 // controller-runtime's handler for an object does, but for the create of
 // an object whose reservation bind settles at once (bindCreated): the
 // create of every VM, which then costs no trip through the work queue and
-// no reconcile.
+// no reconcile. An object that leaves the watch is told to gone first
+// (noteGone).
 type bindOnCreate struct {
 	handler.TypedEnqueueRequestForObject[*metav1.PartialObjectMetadata]
 	bind func(*metav1.PartialObjectMetadata) bool
+	// gone hears of every object that leaves the watch.
+	gone func(*metav1.PartialObjectMetadata)
 }
 
 // Create implements handler.TypedEventHandler.
@@ -144,6 +153,102 @@ func (h *bindOnCreate) Create(ctx context.Context, e event.TypedCreateEvent[*met
 		return
 	}
 	h.TypedEnqueueRequestForObject.Create(ctx, e, q)
+}
+
+// Delete implements handler.TypedEventHandler.
+func (h *bindOnCreate) Delete(ctx context.Context, e event.TypedDeleteEvent[*metav1.PartialObjectMetadata], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+	if e.Object != nil {
+		h.gone(e.Object)
+	}
+	h.TypedEnqueueRequestForObject.Delete(ctx, e, q)
+}
+
+// goneObject is an object that left this replica's watch while its
+// addresses were allocated to it in pool.
+type goneObject struct {
+	meta  *metav1.PartialObjectMetadata
+	pool  *pools.Pool
+	addrs []netip.Addr
+}
+
+// noteGone remembers m, which left the watch of this replica's objects,
+// for its reconcile if an address it carries is still allocated to it:
+// its finalizer was removed by someone else, so the controller never
+// released it (or it was relabelled, or its label removed, which a
+// filtered watch reports as a deletion too; the reconcile asks the API
+// server which). Without this the address would wait for the next resync.
+// An object deleted the usual way had its addresses released already.
+func (r *AddressGC) noteGone(m *metav1.PartialObjectMetadata) {
+	pool := r.Registry.Get(m.Annotations[vmipamv1.PoolAnnotation])
+	if pool == nil {
+		return
+	}
+	var addrs []netip.Addr
+	for _, s := range kinds.StampedAddresses(m.Annotations[vmipamv1.AddressAnnotation]) {
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			continue
+		}
+		a = ipam.Canonical(a)
+		if st, o, _ := pool.Lookup(a); st == ipam.StateAllocated && o.UID == string(m.UID) {
+			addrs = append(addrs, a)
+		}
+	}
+	if len(addrs) > 0 {
+		r.gone.Store(types.NamespacedName{Namespace: m.Namespace, Name: m.Name}, goneObject{meta: m, pool: pool, addrs: addrs})
+	}
+}
+
+// releaseGone releases the addresses of the object noteGone remembered
+// under key, if the API server confirms that it is gone (or that key now
+// names another object): into their cooldown, recorded in the address
+// history as vanished, as a resync would. An object still there (moved
+// to another replica's watch by its label) keeps them.
+func (r *AddressGC) releaseGone(ctx context.Context, key types.NamespacedName) error {
+	v, ok := r.gone.LoadAndDelete(key)
+	if !ok {
+		return nil
+	}
+	g := v.(goneObject)
+	if gone, err := r.goneFromAPI(ctx, key, g.meta.UID); err != nil {
+		r.gone.LoadOrStore(key, g)
+		return err
+	} else if !gone {
+		return nil
+	}
+	log := logf.FromContext(ctx)
+	owner := ipam.Owner{UID: string(g.meta.UID), Ref: pools.Ref(key.Namespace, key.Name)}
+	var recs []vmipamv1.AddressRecord
+	for _, a := range g.addrs {
+		if err := g.pool.Release(ctx, a, owner); err != nil {
+			// The resync releases it, or reports who holds it now.
+			log.Info("Releasing the address of an object gone without its finalizer's removal", "address", a, "error", err.Error())
+			continue
+		}
+		rec := r.tenure(g.meta, g.pool.Name(), a)
+		rec.Ended = vmipamv1.EndedVanished
+		recs = append(recs, rec)
+	}
+	if err := r.Registry.Record(ctx, recs...); err != nil {
+		log.Error(err, "Recording the history of addresses whose objects vanished")
+	}
+	for _, rec := range recs {
+		r.Registry.LogReleased(log, rec)
+	}
+	return nil
+}
+
+// goneFromAPI reports whether the API server has no object under key with
+// uid.
+func (r *AddressGC) goneFromAPI(ctx context.Context, key types.NamespacedName, uid types.UID) (bool, error) {
+	cur := r.Kind.NewMetadata()
+	if err := readerOr(r.APIReader, r.Client).Get(ctx, key, cur); err != nil {
+		if apierrors.IsNotFound(err) {
+			return true, nil
+		}
+		return false, fmt.Errorf("read %s again: %w", key, err)
+	}
+	return cur.GetUID() != uid, nil
 }
 
 // bindCreated binds the reservation of m, an object this replica stamped
@@ -206,6 +311,9 @@ func Name(t kinds.Kind) string {
 // reads the object and what the pools know of it (gather), decides what
 // to do (decide, pure), and does it (act).
 func (r *AddressGC) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	if err := r.releaseGone(ctx, req.NamespacedName); err != nil {
+		return ctrl.Result{}, err
+	}
 	obj := r.Kind.New()
 	if err := readerOr(r.Reader, r.Client).Get(ctx, req.NamespacedName, obj); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
@@ -397,6 +505,10 @@ const minCoolingRetry = 100 * time.Millisecond
 // server is away, so retryCooling logs err and retries within half of the
 // shortest cooldown left; with none left, it returns err to the backoff.
 func (r *AddressGC) retryCooling(ctx context.Context, pool *pools.Pool, addrs []netip.Addr, err error) (ctrl.Result, error) {
+	if ctx.Err() != nil {
+		// Stopping: the next holder of the addresses releases again.
+		return ctrl.Result{}, err
+	}
 	left, cooling := time.Duration(0), false
 	for _, a := range addrs {
 		if d, ok := pool.CooldownLeft(a); ok && (!cooling || d < left) {

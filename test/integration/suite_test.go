@@ -88,7 +88,8 @@ type vmipam struct {
 
 // startVMIPAM starts vmipam's manager on the envtest webhook port and waits
 // until its webhook serves. Stop it with stop (also registered as cleanup).
-func startVMIPAM(t *testing.T, clk *clocktesting.FakeClock) *vmipam {
+// Each of with changes the options first.
+func startVMIPAM(t *testing.T, clk *clocktesting.FakeClock, with ...func(*app.Options)) *vmipam {
 	t.Helper()
 	wo := &testEnv.WebhookInstallOptions
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
@@ -106,12 +107,16 @@ func startVMIPAM(t *testing.T, clk *clocktesting.FakeClock) *vmipam {
 	if err != nil {
 		t.Fatalf("new manager: %v", err)
 	}
-	reg, err := app.Setup(mgr, app.Options{
+	opts := app.Options{
 		Holder: "test", Namespace: harness.Namespace, Clock: clk,
 		RunInterval: 50 * time.Millisecond, ResyncInterval: time.Second, StatusInterval: 200 * time.Millisecond, ProveInterval: 200 * time.Millisecond,
 		Limits:                  transport.Limits{ReadTimeout: 2 * time.Second},
 		MaxConcurrentReconciles: 8,
-	})
+	}
+	for _, f := range with {
+		f(&opts)
+	}
+	reg, err := app.Setup(mgr, opts)
 	if err != nil {
 		t.Fatalf("setup: %v", err)
 	}
