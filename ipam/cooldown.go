@@ -33,6 +33,14 @@ func (m *Manager) advance(now time.Time) int {
 	if expired > 0 {
 		m.stats.expired.Add(uint64(expired))
 	}
+	if m.fence != nil && m.ready && !m.lost && !m.fence() {
+		m.frozen = true
+		return expired
+	}
+	if m.frozen {
+		m.frozen = false
+		m.thawLocked(now)
+	}
 	kick := false
 	for e := m.cooldown.head; e != nil && !now.Before(e.at); e = m.cooldown.head {
 		m.cooldown.remove(e)
@@ -44,6 +52,24 @@ func (m *Manager) advance(now time.Time) int {
 		m.Kick()
 	}
 	return expired
+}
+
+// thawLocked ends a time of being fenced: every cooldown that would end
+// within a cooldown from now ends a whole cooldown from now instead. While
+// fenced (its lease not renewed in time, as in an outage of the API
+// server), the Manager refuses releases, so a machine still carrying an
+// address could not lengthen its cooldown (see Release), and the cooldown
+// could end before the machine goes: the release made again after the
+// thaw finds it still cooling down. The cooldowns do not end while fenced
+// (advance), and this only ever lengthens one.
+func (m *Manager) thawLocked(now time.Time) {
+	until := now.Add(m.cfg.Cooldown)
+	// The list is sorted by deadline: the entries changed are its head,
+	// all given one deadline no later than the rest's.
+	for e := m.cooldown.head; e != nil && e.at.Before(until); e = e.next {
+		e.at = until
+		m.markDirty(e.addr)
+	}
 }
 
 // rest puts an address that left its cooldown, or was never used, where it

@@ -72,6 +72,9 @@ type Manager struct {
 	// held; once not, another holder may take its claims over. Nil means
 	// no lease is kept (a test).
 	fence func() bool
+	// frozen is set while a Manager that served is fenced: its cooldowns
+	// do not end then (see advance and thawLocked).
+	frozen bool
 	// peers are the live holders of the pool, this one included; nil
 	// until SetPeers, when every request is served.
 	peers map[string]bool

@@ -856,3 +856,49 @@ func TestResyncLeavesGoingMachinesCooling(t *testing.T) {
 		}
 	}
 }
+
+// TestCooldownFrozenWhileFenced: a holder whose lease is not renewed (an
+// outage of the API server) refuses every release, so a machine that still
+// carries a cooling address cannot lengthen its cooldown. The cooldown must
+// not end while fenced, and once the lease is renewed it ends a whole
+// cooldown later: the release made again then finds it still cooling.
+// Before, it came free at the end of the outage and was handed out while
+// the machine still held it (test/chaos, an API server restart of 22 s with
+// a 5 s cooldown).
+func TestCooldownFrozenWhileFenced(t *testing.T) {
+	const cooldown = 5 * time.Second
+	m, clk, _ := newTestManager(t, testPool{cidr: "10.0.0.0/30", cooldown: cooldown})
+	ctx := t.Context()
+	a := mustAllocate(t, m, "a")
+	mustAllocate(t, m, "b")
+	if _, err := m.Bind(Owner{Token: "a", UID: "uid-a"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Release(a, Owner{UID: "uid-a"}); err != nil {
+		t.Fatal(err)
+	}
+	fenced := true
+	m.SetFence(func() bool { return !fenced })
+	for range 5 {
+		clk.Step(cooldown)
+		if st, _, _ := m.Lookup(a); st != StateCooldown {
+			t.Fatalf("%s is %s while fenced, want still cooling down", a, st)
+		}
+		if err := m.Release(a, Owner{UID: "uid-a"}); !errors.Is(err, ErrNotReady) {
+			t.Fatalf("release while fenced: %v, want ErrNotReady", err)
+		}
+	}
+	fenced = false
+	thawed := clk.Now()
+	if st, _, until := m.Lookup(a); st != StateCooldown || until.Before(thawed.Add(cooldown)) {
+		t.Fatalf("%s is %s until %s once the lease is renewed at %s, want cooling down a whole %s more", a, st, until, thawed, cooldown)
+	}
+	clk.Step(cooldown - time.Second)
+	if got, err := m.Allocate(ctx, Reservation{Token: "c"}); err == nil {
+		t.Fatalf("allocated %s within the cooldown after the renewal", got)
+	}
+	clk.Step(time.Second)
+	if got, err := m.Allocate(ctx, Reservation{Token: "d"}); err != nil || got != a {
+		t.Fatalf("after the cooldown: %s, %v; want %s", got, err, a)
+	}
+}
