@@ -184,12 +184,8 @@ func (r *AddressGC) noteGone(m *metav1.PartialObjectMetadata) {
 		return
 	}
 	var addrs []netip.Addr
-	for _, s := range kinds.StampedAddresses(m.Annotations[vmipamv1.AddressAnnotation]) {
-		a, err := netip.ParseAddr(s)
-		if err != nil {
-			continue
-		}
-		a = ipam.Canonical(a)
+	stamped, _ := stampedAddrs(m)
+	for _, a := range stamped {
 		if st, o, _ := pool.Lookup(a); st == ipam.StateAllocated && o.UID == string(m.UID) {
 			addrs = append(addrs, a)
 		}
@@ -251,6 +247,24 @@ func (r *AddressGC) goneFromAPI(ctx context.Context, key types.NamespacedName, u
 	return cur.GetUID() != uid, nil
 }
 
+// stampedAddrs returns, in their canonical form, the addresses that
+// vmipam's address annotation on m records, and false when one of them
+// does not parse (those that do are returned all the same).
+func stampedAddrs(m *metav1.PartialObjectMetadata) ([]netip.Addr, bool) {
+	stamped := kinds.StampedAddresses(m.Annotations[vmipamv1.AddressAnnotation])
+	addrs := make([]netip.Addr, 0, len(stamped))
+	ok := true
+	for _, s := range stamped {
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			ok = false
+			continue
+		}
+		addrs = append(addrs, ipam.Canonical(a))
+	}
+	return addrs, ok
+}
+
 // bindCreated binds the reservation of m, an object this replica stamped
 // and sees stored for the first time, and reports whether that was all
 // its reconcile would do: it carries vmipam's stamp, finalizer and this
@@ -266,18 +280,12 @@ func (r *AddressGC) bindCreated(m *metav1.PartialObjectMetadata) bool {
 		return false
 	}
 	pool := r.Registry.Get(poolName)
-	stamped := kinds.StampedAddresses(ann[vmipamv1.AddressAnnotation])
-	if pool == nil || !pool.Ready() || len(stamped) == 0 {
+	addrs, ok := stampedAddrs(m)
+	if pool == nil || !pool.Ready() || !ok || len(addrs) == 0 {
 		return false
 	}
-	addrs := make([]netip.Addr, len(stamped))
-	for i, s := range stamped {
-		a, err := netip.ParseAddr(s)
-		if err != nil {
-			return false
-		}
-		addrs[i] = ipam.Canonical(a)
-		if st, o, _ := pool.Lookup(addrs[i]); st != ipam.StatePending || o.Token != token {
+	for _, a := range addrs {
+		if st, o, _ := pool.Lookup(a); st != ipam.StatePending || o.Token != token {
 			return false
 		}
 	}
@@ -289,7 +297,7 @@ func (r *AddressGC) bindCreated(m *metav1.PartialObjectMetadata) bool {
 		}
 	}
 	if note := ann[vmipamv1.SingleStackAnnotation]; note != "" && r.Recorder != nil {
-		r.Recorder.Eventf(m, nil, corev1.EventTypeNormal, "SingleStack", "Assign", "Got %s only (PreferDualStack): %s", stamped[0], note)
+		r.Recorder.Eventf(m, nil, corev1.EventTypeNormal, "SingleStack", "Assign", "Got %s only (PreferDualStack): %s", kinds.StampedAddresses(ann[vmipamv1.AddressAnnotation])[0], note)
 	}
 	for _, a := range addrs {
 		r.logAssigned(logf.Log.WithName(Name(r.Kind)), m, pool, a)

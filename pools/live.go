@@ -11,7 +11,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -131,11 +130,11 @@ func (r *Registry) eachOf(ctx context.Context, t kinds.Kind, ns string, fn func(
 			fn(obj)
 		}
 	}
-	none, err := labels.NewRequirement(vmipamv1.HolderLabel, selection.DoesNotExist, nil)
+	unlabelled, err := Unlabelled()
 	if err != nil {
-		return fmt.Errorf("select unlabelled objects: %w", err)
+		return err
 	}
-	if err := r.eachWhole(ctx, t, ns, labels.NewSelector().Add(*none), once); err != nil {
+	if err := r.eachWhole(ctx, t, ns, unlabelled, once); err != nil {
 		return err
 	}
 	var whole []client.ObjectKey

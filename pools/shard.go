@@ -10,7 +10,9 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -37,6 +39,17 @@ func HolderLabelValue(holder string) string {
 	}
 	sum := sha256.Sum256([]byte(holder))
 	return "h-" + hex.EncodeToString(sum[:15])
+}
+
+// Unlabelled selects the objects without vmipam's holder label: those no
+// replica looks after yet (they bypassed the webhook, or vmipam does not
+// manage them).
+func Unlabelled() (labels.Selector, error) {
+	none, err := labels.NewRequirement(vmipamv1.HolderLabel, selection.DoesNotExist, nil)
+	if err != nil {
+		return nil, fmt.Errorf("select unlabelled objects: %w", err)
+	}
+	return labels.NewSelector().Add(*none), nil
 }
 
 // HolderLabel is the holder label value of this replica: the objects

@@ -14,7 +14,6 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/selection"
 	toolscache "k8s.io/client-go/tools/cache"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -98,9 +97,9 @@ func CacheOptions(namespace string) cache.Options {
 // may hold its address anywhere and its kind's condition may read its
 // spec.
 func kindCaches(mgr ctrl.Manager, t kinds.Kind, holder string) (own, unlabeled cache.Cache, err error) {
-	none, err := labels.NewRequirement(vmipamv1.HolderLabel, selection.DoesNotExist, nil)
+	unlabelled, err := pools.Unlabelled()
 	if err != nil {
-		return nil, nil, fmt.Errorf("select unlabelled objects: %w", err)
+		return nil, nil, err
 	}
 	ownObj, ownTrim := client.Object(t.New()), toolscache.TransformFunc(t.Trim)
 	if t.MetadataSuffices() {
@@ -113,7 +112,7 @@ func kindCaches(mgr ctrl.Manager, t kinds.Kind, holder string) (own, unlabeled c
 		trim toolscache.TransformFunc
 	}{
 		{&own, labels.SelectorFromSet(labels.Set{vmipamv1.HolderLabel: pools.HolderLabelValue(holder)}), ownObj, ownTrim},
-		{&unlabeled, labels.NewSelector().Add(*none), t.New(), t.Trim},
+		{&unlabeled, unlabelled, t.New(), t.Trim},
 	} {
 		c, err := cache.New(mgr.GetConfig(), cache.Options{
 			HTTPClient: mgr.GetHTTPClient(), Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(),
