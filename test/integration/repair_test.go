@@ -103,24 +103,13 @@ func TestRepairs(t *testing.T) {
 	ctx := t.Context()
 	m := v.reg.Get("repair")
 
-	t.Run("force-removed finalizer is caught by the resync", func(t *testing.T) {
+	// Released from the watch's deletion, or else by the resync (every
+	// second here); TestGoneFromTheWatch, with no resync, proves the first.
+	t.Run("force-removed finalizer is caught", func(t *testing.T) {
 		obj := vm(ns, "forced", "repair")
-		if err := k8sClient.Create(ctx, obj); err != nil {
-			t.Fatal(err)
-		}
-		a := netip.MustParseAddr(obj.Spec.Addresses[0])
-		harness.Eventually(t, 10*time.Second, "bound", func() error { return wantState(m, a, ipam.StateAllocated) })
-		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
-			t.Fatal(err)
-		}
-		obj.Finalizers = nil
-		if err := k8sClient.Update(ctx, obj); err != nil {
-			t.Fatalf("remove the finalizer by force: %v", err)
-		}
-		if err := k8sClient.Delete(ctx, obj); err != nil {
-			t.Fatal(err)
-		}
-		harness.Eventually(t, 15*time.Second, "the resync to release it", func() error { return wantState(m, a, ipam.StateCooldown) })
+		a := createBound(t, m, obj)
+		deleteByForce(t, obj)
+		harness.Eventually(t, 15*time.Second, "the address released", func() error { return wantState(m, a, ipam.StateCooldown) })
 	})
 
 	bypassMutation(t)
@@ -195,6 +184,36 @@ func TestRepairs(t *testing.T) {
 			t.Fatalf("after the conflict: %s %+v, want still allocated to dup-1", st, o)
 		}
 	})
+}
+
+// createBound creates obj through the webhook and waits until pool m has
+// its address bound to it; obj is read back, as stored.
+func createBound(t *testing.T, m *pools.Pool, obj *vmipamv1.VirtualMachine) netip.Addr {
+	t.Helper()
+	ctx := t.Context()
+	if err := k8sClient.Create(ctx, obj); err != nil {
+		t.Fatal(err)
+	}
+	a := netip.MustParseAddr(obj.Spec.Addresses[0])
+	harness.Eventually(t, 10*time.Second, "bound", func() error { return wantState(m, a, ipam.StateAllocated) })
+	if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// deleteByForce removes vmipam's finalizer from obj, as an administrator
+// might, and deletes it: it goes at once, its address not released.
+func deleteByForce(t *testing.T, obj *vmipamv1.VirtualMachine) {
+	t.Helper()
+	ctx := t.Context()
+	obj.Finalizers = nil
+	if err := k8sClient.Update(ctx, obj); err != nil {
+		t.Fatalf("remove the finalizer by force: %v", err)
+	}
+	if err := k8sClient.Delete(ctx, obj); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func wantState(m *pools.Pool, a netip.Addr, want ipam.State) error {

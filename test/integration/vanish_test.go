@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"net/netip"
 	"testing"
 	"time"
 
@@ -27,36 +26,18 @@ func TestGoneFromTheWatch(t *testing.T) {
 	newPool(t, v, "gone", []vmipamv1.IPRange{{CIDR: "10.85.0.0/24"}})
 	ctx := t.Context()
 	p := v.reg.Get("gone")
-	create := func(t *testing.T, name string) (*vmipamv1.VirtualMachine, netip.Addr) {
-		t.Helper()
-		obj := vm(ns, name, "gone")
-		if err := k8sClient.Create(ctx, obj); err != nil {
-			t.Fatal(err)
-		}
-		a := netip.MustParseAddr(obj.Spec.Addresses[0])
-		harness.Eventually(t, 10*time.Second, "bound", func() error { return wantState(p, a, ipam.StateAllocated) })
-		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
-			t.Fatal(err)
-		}
-		return obj, a
-	}
-
 	t.Run("finalizer removed by force", func(t *testing.T) {
-		obj, a := create(t, "forced")
-		obj.Finalizers = nil
-		if err := k8sClient.Update(ctx, obj); err != nil {
-			t.Fatalf("remove the finalizer by force: %v", err)
-		}
-		if err := k8sClient.Delete(ctx, obj); err != nil {
-			t.Fatal(err)
-		}
+		obj := vm(ns, "forced", "gone")
+		a := createBound(t, p, obj)
+		deleteByForce(t, obj)
 		harness.Eventually(t, 10*time.Second, "the address released from the watch's deletion", func() error {
 			return wantState(p, a, ipam.StateCooldown)
 		})
 	})
 
 	t.Run("relabelled, still there", func(t *testing.T) {
-		obj, a := create(t, "moved")
+		obj := vm(ns, "moved", "gone")
+		a := createBound(t, p, obj)
 		obj.Labels[vmipamv1.HolderLabel] = "another-replica"
 		if err := k8sClient.Update(ctx, obj); err != nil {
 			t.Fatal(err)
@@ -64,7 +45,7 @@ func TestGoneFromTheWatch(t *testing.T) {
 		// The watch's deletion comes before the create of a VM made
 		// after the relabel; its reconcile, which asks the API server,
 		// within moments.
-		create(t, "after")
+		createBound(t, p, vm(ns, "after", "gone"))
 		for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
 			if err := wantState(p, a, ipam.StateAllocated); err != nil {
 				t.Fatalf("the relabelled VM's address: %v", err)
