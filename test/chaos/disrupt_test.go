@@ -114,7 +114,7 @@ func (s *supervisor) start(ctx context.Context) error {
 	deadline := time.Now().Add(3 * time.Minute)
 	if s.replicas > 1 && s.rs == nil {
 		s.startedAt = mark(s.logs, "starting %d vmipam replicas", s.replicas)
-		rs, err := s.cl.StartReplicas(ctx, s.replicas, func(int) io.Writer { return s.logs }, vmipamFlags...)
+		rs, err := s.cl.StartReplicas(ctx, s.replicas, func(i int) io.Writer { return harness.Tagged(s.logs, i) }, vmipamFlags...)
 		if err != nil {
 			return fmt.Errorf("start %d replicas: %w", s.replicas, err)
 		}

@@ -2,6 +2,8 @@ package harness
 
 import (
 	"bytes"
+	"io"
+	"strconv"
 	"strings"
 	"sync"
 )
@@ -88,4 +90,43 @@ func Tail(text string, n int) []string {
 		lines = lines[len(lines)-n:]
 	}
 	return lines
+}
+
+// Tagged returns a writer that adds "replica":i as the first field of each
+// JSON line it passes to w, so that the lines of several processes logging
+// into one buffer say whose they are. A line split over writes is tagged
+// once, at its start. Lines that are not JSON objects pass as they are.
+func Tagged(w io.Writer, i int) io.Writer {
+	return &tagged{w: w, tag: []byte(`{"replica":` + strconv.Itoa(i) + `,`), start: true}
+}
+
+type tagged struct {
+	w     io.Writer
+	tag   []byte
+	start bool // the next byte begins a line
+}
+
+// Write tags the lines of p and writes them to w in one call. A process's
+// output is copied by one goroutine, so writes do not overlap.
+func (t *tagged) Write(p []byte) (int, error) {
+	out := make([]byte, 0, len(p)+len(t.tag)*4)
+	for rest := p; len(rest) > 0; {
+		if t.start && rest[0] == '{' {
+			out = append(out, t.tag...)
+			rest = rest[1:]
+		}
+		i := bytes.IndexByte(rest, '\n')
+		if i < 0 {
+			out = append(out, rest...)
+			t.start = false
+			break
+		}
+		out = append(out, rest[:i+1]...)
+		rest = rest[i+1:]
+		t.start = true
+	}
+	if _, err := t.w.Write(out); err != nil {
+		return 0, err
+	}
+	return len(p), nil
 }

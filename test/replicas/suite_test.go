@@ -602,6 +602,10 @@ func (r *replicaLogs) checkCrashes(t *testing.T) {
 func (r *replicaLogs) save(t *testing.T, dir string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		t.Errorf("save the replicas' logs: %v", err)
+		return
+	}
 	for i, b := range r.bufs {
 		path := filepath.Join(dir, fmt.Sprintf("%s-replica-%d.log", namespaceFor(t.Name()), i))
 		if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
