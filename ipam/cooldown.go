@@ -33,9 +33,18 @@ func (m *Manager) advance(now time.Time) int {
 	if expired > 0 {
 		m.stats.expired.Add(uint64(expired))
 	}
-	if m.fence != nil && m.ready && !m.lost && !m.fence() {
-		m.frozen = true
-		return expired
+	if m.fence != nil && m.ready && !m.lost {
+		if !m.fence() {
+			m.frozen = true
+			return expired
+		}
+		// Renewed after a lapse that no call saw while it lasted: its
+		// cooldowns were frozen all the same.
+		if m.lapses != nil {
+			if n := m.lapses(); n != m.lapsesSeen {
+				m.lapsesSeen, m.frozen = n, true
+			}
+		}
 	}
 	if m.frozen {
 		m.frozen = false

@@ -72,6 +72,12 @@ type Manager struct {
 	// held; once not, another holder may take its claims over. Nil means
 	// no lease is kept (a test).
 	fence func() bool
+	// lapses, when set, counts the renewals of this holder's lease that
+	// came after it had lapsed; lapsesSeen is the count the Manager last
+	// acted on. A lapse nothing here observed (no call came while fenced)
+	// still thaws (see advance).
+	lapses     func() uint64
+	lapsesSeen uint64
 	// frozen is set while a Manager that served is fenced: its cooldowns
 	// do not end then (see advance and thawLocked).
 	frozen bool
@@ -161,10 +167,20 @@ func (m *Manager) Ready() bool {
 // change or write an address is refused with ErrNotReady. Nil removes the
 // fence. The test is called under the Manager's lock, often: it must be
 // cheap and must not call the Manager.
-func (m *Manager) SetFence(valid func() bool) {
+//
+// lapses, if not nil, counts the renewals that came after the lease had
+// lapsed, and must count one before valid reports true again. While
+// fenced, the Manager refuses the releases that would lengthen the
+// cooldown of a machine still there, so its cooldowns do not end then;
+// lapses lets it see a lapse that no call observed while it lasted (see
+// advance). Like valid, it is called under the lock.
+func (m *Manager) SetFence(valid func() bool, lapses func() uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.fence = valid
+	m.fence, m.lapses = valid, lapses
+	if lapses != nil {
+		m.lapsesSeen = lapses()
+	}
 }
 
 // servingLocked says why the Manager may not serve now, or nil.

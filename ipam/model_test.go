@@ -721,7 +721,7 @@ func (h *harness) step(op byte, arg uint32) error {
 		h.peers()
 		return h.takeover(others[int(arg>>4)%len(others)], i)
 	case 21: // a holder's lease is not renewed in time: fenced
-		mb.m.SetFence(func() bool { return false })
+		mb.m.SetFence(func() bool { return false }, nil)
 		before, _ := h.store.List(ctx)
 		a, err := mb.m.Allocate(ctx, Reservation{Token: "fenced"})
 		ferr := mb.m.Flush(ctx)
@@ -734,7 +734,7 @@ func (h *harness) step(op byte, arg uint32) error {
 			return errors.New("a fenced holder wrote to the store")
 		}
 		if arg%2 == 0 || len(alive) < 2 {
-			mb.m.SetFence(nil) // renewed after all
+			mb.m.SetFence(nil, nil) // renewed after all
 			return h.check()
 		}
 		// Its lease lapses: another holder takes over, and it must

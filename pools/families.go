@@ -157,9 +157,9 @@ func (p *Pool) run(ctx context.Context, interval time.Duration, onError func(err
 }
 
 // setFence and setPeers set each family's allocator's (see ipam.Manager).
-func (p *Pool) setFence(valid func() bool) {
+func (p *Pool) setFence(valid func() bool, lapses func() uint64) {
 	for _, m := range p.ms {
-		m.SetFence(valid)
+		m.SetFence(valid, lapses)
 	}
 }
 

@@ -29,6 +29,7 @@ const sealTimeout = 10 * time.Second
 // the process must stop.
 func (r *Registry) keepLease(ctx context.Context) error {
 	log := logf.FromContext(ctx)
+	lapsed := r.lease.lapsed()
 	switch err := r.lease.renew(ctx); {
 	case errors.Is(err, errLost):
 		log.Info("The holder lease was taken over: recovering every pool anew", "holder", r.opts.Holder)
@@ -44,6 +45,10 @@ func (r *Registry) keepLease(ctx context.Context) error {
 	case err != nil && ctx.Err() == nil:
 		log.Error(err, "Renewing the holder lease", "holder", r.opts.Holder, "stillValid", r.lease.valid())
 		return nil
+	case lapsed > 0:
+		// Fenced meanwhile: the allocators handed out nothing, and their
+		// cooldowns waited (see ipam.Manager.SetFence).
+		log.Info("Renewed the holder lease after it lapsed", "holder", r.opts.Holder, "lapsedFor", lapsed.Round(time.Millisecond).String())
 	}
 	r.listPeers(ctx)
 	// A lost allocator whose write went unheard (one that found the

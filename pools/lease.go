@@ -121,6 +121,9 @@ type lease struct {
 	// which this holder may serve; 0 when it holds no lease.
 	fence atomic.Int64
 	start time.Time
+	// lapses counts the renewals that came after the fence had run out,
+	// counted before the fence is valid again (see ipam.Manager.SetFence).
+	lapses atomic.Uint64
 
 	mu sync.Mutex
 	// version is the resourceVersion of the last write of the Lease.
@@ -155,6 +158,16 @@ func newLease(c client.Client, r client.Reader, opts LeaseOptions) *lease {
 func (l *lease) valid() bool {
 	f := l.fence.Load()
 	return f != 0 && time.Since(l.start) < time.Duration(f) //nolint:forbidigo // monotonic, as the fence
+}
+
+// lapsed reports how long ago the fence of a Lease this holder held ran
+// out, zero while it is valid or was never held.
+func (l *lease) lapsed() time.Duration {
+	f := l.fence.Load()
+	if f == 0 {
+		return 0
+	}
+	return max(time.Since(l.start)-time.Duration(f), 0) //nolint:forbidigo // monotonic, as the fence
 }
 
 // heldFor reports how long this holder has renewed its Lease in time
@@ -323,6 +336,9 @@ func (l *lease) draining(now time.Time) time.Time {
 func (l *lease) renewed(obj *coordinationv1.Lease, sent time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.fence.Load() != 0 && !l.valid() {
+		l.lapses.Add(1)
+	}
 	if l.since.IsZero() || !l.valid() {
 		l.since = sent
 	}

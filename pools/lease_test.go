@@ -103,3 +103,31 @@ func TestHoldTakeover(t *testing.T) {
 		})
 	}
 }
+
+// TestLeaseLapses: a renewal that comes after the fence ran out counts a
+// lapse, before the fence is valid again; the first acquisition and
+// renewals in time count none.
+func TestLeaseLapses(t *testing.T) {
+	l := newLease(nil, nil, LeaseOptions{Namespace: "vmipam-system", Holder: "h", RenewDeadline: time.Hour})
+	obj := &coordinationv1.Lease{}
+	steps := []struct {
+		name   string
+		lapsed bool // the fence ran out before this renewal
+		want   uint64
+	}{
+		{name: "acquired", want: 0},
+		{name: "renewed in time", want: 0},
+		{name: "renewed after a lapse", lapsed: true, want: 1},
+		{name: "renewed in time again", want: 1},
+		{name: "another lapse", lapsed: true, want: 2},
+	}
+	for _, st := range steps {
+		if st.lapsed {
+			l.fence.Store(1) // one nanosecond after start: long past
+		}
+		l.renewed(obj, time.Now())
+		if got := l.lapses.Load(); got != st.want || !l.valid() {
+			t.Fatalf("%s: %d lapses counted, valid %v; want %d, valid", st.name, got, l.valid(), st.want)
+		}
+	}
+}

@@ -97,7 +97,7 @@ func (r *Registry) ensure(ctx context.Context, pool *vmipamv1.IPPool) error {
 	if err != nil {
 		return fmt.Errorf("recover pool %s: %w", pool.Name, err)
 	}
-	p.setFence(r.lease.valid)
+	p.setFence(r.lease.valid, r.lease.lapses.Load)
 	r.mu.RLock()
 	p.setPeers(r.peers)
 	r.mu.RUnlock()
