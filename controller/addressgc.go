@@ -489,6 +489,13 @@ func (r *AddressGC) release(ctx context.Context, obj *unstructured.Unstructured,
 	if err := r.removeFinalizer(ctx, obj); err != nil {
 		return r.retryCooling(ctx, pool, addrs, err)
 	}
+	// The cooldown runs from the object's going, not from the release:
+	// under load the record and the removal take a second or more.
+	for _, rec := range recs {
+		if a, err := netip.ParseAddr(rec.Address); err == nil {
+			pool.Gone(a, owner)
+		}
+	}
 	// Log lines, not Events: an Event per object lifetime would double
 	// the API writes of a fleet of short-lived machines.
 	for _, rec := range recs {

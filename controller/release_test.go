@@ -191,3 +191,47 @@ func startDeleting(t *testing.T, rig *poolstest.Rig, pool string) deleting {
 	reader.Remember(ctx, t, req.NamespacedName)
 	return deleting{pool: p, addr: a, gc: gc, req: req, reader: reader}
 }
+
+// TestCooldownFromGoing: the history's record and the finalizer's removal
+// come after the release and may take seconds under load (1.2 s in a chaos
+// run); the cooldown must still end a whole cooldown after the VM goes,
+// not after the release. Before, it ended that much early, and test/chaos
+// (seed 1796482836345163954) saw the address given to a new VM 2.85 s after
+// its previous VM was gone, with a 5 s cooldown.
+func TestCooldownFromGoing(t *testing.T) {
+	const cooldown, slow = 5 * time.Second, 2 * time.Second
+	for _, tc := range []struct {
+		name string
+		slow bool // the finalizer's removal takes slow
+	}{
+		{name: "removed at once"},
+		{name: "removal slow", slow: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := t.Context()
+			clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+			pool := fixture.Pool("going", fixture.Stored("uid-pool"), fixture.WithCIDRs("10.97.0.0/28"),
+				fixture.WithCooldown(cooldown), fixture.WithPendingTTL(time.Minute))
+			var deleting atomic.Bool
+			rig := poolstest.NewRig(t, clk, interceptor.Funcs{
+				Patch: func(ctx context.Context, cl client.WithWatch, obj client.Object, p client.Patch, opts ...client.PatchOption) error {
+					if tc.slow && deleting.Load() {
+						clk.Step(slow)
+					}
+					return cl.Patch(ctx, obj, p, opts...)
+				},
+			}, pool)
+			d := startDeleting(t, rig, pool.Name)
+			deleting.Store(true)
+			if res, err := d.gc.Reconcile(ctx, d.req); err != nil || res.RequeueAfter != 0 {
+				t.Fatalf("reconcile of the deleted VM: %+v, %v", res, err)
+			}
+			if err := rig.Client.Get(ctx, d.req.NamespacedName, kinds.VirtualMachine.New()); err == nil {
+				t.Fatal("the VM is still there after its release")
+			}
+			if left, cooling := d.pool.CooldownLeft(d.addr); !cooling || left < cooldown {
+				t.Errorf("%s cools down %s more (cooling: %t) once the VM is gone, want %s", d.addr, left, cooling, cooldown)
+			}
+		})
+	}
+}

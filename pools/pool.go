@@ -295,6 +295,20 @@ func (p *Pool) Release(ctx context.Context, addr netip.Addr, o ipam.Owner) error
 	return nil
 }
 
+// Gone starts the cooldown of addr, released for o, again from now: o's
+// object is gone (its finalizer removed), and the cooldown must end a whole
+// cooldown after that, however long the history's record and the removal
+// took after the release. It only ever lengthens a cooldown, is kept in
+// memory until the next flush (a crash rests the address anyway), and does
+// nothing to an address no longer cooling down for o.
+func (p *Pool) Gone(addr netip.Addr, o ipam.Owner) {
+	if m := p.of(addr); m != nil {
+		if st, _, _ := m.Lookup(addr); st == ipam.StateCooldown {
+			_ = m.Release(addr, ipam.Owner{UID: o.UID, Ref: o.Ref})
+		}
+	}
+}
+
 // Lookup reports the state of addr, its owner or its cooldown deadline.
 func (p *Pool) Lookup(addr netip.Addr) (ipam.State, ipam.Owner, time.Time) {
 	if m := p.of(addr); m != nil {
