@@ -490,17 +490,12 @@ func (r *AddressGC) release(ctx context.Context, obj *unstructured.Unstructured,
 		return r.retryCooling(ctx, pool, addrs, err)
 	}
 	// The cooldown runs from the object's going, not from the release:
-	// under load the record and the removal take a second or more.
-	for _, rec := range recs {
-		if a, err := netip.ParseAddr(rec.Address); err == nil {
-			pool.Gone(a, owner)
-		}
-	}
-	// Log lines, not Events: an Event per object lifetime would double
-	// the API writes of a fleet of short-lived machines.
+	// under load the record and the removal take a second or more. Log
+	// lines, not Events: an Event per object lifetime would double the
+	// API writes of a fleet of short-lived machines.
 	for _, rec := range recs {
 		a, _ := netip.ParseAddr(rec.Address)
-		if st, _, until := pool.Lookup(a); st == ipam.StateCooldown {
+		if until, cooling := pool.Gone(a, owner); cooling {
 			r.Registry.LogReleased(log, rec, "coolsDownUntil", until)
 		} else {
 			r.Registry.LogReleased(log, rec)

@@ -43,18 +43,16 @@ func TestReleaseRetry(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			ctx := t.Context()
 			clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-			pool := fixture.Pool("retry", fixture.Stored("uid-pool"), fixture.WithCIDRs("10.97.0.0/28"),
-				fixture.WithCooldown(cooldown), fixture.WithPendingTTL(time.Minute))
 			var failNext atomic.Bool
-			rig := poolstest.NewRig(t, clk, interceptor.Funcs{
+			funcs := interceptor.Funcs{
 				Patch: func(ctx context.Context, cl client.WithWatch, obj client.Object, p client.Patch, opts ...client.PatchOption) error {
 					if failNext.CompareAndSwap(true, false) {
 						return errors.New("injected: the API server did not answer")
 					}
 					return cl.Patch(ctx, obj, p, opts...)
 				},
-			}, pool)
-			d := startDeleting(t, rig, pool.Name)
+			}
+			d := startDeleting(t, clk, "retry", cooldown, funcs)
 			p, a, gc, req, reader := d.pool, d.addr, d.gc, d.req, d.reader
 			failNext.Store(tt.failPatch)
 			// A failed removal retries before the cooldown ends.
@@ -93,11 +91,9 @@ func TestReleaseRetryOutage(t *testing.T) {
 	const cooldown = 5 * time.Second
 	ctx := t.Context()
 	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	pool := fixture.Pool("outage", fixture.Stored("uid-pool"), fixture.WithCIDRs("10.97.0.0/28"),
-		fixture.WithCooldown(cooldown), fixture.WithPendingTTL(time.Minute))
 	var down atomic.Bool
 	errDown := errors.New("injected: connection refused")
-	rig := poolstest.NewRig(t, clk, interceptor.Funcs{
+	funcs := interceptor.Funcs{
 		Get: func(ctx context.Context, cl client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
 			if down.Load() {
 				return errDown
@@ -122,9 +118,9 @@ func TestReleaseRetryOutage(t *testing.T) {
 			}
 			return cl.Create(ctx, obj, opts...)
 		},
-	}, pool)
-	d := startDeleting(t, rig, pool.Name)
-	c, p, a, gc, req := rig.Client, d.pool, d.addr, d.gc, d.req
+	}
+	d := startDeleting(t, clk, "outage", cooldown, funcs)
+	c, p, a, gc, req := d.c, d.pool, d.addr, d.gc, d.req
 	// The cache keeps the VM as it was when its deletion began.
 	d.reader.Stale = true
 	down.Store(true)
@@ -158,6 +154,7 @@ func TestReleaseRetryOutage(t *testing.T) {
 // after it, its request, and the cache the controller reads it through,
 // which remembers it as it was when its deletion began.
 type deleting struct {
+	c      client.Client
 	pool   *pools.Pool
 	addr   netip.Addr
 	gc     *controller.AddressGC
@@ -165,10 +162,14 @@ type deleting struct {
 	reader *poolstest.StaleReader
 }
 
-// startDeleting admits VM vm-1 from pool, binds it, and deletes it.
-func startDeleting(t *testing.T, rig *poolstest.Rig, pool string) deleting {
+// startDeleting stores pool, a /28 with cooldown, in a rig on clk whose
+// client goes through funcs, then admits VM vm-1 from it, binds it, and
+// deletes it.
+func startDeleting(t *testing.T, clk *clocktesting.FakeClock, pool string, cooldown time.Duration, funcs interceptor.Funcs) deleting {
 	t.Helper()
 	ctx := t.Context()
+	rig := poolstest.NewRig(t, clk, funcs, fixture.Pool(pool, fixture.Stored("uid-pool"), fixture.WithCIDRs("10.97.0.0/28"),
+		fixture.WithCooldown(cooldown), fixture.WithPendingTTL(time.Minute)))
 	c, reg := rig.Client, rig.Registry
 	p := reg.Get(pool)
 	a, err := p.AllocateFamily(ctx, ipam.Reservation{Token: "token-1"}, vmipamv1.IPv4)
@@ -189,7 +190,7 @@ func startDeleting(t *testing.T, rig *poolstest.Rig, pool string) deleting {
 		t.Fatal(err)
 	}
 	reader.Remember(ctx, t, req.NamespacedName)
-	return deleting{pool: p, addr: a, gc: gc, req: req, reader: reader}
+	return deleting{c: c, pool: p, addr: a, gc: gc, req: req, reader: reader}
 }
 
 // TestCooldownFromGoing: the history's record and the finalizer's removal
@@ -210,23 +211,21 @@ func TestCooldownFromGoing(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := t.Context()
 			clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-			pool := fixture.Pool("going", fixture.Stored("uid-pool"), fixture.WithCIDRs("10.97.0.0/28"),
-				fixture.WithCooldown(cooldown), fixture.WithPendingTTL(time.Minute))
 			var deleting atomic.Bool
-			rig := poolstest.NewRig(t, clk, interceptor.Funcs{
+			funcs := interceptor.Funcs{
 				Patch: func(ctx context.Context, cl client.WithWatch, obj client.Object, p client.Patch, opts ...client.PatchOption) error {
 					if tc.slow && deleting.Load() {
 						clk.Step(slow)
 					}
 					return cl.Patch(ctx, obj, p, opts...)
 				},
-			}, pool)
-			d := startDeleting(t, rig, pool.Name)
+			}
+			d := startDeleting(t, clk, "going", cooldown, funcs)
 			deleting.Store(true)
 			if res, err := d.gc.Reconcile(ctx, d.req); err != nil || res.RequeueAfter != 0 {
 				t.Fatalf("reconcile of the deleted VM: %+v, %v", res, err)
 			}
-			if err := rig.Client.Get(ctx, d.req.NamespacedName, kinds.VirtualMachine.New()); err == nil {
+			if err := d.c.Get(ctx, d.req.NamespacedName, kinds.VirtualMachine.New()); err == nil {
 				t.Fatal("the VM is still there after its release")
 			}
 			if left, cooling := d.pool.CooldownLeft(d.addr); !cooling || left < cooldown {

@@ -336,10 +336,11 @@ func (l *lease) draining(now time.Time) time.Time {
 func (l *lease) renewed(obj *coordinationv1.Lease, sent time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.fence.Load() != 0 && !l.valid() {
+	gap := !l.valid()
+	if gap && l.fence.Load() != 0 {
 		l.lapses.Add(1)
 	}
-	if l.since.IsZero() || !l.valid() {
+	if gap || l.since.IsZero() {
 		l.since = sent
 	}
 	l.version = obj.ResourceVersion

@@ -299,14 +299,19 @@ func (p *Pool) Release(ctx context.Context, addr netip.Addr, o ipam.Owner) error
 // object is gone (its finalizer removed), and the cooldown must end a whole
 // cooldown after that, however long the history's record and the removal
 // took after the release. It only ever lengthens a cooldown, is kept in
-// memory until the next flush (a crash rests the address anyway), and does
-// nothing to an address no longer cooling down for o.
-func (p *Pool) Gone(addr netip.Addr, o ipam.Owner) {
-	if m := p.of(addr); m != nil {
-		if st, _, _ := m.Lookup(addr); st == ipam.StateCooldown {
-			_ = m.Release(addr, ipam.Owner{UID: o.UID, Ref: o.Ref})
-		}
+// memory until the next flush (a crash rests the address anyway), and
+// leaves an address that is not cooling down as it is. It returns when the
+// cooldown ends, and whether addr is cooling down.
+func (p *Pool) Gone(addr netip.Addr, o ipam.Owner) (time.Time, bool) {
+	m := p.of(addr)
+	if m == nil {
+		return time.Time{}, false
 	}
+	if st, _, _ := m.Lookup(addr); st == ipam.StateCooldown {
+		_ = m.Release(addr, ipam.Owner{UID: o.UID, Ref: o.Ref})
+	}
+	st, _, until := m.Lookup(addr)
+	return until, st == ipam.StateCooldown
 }
 
 // Lookup reports the state of addr, its owner or its cooldown deadline.
