@@ -83,6 +83,9 @@ func decide(f facts) (action, time.Duration) {
 		case f.hasAddr():
 			// Outside every pool: not ours to manage.
 			return actWait, 0
+		case f.deleted && !f.finalizer:
+			// Going, with no address and nothing of vmipam's to remove.
+			return actWait, 0
 		}
 		return actWait, 10 * time.Second
 	case !f.poolReady:

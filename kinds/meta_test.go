@@ -72,3 +72,47 @@ func TestFromMetadata(t *testing.T) {
 		t.Error("metadata suffices for a status kind")
 	}
 }
+
+// TestTrimUnlabelled: an object without a holder label, watched as
+// metadata, keeps the labels and annotations vmipam may read: its own and
+// the kind's pool annotation, and every one but the last-applied
+// configuration for a kind with a condition.
+func TestTrimUnlabelled(t *testing.T) {
+	conditional := VirtualMachine
+	conditional.Condition = "has(object.spec)"
+	pooled := VirtualMachine
+	pooled.PoolAnnotation = "example.com/pool"
+	for name, tc := range map[string]struct {
+		kind                Kind
+		labels, annotations []string
+	}{
+		"no condition":     {kind: VirtualMachine, annotations: []string{vmipamv1.TokenAnnotation}},
+		"pool annotation":  {kind: pooled, annotations: []string{"example.com/pool", vmipamv1.TokenAnnotation}},
+		"with a condition": {kind: conditional, labels: []string{"app"}, annotations: []string{"example.com/pool", "note", vmipamv1.TokenAnnotation}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			m := tc.kind.NewMetadata()
+			m.ObjectMeta = metav1.ObjectMeta{
+				Name: "a", Namespace: "n", UID: "u", Generation: 2, Finalizers: []string{"x"},
+				Labels: map[string]string{"app": "y"},
+				Annotations: map[string]string{vmipamv1.TokenAnnotation: "t", "example.com/pool": "p", "note": "n",
+					"kubectl.kubernetes.io/last-applied-configuration": "{}"},
+				ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl"}},
+			}
+			out, err := tc.kind.TrimUnlabelled(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tm := out.(*metav1.PartialObjectMetadata)
+			if tm.ManagedFields != nil || tm.Generation != 2 || tm.UID != "u" || len(tm.Finalizers) != 1 {
+				t.Errorf("trimmed to %+v", tm.ObjectMeta)
+			}
+			if got := slices.Sorted(maps.Keys(tm.Labels)); !slices.Equal(got, tc.labels) {
+				t.Errorf("labels %v, want %v", got, tc.labels)
+			}
+			if got := slices.Sorted(maps.Keys(tm.Annotations)); !slices.Equal(got, tc.annotations) {
+				t.Errorf("annotations %v, want %v", got, tc.annotations)
+			}
+		})
+	}
+}
