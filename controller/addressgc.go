@@ -60,8 +60,7 @@ type AddressGC struct {
 	// Own and Unlabeled, if set, are the caches of the objects labelled for
 	// this replica and of those with no holder label (see
 	// vmipamv1.HolderLabel), which the controller watches; without Own it
-	// watches the manager's cache. Unlabeled holds metadata
-	// (PartialObjectMetadata), and Reader reads its objects whole.
+	// watches the manager's cache.
 	Own, Unlabeled cache.Cache
 	// APIReader reads from the API server, for the rare read that must
 	// not lag: whether an object whose address was released already still
@@ -79,9 +78,6 @@ type AddressGC struct {
 	// their address was still allocated to them here (see noteGone), for
 	// their next reconcile.
 	gone sync.Map
-	// settled holds, by UID, the unlabelled objects found to need nothing
-	// (see noteSettled), so that their events cost no read.
-	settled sync.Map
 }
 
 // finalized reports whether obj, as the API server has it now, is gone or
@@ -131,9 +127,7 @@ func (r *AddressGC) SetupWithManager(mgr ctrl.Manager) error {
 		b = b.For(r.Kind.New())
 	}
 	if r.Unlabeled != nil {
-		// As metadata: Reader reads one whole when its event may concern
-		// vmipam (see skipSettled).
-		b = b.WatchesRawSource(source.Kind(r.Unlabeled, r.Kind.NewMetadata(), &skipSettled{r: r}))
+		b = b.WatchesRawSource(source.Kind(r.Unlabeled, r.Kind.New(), &handler.TypedEnqueueRequestForObject[*unstructured.Unstructured]{}))
 	}
 	return b.Complete(r)
 }
@@ -337,9 +331,6 @@ func (r *AddressGC) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resul
 		return ctrl.Result{}, err
 	}
 	do, after := decide(f)
-	if r.Unlabeled != nil {
-		r.noteSettled(ctx, obj, f, do, after)
-	}
 	return r.act(ctx, obj, f, do, after)
 }
 

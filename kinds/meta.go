@@ -7,7 +7,6 @@ import (
 	"slices"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -106,48 +105,6 @@ func (t Kind) TrimMetadata(obj any) (any, error) {
 		Labels:      keep(m.Labels, vmipamv1.HolderLabel),
 	}
 	return m, nil
-}
-
-// TrimUnlabelled is the cache transform (controller-runtime's
-// cache.ByObject Transform) of the objects of a kind that carry no holder
-// label, watched as metadata: those that bypassed the webhook, and those
-// vmipam does not manage. It drops the managed fields, and keeps of the
-// labels and annotations what vmipam may read (Reads): the controller
-// reads such an object whole from the API server when its metadata
-// changed there (see controller.AddressGC).
-func (t Kind) TrimUnlabelled(obj any) (any, error) {
-	m, ok := obj.(*metav1.PartialObjectMetadata)
-	if !ok {
-		return obj, nil
-	}
-	m.ManagedFields = nil
-	for _, kv := range []*map[string]string{&m.Labels, &m.Annotations} {
-		for k := range *kv {
-			if !t.Reads(k) {
-				delete(*kv, k)
-			}
-		}
-		if len(*kv) == 0 {
-			*kv = nil
-		}
-	}
-	return m, nil
-}
-
-// Reads reports whether vmipam may read the label or annotation key of an
-// object of the kind: one of vmipam's, the kind's pool annotation or
-// metadata address location, or, for a kind with a condition (which may
-// read any), every key but the last-applied configuration.
-func (t Kind) Reads(key string) bool {
-	switch key {
-	case vmipamv1.HolderLabel, vmipamv1.TokenAnnotation, vmipamv1.PoolAnnotation, vmipamv1.AddressAnnotation, vmipamv1.SingleStackAnnotation:
-		return true
-	case corev1.LastAppliedConfigAnnotation:
-		return false
-	case "":
-		return false
-	}
-	return t.Condition != "" || key == t.PoolAnnotation || key == t.metadataAddressKey()
 }
 
 // keep drops from m every entry but those under keys, in place, and

@@ -92,14 +92,10 @@ func CacheOptions(namespace string) cache.Options {
 // chosen for one that needs one, labels it). An object labelled for
 // another replica is in neither. The replica's own objects, which vmipam
 // stamped, are watched as metadata only where that suffices
-// (kinds.Kind.MetadataSuffices; shardReader reads them), else whole
-// (kinds.Kind.Trim). The unlabelled ones are watched as metadata
-// (kinds.Kind.TrimUnlabelled): most are objects vmipam does not manage,
-// whose every event decoded whole was most of vmipam's CPU while others
-// created them; the controller reads one whole from the API server when
-// its metadata shows a change that may concern vmipam (see
-// controller.AddressGC), since one that bypassed the webhook may hold its
-// address anywhere and its kind's condition may read its spec.
+// (kinds.Kind.MetadataSuffices; shardReader reads them); the others
+// whole (kinds.Kind.Trim), since an object that bypassed the webhook
+// may hold its address anywhere and its kind's condition may read its
+// spec.
 func kindCaches(mgr ctrl.Manager, t kinds.Kind, holder string) (own, unlabeled cache.Cache, err error) {
 	unlabelled, err := pools.Unlabelled()
 	if err != nil {
@@ -116,7 +112,7 @@ func kindCaches(mgr ctrl.Manager, t kinds.Kind, holder string) (own, unlabeled c
 		trim toolscache.TransformFunc
 	}{
 		{&own, labels.SelectorFromSet(labels.Set{vmipamv1.HolderLabel: pools.HolderLabelValue(holder)}), ownObj, ownTrim},
-		{&unlabeled, unlabelled, t.NewMetadata(), t.TrimUnlabelled},
+		{&unlabeled, unlabelled, t.New(), t.Trim},
 	} {
 		c, err := cache.New(mgr.GetConfig(), cache.Options{
 			HTTPClient: mgr.GetHTTPClient(), Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(),

@@ -91,15 +91,8 @@ type vmipam struct {
 // Each of with changes the options first.
 func startVMIPAM(t *testing.T, clk *clocktesting.FakeClock, with ...func(*app.Options)) *vmipam {
 	t.Helper()
-	return startVMIPAMOn(t, cfg, clk, with...)
-}
-
-// startVMIPAMOn is startVMIPAM with c as the manager's client
-// configuration.
-func startVMIPAMOn(t *testing.T, c *rest.Config, clk *clocktesting.FakeClock, with ...func(*app.Options)) *vmipam {
-	t.Helper()
 	wo := &testEnv.WebhookInstallOptions
-	mgr, err := ctrl.NewManager(c, ctrl.Options{
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 scheme.Scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
