@@ -275,7 +275,9 @@ func stampedAddrs(m *metav1.PartialObjectMetadata) ([]netip.Addr, bool) {
 func (r *AddressGC) bindCreated(m *metav1.PartialObjectMetadata) bool {
 	ann := m.Annotations
 	token, poolName := ann[vmipamv1.TokenAnnotation], ann[vmipamv1.PoolAnnotation]
-	if m.DeletionTimestamp != nil || token == "" || poolName == "" || m.Labels[vmipamv1.HolderLabel] != r.Registry.HolderLabel() ||
+	// The own cache drops the holder label, which all its objects carry
+	// (kinds.Kind.TrimOwn).
+	if h, ok := m.Labels[vmipamv1.HolderLabel]; m.DeletionTimestamp != nil || token == "" || poolName == "" || ok && h != r.Registry.HolderLabel() ||
 		!slices.Contains(m.Finalizers, vmipamv1.Finalizer) {
 		return false
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"time"
+	"unique"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -98,13 +99,59 @@ func (t Kind) TrimMetadata(obj any) (any, error) {
 		return obj, nil
 	}
 	// In place: the object is the decoder's, seen by nothing else yet.
+	// The strings every object shares (the keys, the namespace, the pool,
+	// the holder, the finalizers) are interned: the decoder makes a copy of
+	// each for each object.
+	fins := m.Finalizers
+	for i, f := range fins {
+		fins[i] = unique.Make(f).Value()
+	}
 	m.ObjectMeta = metav1.ObjectMeta{
-		Name: m.Name, Namespace: m.Namespace, UID: m.UID, ResourceVersion: m.ResourceVersion, Generation: m.Generation,
-		CreationTimestamp: m.CreationTimestamp, DeletionTimestamp: m.DeletionTimestamp, Finalizers: m.Finalizers,
-		Annotations: keep(m.Annotations, vmipamv1.TokenAnnotation, vmipamv1.PoolAnnotation, vmipamv1.AddressAnnotation, vmipamv1.SingleStackAnnotation),
-		Labels:      keep(m.Labels, vmipamv1.HolderLabel),
+		Name: m.Name, Namespace: unique.Make(m.Namespace).Value(), UID: m.UID, ResourceVersion: m.ResourceVersion, Generation: m.Generation,
+		CreationTimestamp: m.CreationTimestamp, DeletionTimestamp: m.DeletionTimestamp, Finalizers: fins,
+		Annotations: interned(keep(m.Annotations, vmipamv1.TokenAnnotation, vmipamv1.PoolAnnotation, vmipamv1.AddressAnnotation, vmipamv1.SingleStackAnnotation),
+			vmipamv1.PoolAnnotation, vmipamv1.SingleStackAnnotation),
+		Labels: interned(keep(m.Labels, vmipamv1.HolderLabel), vmipamv1.HolderLabel),
 	}
 	return m, nil
+}
+
+// TrimOwn is the cache transform of a replica's own objects, watched as
+// metadata and selected by its holder label value holder: TrimMetadata,
+// and then that label dropped, which every object in the cache carries
+// (its selector) and which would cost each a map. Whoever reads the cache
+// puts it back (OwnFromMetadata).
+func (t Kind) TrimOwn(holder string) func(any) (any, error) {
+	return func(obj any) (any, error) {
+		out, err := t.TrimMetadata(obj)
+		if m, ok := out.(*metav1.PartialObjectMetadata); ok && err == nil && len(m.Labels) == 1 && m.Labels[vmipamv1.HolderLabel] == holder {
+			m.Labels = nil
+		}
+		return out, err
+	}
+}
+
+// OwnFromMetadata is FromMetadata for an object of a replica's own cache,
+// trimmed by TrimOwn(holder): its holder label is put back.
+func (t Kind) OwnFromMetadata(m *metav1.PartialObjectMetadata, holder string) (*unstructured.Unstructured, bool) {
+	u, ok := t.FromMetadata(m)
+	if ok && m.Labels == nil && holder != "" {
+		SetHolder(u, holder)
+	}
+	return u, ok
+}
+
+// interned rewrites, in place, m's keys and its values under shared to
+// their canonical copies (unique.Make), and returns m.
+func interned(m map[string]string, shared ...string) map[string]string {
+	for k, v := range m {
+		if slices.Contains(shared, k) {
+			v = unique.Make(v).Value()
+		}
+		// Assigning an existing string key replaces the key's string too.
+		m[unique.Make(k).Value()] = v
+	}
+	return m
 }
 
 // keep drops from m every entry but those under keys, in place, and

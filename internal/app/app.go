@@ -103,7 +103,7 @@ func kindCaches(mgr ctrl.Manager, t kinds.Kind, holder string) (own, unlabeled c
 	}
 	ownObj, ownTrim := client.Object(t.New()), toolscache.TransformFunc(t.Trim)
 	if t.MetadataSuffices() {
-		ownObj, ownTrim = t.NewMetadata(), t.TrimMetadata
+		ownObj, ownTrim = t.NewMetadata(), t.TrimOwn(pools.HolderLabelValue(holder))
 	}
 	for _, sel := range []struct {
 		dst  *cache.Cache
@@ -182,7 +182,7 @@ func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
 	for _, t := range ts {
 		// What the controller and the webhook read of the objects: this
 		// replica's, and the unlabelled ones, once the kind is served.
-		objects := &shardReader{kind: t, api: mgr.GetAPIReader()}
+		objects := &shardReader{kind: t, api: mgr.GetAPIReader(), holder: pools.HolderLabelValue(opts.Holder)}
 		if err := whenServed(mgr, t, func(mgr ctrl.Manager) error {
 			reg.MarkServed(t.GVK)
 			own, unlabeled, err := kindCaches(mgr, t, opts.Holder)

@@ -31,7 +31,10 @@ import (
 type shardReader struct {
 	kind kinds.Kind
 	// api reads an object whole from the API server.
-	api    client.Reader
+	api client.Reader
+	// holder is the value of the holder label that selects the own cache,
+	// which its objects are read with (see kinds.Kind.TrimOwn).
+	holder string
 	caches atomic.Pointer[[2]client.Reader]
 	// indexes are the caches' indexes, in the same order, for Has.
 	indexes atomic.Pointer[[2]*cacheindex.Index]
@@ -108,7 +111,7 @@ func (r *shardReader) getOwn(ctx context.Context, own client.Reader, key client.
 	if err := own.Get(ctx, key, m, &client.GetOptions{UnsafeDisableDeepCopy: ptr.To(true)}); err != nil {
 		return err
 	}
-	if whole, ok := r.kind.FromMetadata(m); ok {
+	if whole, ok := r.kind.OwnFromMetadata(m, r.holder); ok {
 		u.Object = whole.Object
 		return nil
 	}
