@@ -4,7 +4,12 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -44,6 +49,32 @@ type scalePhase struct {
 	rollout         time.Duration
 	rolloutRequests map[string]float64
 	rolloutCPU      cpuSample
+	// heapTop is what one replica's heap holds with the whole fleet, as
+	// go tool pprof -top prints it (empty if it could not be taken).
+	heapTop string
+}
+
+// heapFile is the heap profile of one replica with the whole fleet, in the
+// results folder.
+const heapFile = "e2e-bench-vmipam-heap.pprof"
+
+// heapProfile takes rep's heap profile (after a garbage collection), writes
+// it to the results folder as heapFile, and returns what go tool pprof -top
+// makes of its memory in use.
+func (b *bench) heapProfile(ctx context.Context, rep *harness.Replica) (string, error) {
+	buf, err := get(ctx, http.DefaultClient, "http://127.0.0.1:"+strconv.Itoa(rep.PprofPort)+"/debug/pprof/heap?gc=1")
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(b.results, heapFile)
+	if err := os.WriteFile(path, buf, 0o644); err != nil {
+		return "", err
+	}
+	out, err := exec.CommandContext(ctx, "go", "tool", "pprof", "-top", "-sample_index=inuse_space", "-nodecount=25", path).Output()
+	if err != nil {
+		return "", fmt.Errorf("go tool pprof: %w", err)
+	}
+	return strings.TrimSpace(string(out)), nil
 }
 
 // scaleArgs are the flags the scale mode adds to vmipam's.
@@ -108,6 +139,13 @@ func (b *bench) measureScale(ctx context.Context, rep *report) error {
 		}
 		ph.rss[i] = replicaRSS(rs)
 		logf("scale: replicas' RSS %s", mibs(ph.rss[i]))
+	}
+	if live := rs.Live(); len(live) > 0 {
+		top, err := b.heapProfile(ctx, live[0])
+		if err != nil {
+			logf("scale: heap profile: %v", err)
+		}
+		ph.heapTop = top
 	}
 
 	// One resync interval, idle: every replica lists the fleet once.
@@ -274,4 +312,13 @@ func (r *report) scaleSection(b *strings.Builder) {
 	t.row("… vmipam CPU during it (the replaced processes' last seconds too)", secs(ph.rolloutCPU.procs["vmipam"]+ph.rolloutCPU.reaped))
 	t.row("… kube-apiserver CPU during it", secs(ph.rolloutCPU.procs["kube-apiserver"]))
 	w("")
+	if ph.heapTop != "" {
+		w("What one replica's Go heap holds with the whole fleet, after a garbage collection (`go tool pprof -top -sample_index=inuse_space %s`; "+
+			"flat is what each function allocated and still holds):", heapFile)
+		w("")
+		w("```")
+		w("%s", ph.heapTop)
+		w("```")
+		w("")
+	}
 }

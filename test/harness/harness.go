@@ -182,8 +182,9 @@ func (c *Cluster) StartVMIPAM(ctx context.Context, logs io.Writer, extra ...stri
 	return c.startVMIPAM(ctx, ports{webhook: c.WebhookPort, metrics: c.MetricsPort, probe: c.ProbePort}, "", logs, extra)
 }
 
-// ports are one vmipam process's listening ports on 127.0.0.1.
-type ports struct{ webhook, metrics, probe int }
+// ports are one vmipam process's listening ports on 127.0.0.1; pprof 0
+// serves no pprof.
+type ports struct{ webhook, metrics, probe, pprof int }
 
 // vmipamArgs is the one place the harness builds vmipam's command line;
 // holder "" is "vmipam", the same across restarts.
@@ -202,6 +203,9 @@ func (c *Cluster) vmipamArgs(pt ports, holder string) []string {
 		// (docs/design.md, "What is left for later"). extra may override it.
 		"--shutdown-connection-wait=0s",
 	)
+	if pt.pprof != 0 {
+		args = append(args, "--pprof-bind-address", "127.0.0.1:"+strconv.Itoa(pt.pprof))
+	}
 	if c.kindsConfig != "" {
 		args = append(args, "--kinds-config", c.kindsConfig)
 	}

@@ -61,9 +61,9 @@ type Replica struct {
 	// Name is its --holder: with --holder-slots the process's name on
 	// its slot's Lease (a pod's name), else Holder.
 	Name string
-	// WebhookPort, MetricsPort and ProbePort are its own ports on
-	// 127.0.0.1.
-	WebhookPort, MetricsPort, ProbePort int
+	// WebhookPort, MetricsPort, ProbePort and PprofPort (net/http/pprof,
+	// for heap and CPU profiles) are its own ports on 127.0.0.1.
+	WebhookPort, MetricsPort, ProbePort, PprofPort int
 
 	r *Replicas
 	// removed is its backend's last status once it left the proxy.
@@ -113,7 +113,7 @@ func (r *Replicas) Start(ctx context.Context, holder string) (*Replica, error) {
 		return nil, err
 	}
 	r.mu.Lock()
-	rep := &Replica{Index: r.started, Holder: holder, WebhookPort: pt.webhook, MetricsPort: pt.metrics, ProbePort: pt.probe, r: r}
+	rep := &Replica{Index: r.started, Holder: holder, WebhookPort: pt.webhook, MetricsPort: pt.metrics, ProbePort: pt.probe, PprofPort: pt.pprof, r: r}
 	r.started++
 	r.mu.Unlock()
 	if rep.Holder == "" {
@@ -322,12 +322,12 @@ func (r *Replicas) Stop(timeout time.Duration) error {
 	return errors.Join(err, r.Proxy.Close())
 }
 
-// ports picks three free ports no replica has had.
+// ports picks four free ports no replica has had.
 func (r *Replicas) ports() (ports, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var got []int
-	for tries := 0; len(got) < 3; tries++ {
+	for tries := 0; len(got) < 4; tries++ {
 		if tries == 100 {
 			return ports{}, errors.New("find free ports: the kernel keeps handing out ports already used")
 		}
@@ -340,7 +340,7 @@ func (r *Replicas) ports() (ports, error) {
 			got = append(got, p)
 		}
 	}
-	return ports{webhook: got[0], metrics: got[1], probe: got[2]}, nil
+	return ports{webhook: got[0], metrics: got[1], probe: got[2], pprof: got[3]}, nil
 }
 
 // Addr is the replica's webhook address, its backend in the proxy.
