@@ -37,6 +37,9 @@ type scalePhase struct {
 	build [2]opsResult
 	// rss: each replica's resident memory after each half, in bytes.
 	rss [2][]float64
+	// live: each replica's Go heap in use after a garbage collection
+	// (runtime.MemStats.HeapAlloc), after each half, in bytes.
+	live [2][]float64
 	// resync: one resync interval, idle.
 	resyncInterval time.Duration
 	resyncCPU      cpuSample
@@ -138,7 +141,8 @@ func (b *bench) measureScale(ctx context.Context, rep *report) error {
 			return ctx.Err()
 		}
 		ph.rss[i] = replicaRSS(rs)
-		logf("scale: replicas' RSS %s", mibs(ph.rss[i]))
+		ph.live[i] = liveHeap(ctx, rs)
+		logf("scale: replicas' RSS %s, live heap %s", mibs(ph.rss[i]), mibs(ph.live[i]))
 	}
 	if live := rs.Live(); len(live) > 0 {
 		top, err := b.heapProfile(ctx, live[0])
@@ -223,6 +227,28 @@ func replicaRSS(rs *harness.Replicas) []float64 {
 	return out
 }
 
+// liveHeap returns the Go heap each live replica holds right after a
+// garbage collection (the HeapAlloc its heap profile reports), in bytes.
+func liveHeap(ctx context.Context, rs *harness.Replicas) []float64 {
+	var out []float64
+	for _, r := range rs.Live() {
+		buf, err := get(ctx, http.DefaultClient, "http://127.0.0.1:"+strconv.Itoa(r.PprofPort)+"/debug/pprof/heap?gc=1&debug=1")
+		if err != nil {
+			logf("scale: live heap: %v", err)
+			continue
+		}
+		for line := range strings.Lines(string(buf)) {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "# HeapAlloc = "); ok {
+				if n, err := strconv.ParseFloat(v, 64); err == nil {
+					out = append(out, n)
+				}
+				break
+			}
+		}
+	}
+	return out
+}
+
 // writesOf keeps the writes of requests by verb and resource.
 func writesOf(req map[string]float64) map[string]float64 {
 	out := map[string]float64{}
@@ -290,6 +316,12 @@ func (r *report) scaleSection(b *strings.Builder) {
 	if len(ph.rss[0]) > 0 && len(ph.rss[1]) > 0 {
 		t.row("memory per VM per replica (RSS slope over the second half, each replica keeping a third)",
 			fmt.Sprintf("%.0f bytes", (avg(ph.rss[1])-avg(ph.rss[0]))/per))
+	}
+	t.row("replicas' live Go heap (after a GC) at half the fleet", mibs(ph.live[0]))
+	t.row("replicas' live Go heap (after a GC) with the whole fleet", mibs(ph.live[1]))
+	if len(ph.live[0]) > 0 && len(ph.live[1]) > 0 {
+		t.row("live heap per VM per replica (slope over the second half): what vmipam keeps, without the Go runtime's slack",
+			fmt.Sprintf("%.0f bytes", (avg(ph.live[1])-avg(ph.live[0]))/per))
 	}
 	lists := max(ph.resyncLists, 1)
 	t.row(fmt.Sprintf("one resync interval, idle (%s): LISTs of virtualmachines", ph.resyncInterval), fmt.Sprintf("%.0f", ph.resyncLists))
