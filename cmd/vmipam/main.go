@@ -38,6 +38,7 @@ import (
 	"github.com/vmipam/vmipam/internal/app"
 	"github.com/vmipam/vmipam/kinds"
 	"github.com/vmipam/vmipam/lib/lazylog"
+	"github.com/vmipam/vmipam/lib/memlimit"
 	"github.com/vmipam/vmipam/metrics"
 	"github.com/vmipam/vmipam/pools"
 	"github.com/vmipam/vmipam/webhook/transport"
@@ -48,6 +49,7 @@ var setupLog = ctrl.Log.WithName("setup")
 type options struct {
 	metricsAddr, probeAddr        string
 	pprofAddr                     string
+	memoryLimitRatio              float64
 	metricsSecure, enableHTTP2    bool
 	leaderElect                   bool
 	leaseDuration, renewDeadline  time.Duration
@@ -88,6 +90,7 @@ func main() {
 	flag.BoolVar(&o.metricsSecure, "metrics-secure", true, "Serve metrics over HTTPS with authentication and authorization; false serves plain HTTP.")
 	flag.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "Address /healthz and /readyz bind to.")
 	flag.StringVar(&o.pprofAddr, "pprof-bind-address", "", "Address net/http/pprof binds to, for profiling (off when empty; bind it to localhost).")
+	flag.Float64Var(&o.memoryLimitRatio, "memory-limit-ratio", 0.9, "Sets the Go runtime's soft memory limit (as GOMEMLIMIT does) to this share of the container's memory limit, read from its cgroup, so that the garbage collector works harder near the limit instead of letting the heap's slack grow into it; 0, GOMEMLIMIT in the environment, or no limit leave it unset.")
 	flag.BoolVar(&o.enableHTTP2, "enable-http2", false, "Serve HTTP/2 on the webhook and metrics servers (off by default: CVE-2023-44487 and CVE-2023-39325).")
 	flag.BoolVar(&o.leaderElect, "leader-elect", false, "Deprecated and ignored: every replica runs every controller, each looking after the addresses it holds.")
 	flag.DurationVar(&o.leaseDuration, "lease-duration", pools.DefaultLeaseDuration, "How long after a replica's last renewal of its holder lease another replica may take its claims over.")
@@ -172,6 +175,11 @@ func (o options) validate() error {
 func run(o options) error {
 	if err := o.validate(); err != nil {
 		return err
+	}
+	if set, limit, err := memlimit.Set(os.DirFS("/"), o.memoryLimitRatio); err != nil {
+		return fmt.Errorf("--memory-limit-ratio: %w", err)
+	} else if set > 0 {
+		setupLog.Info("Set the Go runtime's memory limit from the container's", "limit", set, "containerLimit", limit, "ratio", o.memoryLimitRatio)
 	}
 	kinds, err := kinds.LoadOrDefault(o.kindsConfig)
 	if err != nil {
