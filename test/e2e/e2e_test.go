@@ -372,15 +372,28 @@ func TestPDB(t *testing.T) {
 	settled(t, 4*time.Minute)
 }
 
-// TestMemory: the memory limit holds under 7 MiB request bodies sent to
-// the webhook Service, a storm of 3 MiB VirtualMachines through the API
-// server (admitted, then refused by its storage) and one of 1.5 MiB
+// TestMemory: each replica set Go's soft memory limit to nine tenths of
+// its container's (the Deployment's 512Mi, read from its cgroup), and the
+// memory limit holds under 7 MiB request bodies sent to the webhook
+// Service, a storm of 3 MiB VirtualMachines through the API server
+// (admitted, then refused by its storage) and one of 1.5 MiB
 // VirtualMachines (stored): no replica is OOMKilled or restarts; the peak
 // memory of each is printed.
 func TestMemory(t *testing.T) {
 	need(t)
 	settled(t, 3*time.Minute)
 	restarts := restartCounts(t)
+	for _, p := range vmipamPods(t) {
+		out, err := kubectl("logs", "-n", namespace, p.Name, "-c", "manager")
+		if err != nil {
+			t.Fatal(err)
+		}
+		limit := int64(512 << 20)
+		want := fmt.Sprintf(`"limit":%d,"containerLimit":%d`, int64(float64(limit)*0.9), limit)
+		if !strings.Contains(out, `"msg":"Set the Go runtime's memory limit from the container's"`) || !strings.Contains(out, want) {
+			t.Errorf("%s did not log that it set Go's memory limit (%s)", p.Name, want)
+		}
+	}
 	url := serviceURL(t, "vmipam-webhook") + "/mutate-vmipam-io-v1alpha1-virtualmachine"
 	big := bytes.Repeat([]byte("x"), 7<<20-1024)
 	body := fmt.Appendf(nil, `{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"e2e","kind":{"group":"vmipam.io","version":"v1alpha1","kind":"VirtualMachine"},"operation":"CREATE","namespace":"default","object":{"apiVersion":"vmipam.io/v1alpha1","kind":"VirtualMachine","metadata":{"name":"big"},"spec":{"image":"%s"}}}}`, big)
