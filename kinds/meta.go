@@ -124,7 +124,7 @@ func (t Kind) TrimMetadata(obj any) (any, error) {
 func (t Kind) TrimOwn(holder string) func(any) (any, error) {
 	return func(obj any) (any, error) {
 		out, err := t.TrimMetadata(obj)
-		if m, ok := out.(*metav1.PartialObjectMetadata); ok && err == nil && len(m.Labels) == 1 && m.Labels[vmipamv1.HolderLabel] == holder {
+		if m, ok := out.(*metav1.PartialObjectMetadata); ok && err == nil && m.Labels[vmipamv1.HolderLabel] == holder {
 			m.Labels = nil
 		}
 		return out, err

@@ -65,7 +65,7 @@ const heapFile = "e2e-bench-vmipam-heap.pprof"
 // it to the results folder as heapFile, and returns what go tool pprof -top
 // makes of its memory in use.
 func (b *bench) heapProfile(ctx context.Context, rep *harness.Replica) (string, error) {
-	buf, err := get(ctx, http.DefaultClient, "http://127.0.0.1:"+strconv.Itoa(rep.PprofPort)+"/debug/pprof/heap?gc=1")
+	buf, err := heapOf(ctx, rep, "")
 	if err != nil {
 		return "", err
 	}
@@ -227,12 +227,19 @@ func replicaRSS(rs *harness.Replicas) []float64 {
 	return out
 }
 
+// heapOf reads rep's heap profile, taken right after a garbage
+// collection; query adds to the request's query ("&debug=1": as text,
+// with runtime.MemStats).
+func heapOf(ctx context.Context, rep *harness.Replica, query string) ([]byte, error) {
+	return get(ctx, http.DefaultClient, "http://127.0.0.1:"+strconv.Itoa(rep.PprofPort)+"/debug/pprof/heap?gc=1"+query)
+}
+
 // liveHeap returns the Go heap each live replica holds right after a
 // garbage collection (the HeapAlloc its heap profile reports), in bytes.
 func liveHeap(ctx context.Context, rs *harness.Replicas) []float64 {
 	var out []float64
 	for _, r := range rs.Live() {
-		buf, err := get(ctx, http.DefaultClient, "http://127.0.0.1:"+strconv.Itoa(r.PprofPort)+"/debug/pprof/heap?gc=1&debug=1")
+		buf, err := heapOf(ctx, r, "&debug=1")
 		if err != nil {
 			logf("scale: live heap: %v", err)
 			continue

@@ -15,6 +15,7 @@ import (
 	"os"
 	"path"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -40,7 +41,7 @@ func Cgroup(fsys fs.FS) (int64, bool) {
 			case len(parts) != 3:
 			case parts[0] == "0" && parts[1] == "":
 				v2 = parts[2]
-			case containsController(parts[1], "memory"):
+			case slices.Contains(strings.Split(parts[1], ","), "memory"):
 				v1 = parts[2]
 			}
 		}
@@ -65,16 +66,6 @@ func Cgroup(fsys fs.FS) (int64, bool) {
 		return n, true
 	}
 	return 0, false
-}
-
-// containsController reports whether the comma-separated list has c.
-func containsController(list, c string) bool {
-	for _, x := range strings.Split(list, ",") {
-		if x == c {
-			return true
-		}
-	}
-	return false
 }
 
 // Set sets the runtime's soft memory limit to ratio (0 to 1) of the
