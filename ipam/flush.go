@@ -32,11 +32,18 @@ func (m *Manager) Flush(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// Seal prepares a planned handover: the Manager stops serving, disarms its
-// free addresses and writes its exact state, so that whoever recovers its
-// claims next (itself after a restart, or another holder taking them
-// over) frees every free address at once instead of resting it. Call it
-// once no admission can reach this Manager any more.
+// Seal prepares a planned handover: the Manager stops serving, gives its
+// free addresses back to the pool and writes its exact state, so that
+// whoever recovers its claims next (itself after a restart, or another
+// holder taking them over) finds only addresses in use or cooling down,
+// and rests none of them that was free. The free addresses are given back
+// rather than kept for the claims' next holder: until that holder has
+// recovered (a replacement waits for the drain and the seal, then starts),
+// no other replica may touch them, and a pool kept busy by cooldowns ran
+// out with a third of its addresses free at a replica that was gone.
+// Given back, the other replicas claim them at once; the next holder
+// claims what it needs. Each block is written once, as a flush would.
+// Call it once no admission can reach this Manager any more.
 func (m *Manager) Seal(ctx context.Context) error {
 	m.mu.Lock()
 	m.ready = false
@@ -47,12 +54,49 @@ func (m *Manager) Seal(ctx context.Context) error {
 		m.markDirty(e.addr)
 	}
 	m.mu.Unlock()
-	// Flush writes whatever the Manager's state is, closed or not; it
-	// refuses only when fenced, or when the claims were lost.
-	if err := m.Flush(ctx); err != nil {
+	// Writes go on whatever the Manager's state is, closed or not; they
+	// are refused only when fenced, or when the claims were lost. A
+	// give-back that failed leaves its addresses to be read again, free,
+	// by the next holder: Flush writes their block anyway.
+	// Each give-back takes one block's free addresses out of the lists,
+	// written or not.
+	var errs []error
+	for left := -1; ; {
+		m.mu.Lock()
+		was := left
+		left = m.free.n + m.surplus.n
+		m.mu.Unlock()
+		if left == 0 || left == was {
+			break
+		}
+		errs = append(errs, m.giveBack(ctx, m.pickBlockFreeLocked))
+	}
+	errs = append(errs, m.Flush(ctx))
+	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("seal pool %q: %w", m.cfg.Pool, err)
 	}
 	return nil
+}
+
+// pickBlockFreeLocked takes every free address (armed or not, surplus
+// included) of the block of the first one, for a seal's give-back.
+func (m *Manager) pickBlockFreeLocked() []*entry {
+	var picked []*entry
+	var p netip.Prefix
+	for _, l := range []*list{&m.free, &m.surplus, &m.readyList} {
+		for e := l.head; e != nil; {
+			next := e.next
+			if !p.IsValid() {
+				p = BlockOf(e.addr)
+			}
+			if BlockOf(e.addr) == p && !e.arming {
+				l.remove(e)
+				picked = append(picked, e)
+			}
+			e = next
+		}
+	}
+	return picked
 }
 
 // Durable reports whether addr's release is already safe from a crash
