@@ -98,8 +98,16 @@ func (r *Registry) ensure(ctx context.Context, pool *vmipamv1.IPPool) error {
 		return fmt.Errorf("recover pool %s: %w", pool.Name, err)
 	}
 	p.setFence(r.lease.valid, r.lease.lapses.Load)
+	// Before this replica's first list of the holder Leases there is no
+	// list to give: the allocator then counts every holder as live. Given
+	// an empty one, it took every other holder for one not running, and
+	// a replacement that recovered its slot a moment before its first
+	// list refused creates as exhausted, with most of the pool "held by
+	// vmipam replicas that are not running", instead of asking them.
 	r.mu.RLock()
-	p.setPeers(r.peers)
+	if r.peers != nil {
+		p.setPeers(r.peers)
+	}
 	r.mu.RUnlock()
 	rep, err := p.recover(ctx, live.holdings)
 	if err != nil {

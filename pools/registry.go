@@ -126,8 +126,9 @@ type Registry struct {
 	// recovery that failed. Only the creates that draw from that pool
 	// are refused for it (see serving).
 	problems map[string]poolProblem
-	// peers are the live holders, as last listed; peerCounts, what the
-	// others among them published of their pools.
+	// peers are the live holders, as last listed (nil before the first
+	// list); peerCounts, what the others among them published of their
+	// pools.
 	peers      []string
 	peerCounts map[string]map[string]holderCounts
 	// takingOver are the holders whose claims a goroutine of tasks is
