@@ -253,9 +253,11 @@ func (r *Registry) ensureAll(ctx context.Context) {
 	}
 }
 
-// shutdown seals every pool (its exact state written, nothing armed) and
-// releases the Lease, so that whoever takes the claims over frees the free
-// addresses at once. A crash skips this; recovery is built for that too.
+// shutdown seals every pool (its free addresses given back to the pool,
+// its exact state written, nothing armed) and releases the Lease, so that
+// whoever takes the claims over rests nothing that was free, and the other
+// replicas can claim the free addresses meanwhile. A crash skips this;
+// recovery is built for that too.
 func (r *Registry) shutdown(ctx context.Context) {
 	log := logf.FromContext(ctx)
 	sealCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sealTimeout)
