@@ -33,19 +33,23 @@ func (m *Manager) Flush(ctx context.Context) error {
 }
 
 // Seal prepares a planned handover: the Manager stops serving, gives its
-// free addresses back to the pool and writes its exact state, so that
-// whoever recovers its claims next (itself after a restart, or another
-// holder taking them over) finds only addresses in use or cooling down,
-// and rests none of them that was free. The free addresses are given back
-// rather than kept for the claims' next holder: until that holder has
-// recovered (a replacement waits for the drain and the seal, then starts),
-// no other replica may touch them, and a pool kept busy by cooldowns ran
-// out with a third of its addresses free at a replica that was gone.
-// Given back, the other replicas claim them at once; the next holder
-// claims what it needs. Each block is written once, as a flush would.
-// Call it once no admission can reach this Manager any more.
+// free addresses (those whose cooldown has ended included) back to the
+// pool and writes its exact state, so that whoever recovers its claims
+// next (itself after a restart, or another holder taking them over) finds
+// only addresses in use or cooling down, and rests none that was free.
+// The free addresses are given back rather than kept for the claims' next
+// holder: until that holder has recovered (a replacement waits for the
+// drain and the seal, then starts), no other replica may touch them, and
+// a pool kept busy by cooldowns ran out with a third of its addresses
+// free at a replica that was gone. Given back, the other replicas claim
+// them at once; the next holder claims what it needs. Each block is
+// written once, as a flush would. Call it once no admission can reach
+// this Manager any more.
 func (m *Manager) Seal(ctx context.Context) error {
 	m.mu.Lock()
+	// Cooldowns that ended since anything last looked are free, and go
+	// back too (unless the fence holds them frozen: then nothing ends).
+	m.advance(m.clock.Now())
 	m.ready = false
 	for e := m.readyList.head; e != nil; e = m.readyList.head {
 		m.readyList.remove(e)

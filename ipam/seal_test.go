@@ -18,13 +18,16 @@ func TestSealGivesFreeBack(t *testing.T) {
 	tests := []struct {
 		name string
 		cidr string
-		// pending is how many reservations stay unbound at the seal.
-		allocated, cooling, pending int
+		// pending is how many reservations stay unbound at the seal;
+		// ended, how many addresses were released a whole cooldown
+		// before it, with nothing looking at them since.
+		allocated, cooling, pending, ended int
 	}{
 		{name: "one block", cidr: "10.0.0.0/26", allocated: 5, cooling: 3},
 		{name: "nothing in use", cidr: "10.0.0.0/26"},
 		{name: "a pending reservation stays claimed", cidr: "10.0.0.0/26", allocated: 2, cooling: 1, pending: 1},
-		{name: "several blocks", cidr: "10.0.0.0/19", allocated: 40, cooling: 30},
+		{name: "cooldowns that ended go back too", cidr: "10.0.0.0/26", allocated: 2, cooling: 2, ended: 5},
+		{name: "several blocks", cidr: "10.0.0.0/19", allocated: 40, cooling: 30, ended: 20},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -42,30 +45,38 @@ func TestSealGivesFreeBack(t *testing.T) {
 			h1 := newPeerManager(t, cfg("h1"), "h1", "h2")
 			kept := map[netip.Addr]State{}
 			var live []Holding
-			n := tt.allocated + tt.cooling + tt.pending
+			var release []Holding
+			n := tt.ended + tt.allocated + tt.cooling + tt.pending
 			for i := range n {
 				tok := fmt.Sprintf("t%d", i)
 				a, err := h1.Allocate(ctx, Reservation{Token: tok, Namespace: "ns"})
 				if err != nil {
 					t.Fatal(err)
 				}
-				if i < tt.pending {
-					kept[a] = StatePending
-					continue
-				}
 				o := Owner{Token: tok, UID: "uid-" + tok}
-				if _, err := h1.Bind(o); err != nil {
-					t.Fatal(err)
-				}
-				if i < tt.pending+tt.cooling {
+				switch {
+				case i < tt.ended:
+					if _, err := h1.Bind(o); err != nil {
+						t.Fatal(err)
+					}
 					if err := h1.Release(a, o); err != nil {
 						t.Fatal(err)
 					}
+				case i < tt.ended+tt.pending:
+					kept[a] = StatePending
+				case i < tt.ended+tt.pending+tt.cooling:
+					if _, err := h1.Bind(o); err != nil {
+						t.Fatal(err)
+					}
+					release = append(release, Holding{Addr: a, Owner: o})
 					kept[a] = StateCooldown
-					continue
+				default:
+					if _, err := h1.Bind(o); err != nil {
+						t.Fatal(err)
+					}
+					kept[a] = StateAllocated
+					live = append(live, Holding{Addr: a, Owner: o})
 				}
-				kept[a] = StateAllocated
-				live = append(live, Holding{Addr: a, Owner: o})
 			}
 			// Fill the free list to its target and arm a batch, so that
 			// the seal finds armed and unarmed free addresses.
@@ -77,6 +88,15 @@ func TestSealGivesFreeBack(t *testing.T) {
 			if c := h1.Snapshot(); c.Free == 0 {
 				t.Fatalf("h1 holds no free address before the seal: %+v", c)
 			}
+			// The first releases' cooldowns end (a minute), the others' do
+			// not, and nothing looks at h1 in between.
+			clk.Step(40 * time.Second)
+			for _, h := range release {
+				if err := h1.Release(h.Addr, h.Owner); err != nil {
+					t.Fatal(err)
+				}
+			}
+			clk.Step(30 * time.Second)
 			puts := st.Puts()
 			if err := h1.Seal(ctx); err != nil {
 				t.Fatal(err)
