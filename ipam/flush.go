@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/netip"
 	"slices"
 	"time"
@@ -73,34 +74,16 @@ func (m *Manager) Seal(ctx context.Context) error {
 		if left == 0 || left == was {
 			break
 		}
-		errs = append(errs, m.giveBack(ctx, m.pickBlockFreeLocked))
+		// Every free address of one block, armed or not, surplus too.
+		errs = append(errs, m.giveBack(ctx, func() []*entry {
+			return m.pickTailLocked(math.MaxInt, &m.free, &m.surplus, &m.readyList)
+		}))
 	}
 	errs = append(errs, m.Flush(ctx))
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("seal pool %q: %w", m.cfg.Pool, err)
 	}
 	return nil
-}
-
-// pickBlockFreeLocked takes every free address (armed or not, surplus
-// included) of the block of the first one, for a seal's give-back.
-func (m *Manager) pickBlockFreeLocked() []*entry {
-	var picked []*entry
-	var p netip.Prefix
-	for _, l := range []*list{&m.free, &m.surplus, &m.readyList} {
-		for e := l.head; e != nil; {
-			next := e.next
-			if !p.IsValid() {
-				p = BlockOf(e.addr)
-			}
-			if BlockOf(e.addr) == p && !e.arming {
-				l.remove(e)
-				picked = append(picked, e)
-			}
-			e = next
-		}
-	}
-	return picked
 }
 
 // Durable reports whether addr's release is already safe from a crash

@@ -11,9 +11,15 @@ import (
 // first), unarmed ones first, from one block, so that it is a single
 // write.
 func (m *Manager) pickFreeTailLocked(n int) []*entry {
+	return m.pickTailLocked(n, &m.free, &m.readyList)
+}
+
+// pickTailLocked takes up to n addresses from the tails of lists, in
+// order, all of the block of the first one it finds, none being armed.
+func (m *Manager) pickTailLocked(n int, lists ...*list) []*entry {
 	var picked []*entry
 	var p netip.Prefix
-	for _, l := range []*list{&m.free, &m.readyList} {
+	for _, l := range lists {
 		for e := l.tail; e != nil && len(picked) < n; {
 			prev := e.prev
 			if !p.IsValid() {
