@@ -60,11 +60,12 @@ func (m *Manager) Seal(ctx context.Context) error {
 	}
 	m.mu.Unlock()
 	// Writes go on whatever the Manager's state is, closed or not; they
-	// are refused only when fenced, or when the claims were lost. A
-	// give-back that failed leaves its addresses to be read again, free,
-	// by the next holder: Flush writes their block anyway.
-	// Each give-back takes one block's free addresses out of the lists,
-	// written or not.
+	// are refused only when fenced, or when the claims were lost. Each
+	// give-back takes one block's free addresses out of the lists; one
+	// that failed reads the block back, and what it still shows claimed
+	// returns to the free list, free in the store too, as the next
+	// holder will read it. The loop stops once a round leaves as many
+	// free addresses as before it.
 	var errs []error
 	for left := -1; ; {
 		m.mu.Lock()
