@@ -147,10 +147,25 @@ func (m *Manager) allocate(ctx context.Context, r Reservation, now time.Time) (n
 			if asked == nil {
 				asked = map[netip.Prefix]bool{}
 			}
+			m.mu.Lock()
+			before := len(m.entries)
+			m.asking++
+			m.mu.Unlock()
 			var p netip.Prefix
 			p, err = m.askIn(ctx, netip.Addr{}, asked)
-			asked[p] = true
-			askedAll = askedAll || !p.IsValid()
+			m.mu.Lock()
+			m.asking--
+			// Concurrent allocations share one request per block, and
+			// the first to see the answer takes it in for all: one whose
+			// share was taken by the others asks again, while asks keep
+			// bringing addresses. Counting the block as asked refused
+			// creates with addresses left at the answering holder.
+			came := len(m.entries) > before
+			m.mu.Unlock()
+			if !came {
+				asked[p] = true
+				askedAll = askedAll || !p.IsValid()
+			}
 			// Addresses may have been given back meanwhile.
 			claimedOut = false
 		}

@@ -39,7 +39,10 @@ type Manager struct {
 	// namespace. All are kept as the state changes, so that counting and
 	// the exhausted path walk nothing.
 	returning, elsewhere, othersFree int
-	pendingNS                        map[string]int
+	// asking counts the allocations waiting for an answer to a request
+	// for addresses: a request asks for at least as many.
+	asking    int
+	pendingNS map[string]int
 	// unstored holds the reservations that lapsed without their machine
 	// being seen, by address, until Unused or Used settles them.
 	unstored map[netip.Addr]Unstored

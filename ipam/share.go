@@ -218,7 +218,7 @@ func (m *Manager) askAt(ctx context.Context, p netip.Prefix, a netip.Addr) error
 				delete(r.Refused, blockOffset(a))
 			}
 		} else {
-			r.Count = max(r.Count, m.cfg.ArmBatch)
+			r.Count = max(r.Count, m.cfg.ArmBatch, m.asking)
 		}
 		return r
 	}

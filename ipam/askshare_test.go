@@ -1,0 +1,126 @@
+package ipam
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestConcurrentAllocationsShareAnAnswer: allocations that find nothing
+// free at their holder while another live holder holds free addresses all
+// get one, however many ask at once. They share one request per block,
+// and the first to see the answer takes it in for them all; one whose
+// share the others took used to count the block as asked and refuse the
+// create as exhausted, with addresses left at the other holder.
+func TestConcurrentAllocationsShareAnAnswer(t *testing.T) {
+	tests := []struct {
+		name string
+		cidr string
+		// free is how many addresses the first holder keeps free; the
+		// second allocates clients × each of them, fewer than free.
+		free, clients, each int
+	}{
+		{name: "16 at once, 40 free", cidr: "10.0.0.0/25", free: 40, clients: 16, each: 2},
+		{name: "32 at once, 60 free", cidr: "10.0.0.0/25", free: 60, clients: 32, each: 1},
+		{name: "8 at once, a larger block", cidr: "10.0.0.0/24", free: 40, clients: 8, each: 4},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := context.Background()
+			st := newWatchStore()
+			h0, h1 := sharingPeers(t, st, mustRanges(t, RangeSpec{CIDR: tt.cidr}))
+			held := map[netip.Addr]string{}
+			// h0 takes the whole pool, then lets tt.free of its
+			// reservations go (cancelled admissions: free again at once).
+			var toks []string
+			for i := 0; ; i++ {
+				tok := fmt.Sprint("h0-", i)
+				a, err := h0.Allocate(ctx, Reservation{Token: tok, Namespace: fmt.Sprint("ns-", i)})
+				if err != nil {
+					break
+				}
+				toks = append(toks, tok)
+				held[a] = tok
+			}
+			if len(toks) < tt.free {
+				t.Fatalf("h0 got %d addresses; want more than %d", len(toks), tt.free)
+			}
+			for _, tok := range toks[:tt.free] {
+				a, ok := h0.Cancel(tok)
+				if !ok {
+					t.Fatalf("cancel %s", tok)
+				}
+				delete(held, a)
+			}
+			// The store shows them free once h0 writes its blocks (its
+			// background flush does within a second).
+			if err := h0.Flush(ctx); err != nil {
+				t.Fatal(err)
+			}
+			// And h1 reads it, as its watch or a refresh before a refusal
+			// would.
+			for a := range held {
+				if err := h1.Refresh(ctx, a); err != nil {
+					t.Fatal(err)
+				}
+				break
+			}
+			var wg sync.WaitGroup
+			var mu sync.Mutex
+			var refused []error
+			for c := range tt.clients {
+				wg.Go(func() {
+					for j := range tt.each {
+						tok := fmt.Sprintf("h1-%d-%d", c, j)
+						actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+						a, err := h1.Allocate(actx, Reservation{Token: tok, Namespace: "ns-" + tok})
+						cancel()
+						mu.Lock()
+						if err != nil {
+							refused = append(refused, err)
+						} else if other, dup := held[a]; dup {
+							t.Errorf("%s handed to %s and %s", a, other, tok)
+						} else {
+							held[a] = tok
+						}
+						mu.Unlock()
+					}
+				})
+			}
+			wg.Wait()
+			if len(refused) > 0 {
+				t.Errorf("%d of %d allocations refused while h0 held %d free addresses; the first: %v",
+					len(refused), tt.clients*tt.each, tt.free, refused[0])
+			}
+		})
+	}
+}
+
+// sharingPeers returns two Managers h0 and h1 of one pool over st, knowing
+// each other as live and recovered. h0 runs its background work (it
+// answers h1's requests) until the test ends; h1 runs none, so that h0
+// alone claims the pool before h1 asks.
+func sharingPeers(t *testing.T, st *watchStore, ranges *Ranges) (h0, h1 *Manager) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait(); st.close() })
+	var ms [2]*Manager
+	for i := range ms {
+		m, err := NewManager(Config{Pool: "p", Holder: fmt.Sprint("h", i), Ranges: ranges, Store: st, Cooldown: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.SetPeers([]string{"h0", "h1"})
+		if _, err := m.Recover(ctx, nil); err != nil {
+			t.Fatal(err)
+		}
+		st.watch(m)
+		ms[i] = m
+	}
+	wg.Go(func() { ms[0].Run(ctx, 200*time.Millisecond, nil) })
+	return ms[0], ms[1]
+}
