@@ -31,7 +31,10 @@ func TestConcurrentAllocationsShareAnAnswer(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			ctx := context.Background()
 			st := newWatchStore()
-			h0, h1 := sharingPeers(t, st, mustRanges(t, RangeSpec{CIDR: tt.cidr}))
+			// h0 answers h1's requests in the background; h1 does nothing
+			// of its own, so that h0 alone claims the pool before h1 asks.
+			ms := startPeers(t, st, mustRanges(t, RangeSpec{CIDR: tt.cidr}), 2, 1)
+			h0, h1 := ms[0], ms[1]
 			held := map[netip.Addr]string{}
 			// h0 takes the whole pool, then lets tt.free of its
 			// reservations go (cancelled admissions: free again at once).
@@ -60,13 +63,10 @@ func TestConcurrentAllocationsShareAnAnswer(t *testing.T) {
 			if err := h0.Flush(ctx); err != nil {
 				t.Fatal(err)
 			}
-			// And h1 reads it, as its watch or a refresh before a refusal
-			// would.
-			for a := range held {
-				if err := h1.Refresh(ctx, a); err != nil {
-					t.Fatal(err)
-				}
-				break
+			// And h1 reads it (the pool is one block), as its watch or a
+			// refresh before a refusal would.
+			if err := h1.Refresh(ctx, netip.MustParsePrefix(tt.cidr).Addr()); err != nil {
+				t.Fatal(err)
 			}
 			var wg sync.WaitGroup
 			var mu sync.Mutex
@@ -97,30 +97,4 @@ func TestConcurrentAllocationsShareAnAnswer(t *testing.T) {
 			}
 		})
 	}
-}
-
-// sharingPeers returns two Managers h0 and h1 of one pool over st, knowing
-// each other as live and recovered. h0 runs its background work (it
-// answers h1's requests) until the test ends; h1 runs none, so that h0
-// alone claims the pool before h1 asks.
-func sharingPeers(t *testing.T, st *watchStore, ranges *Ranges) (h0, h1 *Manager) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	t.Cleanup(func() { cancel(); wg.Wait(); st.close() })
-	var ms [2]*Manager
-	for i := range ms {
-		m, err := NewManager(Config{Pool: "p", Holder: fmt.Sprint("h", i), Ranges: ranges, Store: st, Cooldown: time.Minute})
-		if err != nil {
-			t.Fatal(err)
-		}
-		m.SetPeers([]string{"h0", "h1"})
-		if _, err := m.Recover(ctx, nil); err != nil {
-			t.Fatal(err)
-		}
-		st.watch(m)
-		ms[i] = m
-	}
-	wg.Go(func() { ms[0].Run(ctx, 200*time.Millisecond, nil) })
-	return ms[0], ms[1]
 }

@@ -75,9 +75,10 @@ func (m *Manager) Seal(ctx context.Context) error {
 		if left == 0 || left == was {
 			break
 		}
-		// Every free address of one block, armed or not, surplus too.
+		// Every free address of one block, surplus too (none is armed
+		// any more).
 		errs = append(errs, m.giveBack(ctx, func() []*entry {
-			return m.pickTailLocked(math.MaxInt, &m.free, &m.surplus, &m.readyList)
+			return m.pickTailLocked(math.MaxInt, &m.free, &m.surplus)
 		}))
 	}
 	errs = append(errs, m.Flush(ctx))

@@ -75,6 +75,13 @@ func (s *watchStore) Delete(ctx context.Context, p netip.Prefix, version string)
 // background work on the real clock until the test ends.
 func livePeers(t *testing.T, st *watchStore, ranges *Ranges, n int) []*Manager {
 	t.Helper()
+	return startPeers(t, st, ranges, n, n)
+}
+
+// startPeers is livePeers with only the first running of the n Managers
+// running their background work; the others act only when called.
+func startPeers(t *testing.T, st *watchStore, ranges *Ranges, n, running int) []*Manager {
+	t.Helper()
 	holders := make([]string, n)
 	for i := range holders {
 		holders[i] = fmt.Sprintf("h%d", i)
@@ -94,7 +101,9 @@ func livePeers(t *testing.T, st *watchStore, ranges *Ranges, n int) []*Manager {
 		}
 		st.watch(m)
 		ms[i] = m
-		wg.Go(func() { m.Run(ctx, 200*time.Millisecond, nil) })
+		if i < running {
+			wg.Go(func() { m.Run(ctx, 200*time.Millisecond, nil) })
+		}
 	}
 	return ms
 }
