@@ -762,13 +762,39 @@ func (h *harness) step(op byte, arg uint32) error {
 // resync runs member i's Resync with the true set of live machines: it
 // must release nothing and find no conflict; it may adopt a live address
 // its holder rests as an orphan, and start the rest of orphans on no live
-// machine.
+// machine. Every other time it resyncs as a replica does from its caches:
+// from a part of the live machines, and those Unseen names, read from the
+// truth (unless there are orphans, which take every live machine).
 func (h *harness) resync(i int, arg uint32) error {
 	m := h.members[i].m
 	asOf := m.Mark()
-	var live []Holding
+	var live, part []Holding
 	for uid, a := range h.live {
-		live = append(live, Holding{Addr: spell(a, arg>>uint(len(live)%8)), Owner: Owner{UID: uid, Token: h.holder[a]}})
+		hd := Holding{Addr: spell(a, arg>>uint(len(live)%8)), Owner: Owner{UID: uid, Token: h.holder[a]}}
+		live = append(live, hd)
+		if arg&(1<<(8+len(live)%16)) != 0 {
+			part = append(part, hd)
+		}
+	}
+	if arg&(1<<24) != 0 {
+		missing, orphans := m.Unseen(part, asOf)
+		if !orphans {
+			seen := map[string]bool{}
+			for _, hd := range part {
+				seen[hd.Owner.UID] = true
+			}
+			named := map[string]bool{}
+			for _, tn := range missing {
+				named[tn.Owner.UID] = true
+			}
+			for _, hd := range live {
+				if !seen[hd.Owner.UID] && named[hd.Owner.UID] {
+					part = append(part, hd)
+				}
+			}
+			live = part
+		}
+		h.logf("%s resync from %d of %d live machines, %d unseen, orphans %t", h.members[i].holder, len(part), len(h.live), len(missing), orphans)
 	}
 	rep := m.Resync(live, asOf)
 	h.logf("%s resync -> %+v", h.members[i].holder, rep)

@@ -434,6 +434,35 @@ func (r ResyncReport) Add(o ResyncReport) ResyncReport {
 	return r
 }
 
+// Unseen tells what a Resync with live and asOf would take from machines
+// missing from live, so that a caller holding only part of the live
+// machines (a replica's informer caches) can read those few from the
+// source instead of listing every machine: missing are the addresses
+// allocated, before asOf, to machines with no holding in live; orphans,
+// whether an orphan (see materializeLocked) waits for a Resync, which
+// only a full list can give, since nothing says which machine may hold
+// it.
+func (m *Manager) Unseen(live []Holding, asOf uint64) (missing []Tenure, orphans bool) {
+	uids := make(map[string]bool, len(live))
+	for _, h := range live {
+		uids[h.Owner.UID] = true
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, e := range m.entries {
+		if e.changed > asOf {
+			continue
+		}
+		switch {
+		case e.orphan && e.state == StateCooldown:
+			orphans = true
+		case e.state == StateAllocated && !uids[e.owner.UID]:
+			missing = append(missing, Tenure{Addr: e.addr, Owner: e.owner})
+		}
+	}
+	return missing, orphans
+}
+
 // Resync reconciles the Manager with a full list of the live machines, taken
 // after Mark returned asOf: an address allocated to a UID missing from live
 // goes into cooldown, and a live address this Manager holds but not for its

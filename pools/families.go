@@ -118,6 +118,20 @@ func (p *Pool) resync(live []ipam.Holding, marks []uint64) ipam.ResyncReport {
 	return rep
 }
 
+// unseen is ipam.Manager.Unseen for each family, with the marks mark
+// returned.
+func (p *Pool) unseen(live []ipam.Holding, marks []uint64) (missing []ipam.Tenure, orphans bool) {
+	p.each(live, func(m *ipam.Manager, hs []ipam.Holding) {
+		i := 0
+		if m == p.v6 && p.v4 != nil {
+			i = 1
+		}
+		miss, o := m.Unseen(hs, marks[i])
+		missing, orphans = append(missing, miss...), orphans || o
+	})
+	return missing, orphans
+}
+
 // flush writes what each family's allocator has not written yet.
 func (p *Pool) flush(ctx context.Context) error {
 	var errs []error

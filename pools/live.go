@@ -54,36 +54,56 @@ func (r *Registry) liveHoldings(ctx context.Context, pool string, ranges *ipam.R
 // liveIn is liveHoldings for several pools, named with their ranges, from
 // one list of the objects.
 func (r *Registry) liveIn(ctx context.Context, pools map[string]*ipam.Ranges) (map[string]live, error) {
-	out := make(map[string]live, len(pools))
-	mine := r.holderLabel
-	err := r.eachLive(ctx, func(obj *unstructured.Unstructured, h ipam.Holding, stamped string) {
-		for name, ranges := range pools {
-			if stamped != name && (stamped != "" || !ranges.Contains(h.Addr)) {
-				continue
-			}
-			l := out[name]
-			l.holdings = append(l.holdings, h)
-			if obj.GetLabels()[vmipamv1.HolderLabel] != mine {
-				l.elsewhere = append(l.elsewhere, labelled{gvk: obj.GroupVersionKind(), key: client.ObjectKeyFromObject(obj), uid: obj.GetUID(), addr: h.Addr})
-			}
-			out[name] = l
+	c := r.newCollector(pools)
+	return c.out, r.eachLive(ctx, c.add)
+}
+
+// collector sorts the holdings of live objects into the pools they belong
+// to: those stamped with a pool, and unstamped ones inside its ranges.
+type collector struct {
+	pools map[string]*ipam.Ranges
+	mine  string
+	out   map[string]live
+}
+
+func (r *Registry) newCollector(pools map[string]*ipam.Ranges) *collector {
+	return &collector{pools: pools, mine: r.holderLabel, out: make(map[string]live, len(pools))}
+}
+
+// add records holding h of obj, which is stamped with pool stamped (or
+// none).
+func (c *collector) add(obj *unstructured.Unstructured, h ipam.Holding, stamped string) {
+	for name, ranges := range c.pools {
+		if stamped != name && (stamped != "" || !ranges.Contains(h.Addr)) {
+			continue
 		}
-	})
-	return out, err
+		l := c.out[name]
+		l.holdings = append(l.holdings, h)
+		if obj.GetLabels()[vmipamv1.HolderLabel] != c.mine {
+			l.elsewhere = append(l.elsewhere, labelled{gvk: obj.GroupVersionKind(), key: client.ObjectKeyFromObject(obj), uid: obj.GetUID(), addr: h.Addr})
+		}
+		c.out[name] = l
+	}
 }
 
 // eachLive calls fn with every live object of a configured kind that carries
 // an address, its holding and the pool stamped on it.
 func (r *Registry) eachLive(ctx context.Context, fn func(obj *unstructured.Unstructured, h ipam.Holding, stamped string)) error {
-	return r.eachObject(ctx, "", func(obj *unstructured.Unstructured) {
-		if obj.GetDeletionTimestamp() != nil && !controllerutil.ContainsFinalizer(obj, vmipamv1.Finalizer) {
-			return
-		}
-		hs, stamped := r.holdings(obj)
-		for _, h := range hs {
-			fn(obj, h, stamped)
-		}
-	})
+	return r.eachObject(ctx, "", func(obj *unstructured.Unstructured) { r.eachHolding(obj, fn) })
+}
+
+// eachHolding calls fn with each holding of obj and the pool stamped on
+// it, if obj is live: an object being deleted still holds its address
+// until the controller releases it, which it does before it removes
+// vmipam's finalizer.
+func (r *Registry) eachHolding(obj *unstructured.Unstructured, fn func(obj *unstructured.Unstructured, h ipam.Holding, stamped string)) {
+	if obj.GetDeletionTimestamp() != nil && !controllerutil.ContainsFinalizer(obj, vmipamv1.Finalizer) {
+		return
+	}
+	hs, stamped := r.holdings(obj)
+	for _, h := range hs {
+		fn(obj, h, stamped)
+	}
 }
 
 // eachObject calls fn with every object of the configured kinds in namespace

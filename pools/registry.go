@@ -52,6 +52,12 @@ type Options struct {
 	// live object, catching objects whose finalizer was removed by force.
 	// Default 5m.
 	ResyncInterval time.Duration
+	// FullResyncInterval is how often a resync lists every object from the
+	// API server. The resyncs between read this replica's caches (see
+	// SetCached), and from the API server only the objects that an
+	// allocator holds addresses for and the caches lack. Default 1h; at or
+	// below ResyncInterval, every resync lists every object.
+	FullResyncInterval time.Duration
 	// StatusInterval is how often pool status is written when it changed.
 	// Default 5s.
 	StatusInterval time.Duration
@@ -118,6 +124,8 @@ type Registry struct {
 	// (MarkServed).
 	servedMu    sync.Mutex
 	servedKinds map[schema.GroupVersionKind]bool
+	// cached are the caches of the kinds, by kind (SetCached).
+	cached map[schema.GroupVersionKind]Cached
 
 	mu    sync.RWMutex
 	pools map[string]*Pool
@@ -149,6 +157,9 @@ func NewRegistry(opts Options) *Registry {
 	}
 	if opts.ResyncInterval == 0 {
 		opts.ResyncInterval = 5 * time.Minute
+	}
+	if opts.FullResyncInterval == 0 {
+		opts.FullResyncInterval = time.Hour
 	}
 	if opts.StatusInterval == 0 {
 		opts.StatusInterval = 5 * time.Second

@@ -11,32 +11,46 @@ import (
 	"github.com/vmipam/vmipam/ipam"
 )
 
-// resyncLoop resyncs every pool each resync interval until ctx ends.
+// resyncLoop resyncs every pool each resync interval until ctx ends: from
+// the caches, and from a list of every object once per full resync
+// interval.
 func (r *Registry) resyncLoop(ctx context.Context) {
 	log := logf.FromContext(ctx)
 	resync := time.NewTicker(r.opts.ResyncInterval)
 	defer resync.Stop()
+	// The recovery at the start listed every object.
+	lastFull := r.clock.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-resync.C:
-			if err := r.resync(ctx, r.list()); err != nil && ctx.Err() == nil {
+			now := r.clock.Now()
+			full := r.opts.FullResyncInterval <= r.opts.ResyncInterval || !now.Before(lastFull.Add(r.opts.FullResyncInterval))
+			listed, err := r.resync(ctx, r.list(), full)
+			if err != nil && ctx.Err() == nil {
 				log.Error(err, "Resyncing pools")
+			}
+			if listed {
+				lastFull = now
 			}
 		}
 	}
 }
 
-// Resync reconciles a pool's allocator with every live object.
+// Resync reconciles a pool's allocator with every live object, listed
+// from the API server.
 func (r *Registry) Resync(ctx context.Context, p *Pool) error {
-	return r.resync(ctx, []*Pool{p})
+	_, err := r.resync(ctx, []*Pool{p}, true)
+	return err
 }
 
-// resync reconciles the allocators of ps with every live object, read in
-// one list, and moves the holder label of the objects whose addresses they
-// hold to this replica.
-func (r *Registry) resync(ctx context.Context, ps []*Pool) error {
+// resync reconciles the allocators of ps with every live object, and moves
+// the holder label of the objects whose addresses they hold to this
+// replica. The objects are listed from the API server when full is set, or
+// when the caches cannot stand for a list (see liveCached); listed says
+// whether they were.
+func (r *Registry) resync(ctx context.Context, ps []*Pool, full bool) (listed bool, err error) {
 	// Mark before listing: what changes while the list is taken is left
 	// for the next resync.
 	asOf := map[string][]uint64{}
@@ -47,12 +61,21 @@ func (r *Registry) resync(ctx context.Context, ps []*Pool) error {
 		}
 	}
 	if len(ranges) == 0 {
-		return nil
+		return false, nil
 	}
-	by, err := r.liveIn(ctx, ranges)
-	if err != nil {
-		return err
+	var by map[string]live
+	cached := false
+	if !full {
+		if by, cached, err = r.liveCached(ctx, ps, ranges, asOf); err != nil {
+			return false, err
+		}
 	}
+	if !cached {
+		if by, err = r.liveIn(ctx, ranges); err != nil {
+			return false, err
+		}
+	}
+	logf.FromContext(ctx).V(1).Info("Resyncing pools", "pools", len(ranges), "listed", !cached)
 	for _, p := range ps {
 		mark, ok := asOf[p.name]
 		if !ok {
@@ -75,7 +98,7 @@ func (r *Registry) resync(ctx context.Context, ps []*Pool) error {
 		}
 		r.relabel(ctx, p, live.elsewhere)
 	}
-	return nil
+	return !cached, nil
 }
 
 // recordVanished records in the address history the tenures that a resync

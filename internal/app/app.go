@@ -48,9 +48,9 @@ type Options struct {
 	Kinds []kinds.Kind
 	// Clock defaults to the system clock.
 	Clock ipam.Clock
-	// RunInterval, ResyncInterval, StatusInterval and ProveInterval: see
-	// pools.Options.
-	RunInterval, ResyncInterval, StatusInterval, ProveInterval time.Duration
+	// RunInterval, ResyncInterval, FullResyncInterval, StatusInterval and
+	// ProveInterval: see pools.Options.
+	RunInterval, ResyncInterval, FullResyncInterval, StatusInterval, ProveInterval time.Duration
 	// MaxConcurrentReconciles of the address garbage collector.
 	MaxConcurrentReconciles int
 	// Limits bound what one admission request may cost.
@@ -157,7 +157,7 @@ func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
 		History: rec,
 		Client:  mgr.GetClient(), APIReader: mgr.GetAPIReader(), Kinds: ts, Holder: opts.Holder, Clock: opts.Clock,
 		Lease: lease, Slot: opts.Slot, Informers: mgr.GetCache(),
-		RunInterval: opts.RunInterval, ResyncInterval: opts.ResyncInterval, StatusInterval: opts.StatusInterval, ProveInterval: opts.ProveInterval,
+		RunInterval: opts.RunInterval, ResyncInterval: opts.ResyncInterval, FullResyncInterval: opts.FullResyncInterval, StatusInterval: opts.StatusInterval, ProveInterval: opts.ProveInterval,
 		Recorder:          mgr.GetEventRecorder("vmipam"),
 		ObserveAllocation: metrics.ObserveAllocation, NoteDuplicate: metrics.NoteDuplicate,
 	})
@@ -183,6 +183,7 @@ func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
 		// What the controller and the webhook read of the objects: this
 		// replica's, and the unlabelled ones, once the kind is served.
 		objects := &shardReader{kind: t, api: mgr.GetAPIReader(), holder: pools.HolderLabelValue(opts.Holder)}
+		reg.SetCached(t.GVK, objects)
 		if err := whenServed(mgr, t, func(mgr ctrl.Manager) error {
 			reg.MarkServed(t.GVK)
 			own, unlabeled, err := kindCaches(mgr, t, opts.Holder)

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/utils/ptr"
@@ -27,7 +28,7 @@ import (
 // stamp (adopted after it bypassed the webhook) is read whole from the API
 // server. Objects are read into *unstructured.Unstructured. It reads one
 // object at a time (controller.Getter) and tells whether a name is taken
-// (pools.Names); nothing lists the caches.
+// (pools.Names), and lists both for a resync (pools.Cached).
 type shardReader struct {
 	kind kinds.Kind
 	// api reads an object whole from the API server.
@@ -117,6 +118,72 @@ func (r *shardReader) getOwn(ctx context.Context, own client.Reader, key client.
 	}
 	if err := r.api.Get(ctx, key, obj, opts...); err != nil {
 		return fmt.Errorf("read %s, which carries no stamp of vmipam's: %w", key, err)
+	}
+	return nil
+}
+
+// maxUnstamped bounds the objects of the own cache without vmipam's stamp
+// that EachCached reads whole from the API server; with more (a fleet
+// adopted whole), the caches cannot stand for a list.
+const maxUnstamped = 100
+
+// EachCached calls fn with every object of the kind in the replica's two
+// caches, read as Get reads it (pools.Cached): from the resync, which
+// reads the caches instead of listing every object from the API server.
+// The cache's own copies are passed, not copies of them.
+func (r *shardReader) EachCached(ctx context.Context, fn func(obj *unstructured.Unstructured)) (bool, error) {
+	c := r.caches.Load()
+	if c == nil {
+		return false, nil
+	}
+	noCopy := client.UnsafeDisableDeepCopy
+	if r.kind.MetadataSuffices() {
+		l := &metav1.PartialObjectMetadataList{}
+		l.SetGroupVersionKind(r.kind.GVK.GroupVersion().WithKind(r.kind.GVK.Kind + "List"))
+		if err := c[0].List(ctx, l, noCopy); err != nil {
+			return false, fmt.Errorf("list %s from the cache: %w", r.kind.GVR().GroupResource(), err)
+		}
+		var unstamped []client.ObjectKey
+		for i := range l.Items {
+			if whole, ok := r.kind.OwnFromMetadata(&l.Items[i], r.holder); ok {
+				fn(whole)
+			} else {
+				unstamped = append(unstamped, client.ObjectKey{Namespace: l.Items[i].Namespace, Name: l.Items[i].Name})
+			}
+		}
+		if len(unstamped) > maxUnstamped {
+			return false, nil
+		}
+		for _, key := range unstamped {
+			obj := r.kind.New()
+			if err := r.api.Get(ctx, key, obj); err != nil {
+				if apierrors.IsNotFound(err) {
+					continue
+				}
+				return false, fmt.Errorf("read %s, which carries no stamp of vmipam's: %w", key, err)
+			}
+			fn(obj)
+		}
+	} else if err := r.eachWhole(ctx, c[0], fn); err != nil {
+		return false, err
+	}
+	return true, r.eachWhole(ctx, c[1], fn)
+}
+
+// eachWhole calls fn with every object of the kind in cache c, which holds
+// them whole.
+func (r *shardReader) eachWhole(ctx context.Context, c client.Reader, fn func(obj *unstructured.Unstructured)) error {
+	l := r.kind.NewList()
+	if err := c.List(ctx, l, client.UnsafeDisableDeepCopy); err != nil {
+		return fmt.Errorf("list %s from the cache: %w", r.kind.GVR().GroupResource(), err)
+	}
+	for i := range l.Items {
+		obj := &l.Items[i]
+		if obj.GetKind() == "" {
+			obj = obj.DeepCopy()
+			obj.SetGroupVersionKind(r.kind.GVK)
+		}
+		fn(obj)
 	}
 	return nil
 }
