@@ -156,8 +156,9 @@ func (m *Manager) writeBlock(ctx context.Context, p netip.Prefix, plan writePlan
 		m.mu.Unlock()
 		return fmt.Errorf("write block %s of pool %q: %w", p, m.cfg.Pool, err)
 	}
-	gen := bs.gen
+	gen, base := bs.gen, nb.Version
 	bs.issued = m.nextSeqLocked()
+	sent := bs.issued
 	m.mu.Unlock()
 
 	if len(nb.Claims) == 0 && len(nb.Cooldowns) == 0 && len(nb.Requests) == 0 {
@@ -171,7 +172,7 @@ func (m *Manager) writeBlock(ctx context.Context, p netip.Prefix, plan writePlan
 			return m.writeFailed(ctx, p, fmt.Errorf("delete block %s of pool %q: %w", p, m.cfg.Pool, err))
 		}
 		m.mu.Lock()
-		m.setPersistedLocked(bs, Block{Prefix: p, Claims: map[string]*Bitmap{}})
+		m.recordWrittenLocked(bs, sent, base, Block{Prefix: p, Claims: map[string]*Bitmap{}})
 		bs.written, bs.bound = gen, m.nextSeqLocked()
 		m.forgetIfIdleLocked(p, bs)
 		m.mu.Unlock()
@@ -184,10 +185,48 @@ func (m *Manager) writeBlock(ctx context.Context, p netip.Prefix, plan writePlan
 	}
 	nb.Version = ver
 	m.mu.Lock()
-	m.setPersistedLocked(bs, nb)
+	m.recordWrittenLocked(bs, sent, base, nb)
 	bs.written, bs.bound = gen, m.nextSeqLocked()
 	m.mu.Unlock()
 	return nil
+}
+
+// recordWrittenLocked records nb, which a write sent at sequence number
+// sent has just put over version base, as what the store holds for bs,
+// unless a read applied since shows a newer version. Such a read started
+// after the write was sent (see overtakenLocked), so it shows base (the
+// write had not landed yet), or the write's version or a later one: the
+// write is a compare-and-swap that landed on base. A later one, most
+// likely another holder's answer to a request this write made, was
+// taken in by that read: the addresses it handed over are held here now.
+// Recorded over it, the write's older version showed them as still the
+// giver's, and the next write of the block stopped the Manager as if it
+// had been taken over (ErrClaimLost). A later version shows this holder
+// on every address the write claimed for it (only a takeover takes them
+// away); one that does not is older, a block another holder created and
+// deleted again before this write created it, and is not kept.
+func (m *Manager) recordWrittenLocked(bs *blockState, sent uint64, base string, nb Block) {
+	if bs.loaded && bs.bound > sent && bs.persisted.Version != base &&
+		covers(bs.persisted.Claims[m.cfg.Holder], nb.Claims[m.cfg.Holder]) {
+		return
+	}
+	m.setPersistedLocked(bs, nb)
+}
+
+// covers reports whether every bit of sub is set in super (nil is empty).
+func covers(super, sub *Bitmap) bool {
+	if sub == nil {
+		return true
+	}
+	if super == nil {
+		return sub.Empty()
+	}
+	for w := range sub {
+		if sub[w]&^super[w] != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // writeFailed marks block p to be read again after a write lost a
