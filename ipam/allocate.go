@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 )
 
@@ -89,7 +90,7 @@ func (m *Manager) allocate(ctx context.Context, r Reservation, now time.Time) (n
 		// A block marked unread (a write to it failed or lost a
 		// compare-and-swap) is read before any refusal, paced or not: what
 		// it shows of others is unknown.
-		unread := !readUnread && unarmed == 0 && claimable == 0 && !askable && m.elsewhere > 0 && m.unreadElsewhereLocked()
+		unread := !readUnread && unarmed == 0 && claimable == 0 && !askable && m.elsewhere > 0 && len(m.unreadElsewhereLocked(nil)) > 0
 		if attempt == maxClaimRounds || unarmed == 0 && claimable == 0 && !askable && !refresh && !unread {
 			// Nothing is left to claim: say so without scanning, however
 			// large the pool.
@@ -175,15 +176,18 @@ func (m *Manager) allocate(ctx context.Context, r Reservation, now time.Time) (n
 	}
 }
 
-// unreadElsewhereLocked reports whether a block where other holders claim
-// addresses is marked to be read again before it is trusted.
-func (m *Manager) unreadElsewhereLocked() bool {
-	for _, bs := range m.blocks {
-		if !bs.loaded && bs.elsewhere > 0 {
-			return true
+// unreadElsewhereLocked returns the blocks not in skip where other holders
+// claim addresses that are marked to be read again before they are
+// trusted, in order.
+func (m *Manager) unreadElsewhereLocked(skip map[netip.Prefix]bool) []netip.Prefix {
+	var out []netip.Prefix
+	for p, bs := range m.blocks {
+		if !bs.loaded && bs.elsewhere > 0 && !skip[p] {
+			out = append(out, p)
 		}
 	}
-	return false
+	slices.SortFunc(out, netip.Prefix.Compare)
+	return out
 }
 
 // maxAsks bounds the blocks one allocation asks other holders in.

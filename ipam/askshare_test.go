@@ -98,3 +98,48 @@ func TestConcurrentAllocationsShareAnAnswer(t *testing.T) {
 		})
 	}
 }
+
+// TestAskReadsUnreadBlocks: an ask for any free addresses that finds the
+// blocks where others hold them marked unread (a concurrent write lost a
+// compare-and-swap) reads them and asks there. It used to find nothing to
+// ask, and the allocation, whose pacing allowed no other read just then,
+// was refused as exhausted with addresses free at the other holder.
+func TestAskReadsUnreadBlocks(t *testing.T) {
+	ctx := t.Context()
+	cidr := "10.0.0.0/25"
+	p := BlockOf(netip.MustParsePrefix(cidr).Addr())
+	st := newWatchStore()
+	ms := startPeers(t, st, mustRanges(t, RangeSpec{CIDR: cidr}), 2, 1)
+	h0, h1 := ms[0], ms[1]
+	var toks []string
+	for i := 0; ; i++ {
+		tok := fmt.Sprint("h0-", i)
+		if _, err := h0.Allocate(ctx, Reservation{Token: tok}); err != nil {
+			break
+		}
+		toks = append(toks, tok)
+	}
+	for _, tok := range toks[:len(toks)/2] {
+		if _, ok := h0.Cancel(tok); !ok {
+			t.Fatalf("cancel %s", tok)
+		}
+	}
+	if err := h0.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := h1.Refresh(ctx, p.Addr()); err != nil {
+		t.Fatal(err)
+	}
+	h1.mu.Lock()
+	h1.blocks[p].loaded = false
+	h1.mu.Unlock()
+	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	asked, err := h1.askIn(actx, netip.Addr{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if asked != p {
+		t.Fatalf("asked in %v; want %v, where h0 holds %d addresses free", asked, p, len(toks)/2)
+	}
+}

@@ -185,12 +185,27 @@ func (m *Manager) askFor(ctx context.Context, a netip.Addr) error {
 func (m *Manager) askIn(ctx context.Context, a netip.Addr, skip map[netip.Prefix]bool) (netip.Prefix, error) {
 	m.mu.Lock()
 	var p netip.Prefix
+	var unread []netip.Prefix
 	if a.IsValid() {
 		p = BlockOf(a)
-	} else {
-		p = m.askWhereLocked(skip)
+	} else if p = m.askWhereLocked(skip); !p.IsValid() {
+		unread = m.unreadElsewhereLocked(skip)
 	}
 	m.mu.Unlock()
+	if len(unread) > 0 {
+		// Blocks where others claim addresses are marked unread, most
+		// likely by a concurrent write that lost a compare-and-swap:
+		// read them and pick again, rather than find nothing to ask and
+		// refuse the allocation with the others' free addresses in them.
+		for _, q := range unread {
+			if err := m.load(ctx, q); err != nil {
+				return netip.Prefix{}, err
+			}
+		}
+		m.mu.Lock()
+		p = m.askWhereLocked(skip)
+		m.mu.Unlock()
+	}
 	if !p.IsValid() {
 		return p, nil
 	}
