@@ -280,9 +280,13 @@ func (m *Manager) askAt(ctx context.Context, p netip.Prefix, a netip.Addr) error
 			}
 			break
 		}
-		if a.IsValid() && m.mineOrUnclaimed(a) || !m.clock.Now().Before(deadline) || polls >= int(grantWait/grantPoll) {
-			// Given back meanwhile, or nobody could hand anything over:
-			// withdraw the request, so that nobody hands it over later.
+		if a.IsValid() && m.mineOrUnclaimed(a) || !a.IsValid() && m.holdsFree() ||
+			!m.clock.Now().Before(deadline) || polls >= int(grantWait/grantPoll) {
+			// Given back meanwhile; or free addresses came here another
+			// way (a read took in what was handed over, or a cooldown
+			// ended), which the caller takes; or nobody could hand
+			// anything over: withdraw the request, so that nobody hands
+			// it over later.
 			m.io.Lock()
 			_ = m.retry(ctx, func() error {
 				r := withdrawn(want(), a)
@@ -412,6 +416,14 @@ func (m *Manager) mineOrUnclaimed(a netip.Addr) bool {
 	}
 	h, claimed := m.blockFor(a).persisted.holderOf(blockOffset(a))
 	return !claimed || h == m.cfg.Holder
+}
+
+// holdsFree reports whether this Manager holds free addresses, armed or
+// not, that an allocation may take.
+func (m *Manager) holdsFree() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.readyList.n+m.free.n+m.surplus.n > 0
 }
 
 // received counts the addresses of block p the store shows claimed by
@@ -550,7 +562,14 @@ func (m *Manager) serveRequests(ctx context.Context, p netip.Prefix) error {
 				}
 			}
 		}
-		if r.Count > 0 {
+		// A count is not met while allocations of this holder wait for
+		// answers of their own: what it holds free is theirs. Met, an
+		// address handed over to this holder, read in as free by the
+		// read above, went straight on to the next holder asking; with
+		// three holders asking in a full pool, one free address passed
+		// from one to the next for seconds while each refused its
+		// creates as exhausted.
+		if r.Count > 0 && m.asking == 0 {
 			n := 0
 			for off := range BlockSize {
 				e := m.entries[blockAddr(p, off)]
