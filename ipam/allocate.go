@@ -149,7 +149,7 @@ func (m *Manager) allocate(ctx context.Context, r Reservation, now time.Time) (n
 				asked = map[netip.Prefix]bool{}
 			}
 			m.mu.Lock()
-			before := len(m.entries)
+			before := m.added
 			m.asking++
 			m.mu.Unlock()
 			var p netip.Prefix
@@ -161,7 +161,14 @@ func (m *Manager) allocate(ctx context.Context, r Reservation, now time.Time) (n
 			// share was taken by the others asks again, while asks keep
 			// bringing addresses. Counting the block as asked refused
 			// creates with addresses left at the answering holder.
-			came := len(m.entries) > before
+			// What came is counted as it came, not by the entries held
+			// after: the read that takes an answer in leaves it free and
+			// unarmed, and this holder's answer to another holder's
+			// request may hand it on before an allocation here arms it.
+			// The entries were then as many as before, and in a full pool
+			// the last free address went from holder to holder, each
+			// refusing a create because of it.
+			came := m.added > before
 			m.mu.Unlock()
 			if !came {
 				asked[p] = true

@@ -41,7 +41,11 @@ type Manager struct {
 	returning, elsewhere, othersFree int
 	// asking counts the allocations waiting for an answer to a request
 	// for addresses: a request asks for at least as many.
-	asking    int
+	asking int
+	// added counts the entries ever made (addEntry), so that an ask can
+	// tell whether addresses came while it waited, even if some were
+	// handed on to another holder's request since.
+	added     uint64
 	pendingNS map[string]int
 	// unstored holds the reservations that lapsed without their machine
 	// being seen, by address, until Unused or Used settles them.

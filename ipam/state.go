@@ -154,6 +154,7 @@ func (m *Manager) blockFor(addr netip.Addr) *blockState {
 func (m *Manager) addEntry(addr netip.Addr, st State) *entry {
 	e := &entry{addr: addr, state: st}
 	m.entries[addr] = e
+	m.added++
 	m.blockFor(addr).ours++
 	delete(m.unhanded, addr)
 	return e
