@@ -342,8 +342,7 @@ func (m *Manager) Takeover(ctx context.Context, from string, live []Holding) (Ta
 			if !m.takeWrittenLocked(e.addr) {
 				continue
 			}
-			m.entries[e.addr] = e
-			m.blockFor(e.addr).ours++
+			m.putEntryLocked(e)
 			switch e.state {
 			case StateAllocated:
 				if e.owner.Token != "" {

@@ -151,13 +151,25 @@ func (m *Manager) blockFor(addr netip.Addr) *blockState {
 
 // addEntry creates the entry of a newly held address, in state st and in
 // no list.
+//
+// The entry counts as changed now (see entry.changed): a Resync whose list
+// was taken before it came (a takeover's, a read's orphan) must not take
+// the list's silence about it for its machine's absence.
 func (m *Manager) addEntry(addr netip.Addr, st State) *entry {
 	e := &entry{addr: addr, state: st}
-	m.entries[addr] = e
-	m.added++
-	m.blockFor(addr).ours++
-	delete(m.unhanded, addr)
+	m.putEntryLocked(e)
 	return e
+}
+
+// putEntryLocked records e, made elsewhere, as an entry of this Manager's,
+// changed now.
+func (m *Manager) putEntryLocked(e *entry) {
+	m.seq++
+	e.changed = m.seq
+	m.entries[e.addr] = e
+	m.added++
+	m.blockFor(e.addr).ours++
+	delete(m.unhanded, e.addr)
 }
 
 // removeEntry forgets an address this Manager no longer holds.
