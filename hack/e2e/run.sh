@@ -68,9 +68,23 @@ log "cluster up ($((SECONDS - start))s)"
 
 suite_start=${SECONDS}
 status=0
+# The suite's output is kept too, for the summary of its failures below:
+# after a failure it dumps the Pods' logs, which bury the failure itself
+# where only the end of the output is read.
+out="$(mktemp /var/tmp/vmipam-e2e-out.XXXXXX)"
 "${cluster}" exec env E2E_HELM="${HELM}" E2E_CHART="${repo_root}/deploy/chart/vmipam" \
 	E2E_IMAGE="ghcr.io/vmipam/vmipam:${version}" E2E_KUBECTL="${assets}/kubectl" \
 	E2E_REPO="${repo_root}" E2E_PROBE_IMAGE=e2e.local/probe:test \
-	"${work}/e2e.test" -test.v -test.count=1 -test.timeout 40m ${RUN:+-test.run "${RUN}"} || status=$?
+	"${work}/e2e.test" -test.v -test.count=1 -test.timeout 40m ${RUN:+-test.run "${RUN}"} 2>&1 | tee "${out}" || status=$?
+if ((status != 0)); then
+	# Each failed test's last 40 lines before its FAIL line, and a setup's
+	# failure (printed before any test runs).
+	log "suite failed; what failed:"
+	awk '/^=== (RUN|CONT|PAUSE)/ { n = 0 } { buf[n++ % 40] = $0 }
+		/^ *--- FAIL/ { for (i = (n > 40 ? n - 40 : 0); i < n; i++) print buf[i % 40]; n = 0 }
+		/^e2e setup:/ { setup = 1 } /^--- kubectl/ { setup = 0 } setup { print }
+		/^(panic:|FAIL$)/ { print }' "${out}" >&2
+fi
+rm -f "${out}"
 log "suite: exit ${status} in $((SECONDS - suite_start))s; make e2e so far $((SECONDS - start))s"
 exit "${status}"
