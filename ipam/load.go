@@ -160,9 +160,12 @@ func (m *Manager) setPersistedLocked(bs *blockState, b Block) {
 			}
 		}
 	}
+	if b.Version == bs.served {
+		return
+	}
 	for h, r := range b.Requests {
 		if h != m.cfg.Holder && r.Asks() && bs.ours > 0 {
-			bs.requested = true
+			bs.requested, bs.markedFor = true, b.Version
 		}
 	}
 }

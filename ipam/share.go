@@ -138,8 +138,8 @@ func (m *Manager) Observe(b Block) {
 	}
 	bs := m.blocks[b.Prefix]
 	kick := false
-	if asks && bs != nil && bs.ours > 0 {
-		bs.requested, kick = true, true
+	if asks && bs != nil && bs.ours > 0 && b.Version != bs.served {
+		bs.requested, bs.markedFor, kick = true, b.Version, true
 	}
 	if bm := b.Claims[m.cfg.Holder]; bm != nil && (bs == nil || !bs.returning) {
 		for off := range BlockSize {
@@ -157,11 +157,13 @@ func (m *Manager) Observe(b Block) {
 }
 
 // requestedLocked returns the blocks where another holder may ask for
-// addresses, in order.
+// addresses, in order: marked, or with a count this holder could not
+// meet while it held fewer free addresses than now.
 func (m *Manager) requestedLocked() []netip.Prefix {
 	var out []netip.Prefix
+	free := m.givableLocked()
 	for p, bs := range m.blocks {
-		if bs.requested {
+		if bs.requested || bs.unmet && m.asking == 0 && free > bs.unmetFree {
 			out = append(out, p)
 		}
 	}
@@ -423,8 +425,12 @@ func (m *Manager) mineOrUnclaimed(a netip.Addr) bool {
 func (m *Manager) holdsFree() bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.readyList.n+m.free.n+m.surplus.n > 0
+	return m.givableLocked() > 0
 }
+
+// givableLocked counts the free addresses, armed or not: those an
+// allocation may take, or an answer hand over.
+func (m *Manager) givableLocked() int { return m.readyList.n + m.free.n + m.surplus.n }
 
 // received counts the addresses of block p the store shows claimed by
 // this holder without an entry here (handed over), and reports whether the
@@ -510,6 +516,12 @@ func (m *Manager) serveRequests(ctx context.Context, p netip.Prefix) error {
 	defer m.io.Unlock()
 	m.mu.Lock()
 	bs := m.blockFor(p.Addr())
+	bs.served, bs.unmet = bs.persisted.Version, false
+	if bs.markedFor == bs.served {
+		// Marked by the read above, or by an event of the version it
+		// read: answered now. A newer version's event keeps its mark.
+		bs.requested = false
+	}
 	give := map[string][]netip.Addr{}
 	answers := map[string]answer{}
 	var picked []*entry
@@ -569,6 +581,9 @@ func (m *Manager) serveRequests(ctx context.Context, p netip.Prefix) error {
 		// three holders asking in a full pool, one free address passed
 		// from one to the next for seconds while each refused its
 		// creates as exhausted.
+		if r.Count > 0 && m.asking > 0 {
+			bs.unmet, bs.unmetFree = true, -1
+		}
 		if r.Count > 0 && m.asking == 0 {
 			n := 0
 			for off := range BlockSize {
@@ -581,6 +596,9 @@ func (m *Manager) serveRequests(ctx context.Context, p netip.Prefix) error {
 			// holders.
 			n = min(r.Count, (n+1)/2)
 			out.countMet = n > 0
+			if !out.countMet {
+				bs.unmet, bs.unmetFree = true, m.givableLocked()
+			}
 			for off := 0; off < BlockSize && n > 0; off++ {
 				e := m.entries[blockAddr(p, off)]
 				if e != nil && (e.state == StateFree || e.state == stateSurplus) && !e.arming {

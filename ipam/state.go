@@ -105,6 +105,16 @@ type blockState struct {
 	// requested: another holder may ask for addresses here; the next
 	// rebalance reads the block and answers.
 	requested bool
+	// served is the version whose requests the last answer read: a read
+	// of it again marks nothing requested, or every holder with
+	// addresses here read the block again and again, one read each,
+	// while a request nobody could meet stood. unmet: a count there was
+	// not met, with unmetFree addresses free here (-1: allocations
+	// here were asking); it is answered again once more are free.
+	// markedFor is the version whose requests last marked the block.
+	served, markedFor string
+	unmet             bool
+	unmetFree         int
 	// bound is the Manager's I/O sequence number that persisted is known
 	// to be at least as new as: a read's start, a write's completion.
 	// issued is the sequence number of the last write sent (see
