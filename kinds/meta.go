@@ -8,6 +8,7 @@ import (
 	"time"
 	"unique"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -87,6 +88,24 @@ func (t Kind) FromMetadata(m *metav1.PartialObjectMetadata) (*unstructured.Unstr
 		return nil, false
 	}
 	return u, true
+}
+
+// ReadUnstamped calls fn with each object of the kind at keys, read whole
+// from r (the API server): objects whose metadata carries no stamp of
+// vmipam's (FromMetadata reports false), so that their address is only at
+// its location. One gone since its key was taken is skipped.
+func (t Kind) ReadUnstamped(ctx context.Context, r client.Reader, keys []client.ObjectKey, fn func(obj *unstructured.Unstructured)) error {
+	for _, key := range keys {
+		obj := t.New()
+		if err := r.Get(ctx, key, obj); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			return fmt.Errorf("read %s %s, which carries no stamp of vmipam's: %w", t.GVR().GroupResource(), key, err)
+		}
+		fn(obj)
+	}
+	return nil
 }
 
 // TrimMetadata is the cache transform (controller-runtime's

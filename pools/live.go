@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/netip"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -183,17 +182,7 @@ func (r *Registry) eachOf(ctx context.Context, t kinds.Kind, ns string, fn func(
 	if len(whole) > maxWholeReads {
 		return r.eachWhole(ctx, t, ns, nil, once)
 	}
-	for _, key := range whole {
-		obj := t.New()
-		if err := r.opts.APIReader.Get(ctx, key, obj); err != nil {
-			if apierrors.IsNotFound(err) {
-				continue // gone since the pass
-			}
-			return fmt.Errorf("get %s %s: %w", t.GVR().GroupResource(), key, err)
-		}
-		once(obj)
-	}
-	return nil
+	return t.ReadUnstamped(ctx, r.opts.APIReader, whole, once)
 }
 
 // maxWholeReads bounds the objects eachOf reads whole one at a time after

@@ -154,15 +154,8 @@ func (r *shardReader) EachCached(ctx context.Context, fn func(obj *unstructured.
 		if len(unstamped) > maxUnstamped {
 			return false, nil
 		}
-		for _, key := range unstamped {
-			obj := r.kind.New()
-			if err := r.api.Get(ctx, key, obj); err != nil {
-				if apierrors.IsNotFound(err) {
-					continue
-				}
-				return false, fmt.Errorf("read %s, which carries no stamp of vmipam's: %w", key, err)
-			}
-			fn(obj)
+		if err := r.kind.ReadUnstamped(ctx, r.api, unstamped, fn); err != nil {
+			return false, err
 		}
 	} else if err := r.eachWhole(ctx, c[0], fn); err != nil {
 		return false, err
