@@ -96,14 +96,42 @@ func setup() error {
 		return fmt.Errorf("helm install: %w\n%s", err, out)
 	}
 	fmt.Printf("helm install --wait: %s\n", time.Since(start).Round(time.Millisecond))
+	installed := time.Now()
 	ctx := context.Background()
-	pool := fixture.Pool(poolName, fixture.WithDefault(), fixture.WithCIDRs("10.100.0.0/16"), fixture.WithCooldown(20*time.Second))
-	if err := c.Create(ctx, pool); err != nil {
-		return fmt.Errorf("create IPPool: %w", err)
+	// The IPPool goes through vmipam's validating webhook, which fails
+	// closed: helm's --wait sees the Pods ready, and the Service's
+	// endpoints and kube-proxy's rules for them follow a moment later.
+	// Until they do, the API server cannot reach the webhook; a create
+	// refused for that is tried again, and anything else fails the setup.
+	for tries, deadline := 1, installed.Add(30*time.Second); ; tries++ {
+		pool := fixture.Pool(poolName, fixture.WithDefault(), fixture.WithCIDRs("10.100.0.0/16"), fixture.WithCooldown(20*time.Second))
+		err := c.Create(ctx, pool)
+		if err == nil || apierrors.IsAlreadyExists(err) {
+			if tries > 1 {
+				fmt.Printf("IPPool %s created at the %d. try, %s after helm install --wait returned: the webhook was unreachable until then\n",
+					poolName, tries, time.Since(installed).Round(time.Millisecond))
+			}
+			break
+		}
+		if !webhookUnreachable(err) || time.Now().After(deadline) {
+			return fmt.Errorf("create IPPool %s (try %d, %s after helm install --wait returned): %w", poolName, tries, time.Since(installed).Round(time.Millisecond), err)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 	return harness.Poll(ctx, 200*time.Millisecond, 60*time.Second, func() error {
 		return poolReady(ctx, poolName)
 	})
+}
+
+// webhookUnreachable reports whether err is the API server's failure to
+// call a webhook at all (no endpoints yet, connection refused or reset),
+// as opposed to a webhook's answer.
+func webhookUnreachable(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "failed calling webhook") &&
+		(strings.Contains(msg, "no endpoints available") || strings.Contains(msg, "connection refused") ||
+			strings.Contains(msg, "connection reset") || strings.Contains(msg, "EOF") || strings.Contains(msg, "i/o timeout") ||
+			strings.Contains(msg, "context deadline exceeded"))
 }
 
 // installArgs are the chart's values as make e2e installs them: the
