@@ -108,7 +108,7 @@ func setup() error {
 		err := c.Create(ctx, pool)
 		if err == nil || apierrors.IsAlreadyExists(err) {
 			if tries > 1 {
-				fmt.Printf("IPPool %s created at the %d. try, %s after helm install --wait returned: the webhook was unreachable until then\n",
+				fmt.Printf("IPPool %s created in %d tries, %s after helm install --wait returned: the webhook was unreachable until then\n",
 					poolName, tries, time.Since(installed).Round(time.Millisecond))
 			}
 			break
