@@ -246,7 +246,7 @@ func run(o options) error {
 		}
 	}
 	if _, err := app.Setup(mgr, app.Options{
-		Holder: holder, Namespace: o.namespace, ResyncInterval: o.resync, FullResyncInterval: o.fullResync, Limits: o.limits, History: o.history, Draining: draining.Load, Kinds: kinds,
+		Holder: holder, Namespace: o.namespace, ResyncInterval: o.resync, FullResyncInterval: fullResyncInterval(o.fullResync, o.resync), Limits: o.limits, History: o.history, Draining: draining.Load, Kinds: kinds,
 		Lease: lease, Slot: slot,
 	}); err != nil {
 		return err
@@ -528,4 +528,14 @@ func envOr(k, def string) string {
 		return v
 	}
 	return def
+}
+
+// fullResyncInterval is --full-resync-interval as pools.Options takes it:
+// at 0 or below every resync lists every object, as at or below
+// --resync-interval, where pools would read 0 as its default of an hour.
+func fullResyncInterval(full, resync time.Duration) time.Duration {
+	if full <= 0 {
+		return resync
+	}
+	return full
 }

@@ -128,3 +128,21 @@ func TestServingCertFromFiles(t *testing.T) {
 		}
 	}
 }
+
+// TestFullResyncInterval: --full-resync-interval=0 means that every resync
+// lists every object, as the flag's help says, not pools' default of an
+// hour of resyncs from the caches.
+func TestFullResyncInterval(t *testing.T) {
+	for _, tt := range []struct {
+		full, resync, want time.Duration
+	}{
+		{full: time.Hour, resync: 5 * time.Minute, want: time.Hour},
+		{full: 0, resync: 5 * time.Minute, want: 5 * time.Minute},
+		{full: -time.Second, resync: time.Minute, want: time.Minute},
+		{full: time.Minute, resync: 5 * time.Minute, want: time.Minute},
+	} {
+		if got := fullResyncInterval(tt.full, tt.resync); got != tt.want {
+			t.Errorf("fullResyncInterval(%s, %s) = %s; want %s", tt.full, tt.resync, got, tt.want)
+		}
+	}
+}
