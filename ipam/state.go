@@ -174,8 +174,7 @@ func (m *Manager) addEntry(addr netip.Addr, st State) *entry {
 // putEntryLocked records e, made elsewhere, as an entry of this Manager's,
 // changed now.
 func (m *Manager) putEntryLocked(e *entry) {
-	m.seq++
-	e.changed = m.seq
+	m.touch(e)
 	m.entries[e.addr] = e
 	m.added++
 	m.blockFor(e.addr).ours++
