@@ -462,6 +462,44 @@ func (m *Manager) Unseen(live []Holding, asOf uint64) (missing []Tenure, orphans
 	return missing, orphans
 }
 
+// Adopting tells which of live a Resync with asOf would adopt: holdings
+// whose address this Manager holds, as of asOf, in another state or for
+// another machine. A caller whose live may be older than asOf (a replica's
+// informer caches, which lag the API server, by many seconds after its
+// outage) reads those few machines again from the source before the
+// Resync: from an old view, Resync would give an address that cooled down
+// since to a machine that is gone.
+//
+// It takes the lock for a few holdings at a time, not for all of them:
+// allocations go on meanwhile, and Resync decides again.
+func (m *Manager) Adopting(live []Holding, asOf uint64) []Holding {
+	var out []Holding
+	for chunk := range slices.Chunk(live, adoptingChunk) {
+		m.mu.Lock()
+		for _, h := range chunk {
+			if adopts(m.entries[Canonical(h.Addr)], h, asOf) {
+				out = append(out, h)
+			}
+		}
+		m.mu.Unlock()
+	}
+	return out
+}
+
+// adoptingChunk is how many holdings Adopting looks at per taking of the
+// lock.
+const adoptingChunk = 1024
+
+// adopts reports whether Resync, as of asOf, adopts live holding h into e,
+// the entry of its address: one this Manager holds, that did not change
+// since asOf (the list may not show that change yet), is not allocated to
+// h's machine already, and is not the cooldown that h's machine, going,
+// was released into.
+func adopts(e *entry, h Holding, asOf uint64) bool {
+	return e != nil && e.state != stateReturning && e.changed <= asOf &&
+		(e.state != StateAllocated || e.owner.UID != h.Owner.UID) && (!h.Going || e.state != StateCooldown)
+}
+
 // Resync reconciles the Manager with a full list of the live machines, taken
 // after Mark returned asOf: an address allocated to a UID missing from live
 // goes into cooldown, and a live address this Manager holds but not for its
@@ -484,8 +522,7 @@ func (m *Manager) Resync(live []Holding, asOf uint64) ResyncReport {
 		h.Addr = Canonical(h.Addr)
 		uids[h.Owner.UID] = true
 		e := m.entries[h.Addr]
-		if e == nil || e.state == stateReturning || e.changed > asOf || e.state == StateAllocated && e.owner.UID == h.Owner.UID ||
-			h.Going && e.state == StateCooldown {
+		if !adopts(e, h, asOf) {
 			continue
 		}
 		if err := m.adoptLocked(h.Addr, h.Owner); err != nil {

@@ -2,7 +2,9 @@ package ipam
 
 import (
 	"context"
+	"net/netip"
 	"testing"
+	"time"
 )
 
 // TestResyncLeavesEntriesNewerThanItsMark: an entry that this Manager
@@ -83,4 +85,86 @@ func TestResyncLeavesEntriesNewerThanItsMark(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestAdoptingIsWhatResyncAdopts: Adopting names the holdings that a
+// Resync as of the same mark adopts (or finds in conflict), no more and no
+// fewer, since a resync from a replica's caches reads exactly those again
+// from the API server before it acts on them.
+func TestAdoptingIsWhatResyncAdopts(t *testing.T) {
+	const uid, other = "vm-uid", "other-uid"
+	for _, tt := range []struct {
+		name string
+		// state puts the Manager's first address in a state, and returns
+		// it; markFirst takes the mark before that.
+		state     func(t *testing.T, m *Manager, clk *fakeClock) netip.Addr
+		markFirst bool
+		going     bool
+		want      bool
+	}{
+		{name: "pending, its machine stored", want: true, state: func(t *testing.T, m *Manager, _ *fakeClock) netip.Addr {
+			return mustAllocate(t, m, "tok")
+		}},
+		{name: "allocated to the machine", state: func(t *testing.T, m *Manager, _ *fakeClock) netip.Addr {
+			return bound(t, m, uid)
+		}},
+		{name: "allocated to another machine", want: true, state: func(t *testing.T, m *Manager, _ *fakeClock) netip.Addr {
+			return bound(t, m, other)
+		}},
+		{name: "cooling down, its machine going", going: true, state: released},
+		{name: "cooling down, its machine not going", want: true, state: released},
+		{name: "free, its machine going", going: true, want: true, state: func(t *testing.T, m *Manager, clk *fakeClock) netip.Addr {
+			a := released(t, m, clk)
+			clk.Step(2 * time.Minute)
+			if st, _, _ := m.Lookup(a); st != StateFree {
+				t.Fatalf("%s is %s after its cooldown, want free", a, st)
+			}
+			return a
+		}},
+		{name: "changed after the mark", markFirst: true, state: func(t *testing.T, m *Manager, _ *fakeClock) netip.Addr {
+			return mustAllocate(t, m, "tok")
+		}},
+		{name: "not held", state: func(*testing.T, *Manager, *fakeClock) netip.Addr { return addr("10.0.0.200") }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			m, clk, _ := newTestManager(t, testPool{cidr: "10.0.0.0/24"})
+			var asOf uint64
+			if tt.markFirst {
+				asOf = m.Mark()
+			}
+			a := tt.state(t, m, clk)
+			if !tt.markFirst {
+				asOf = m.Mark()
+			}
+			h := Holding{Addr: a, Owner: Owner{UID: uid, Token: "tok", Ref: "ns/vm"}, Going: tt.going}
+			got := m.Adopting([]Holding{h}, asOf)
+			if (len(got) == 1) != tt.want {
+				t.Errorf("Adopting = %v, want %s named: %t", got, a, tt.want)
+			}
+			rep := m.Resync([]Holding{h}, asOf)
+			if adopted := rep.Adopted+len(rep.Conflicts) == 1; adopted != tt.want {
+				t.Errorf("Resync adopted %s: %t (%+v), want %t", a, adopted, rep, tt.want)
+			}
+		})
+	}
+}
+
+// bound allocates an address and binds it to uid.
+func bound(t *testing.T, m *Manager, uid string) netip.Addr {
+	t.Helper()
+	a := mustAllocate(t, m, "tok-"+uid)
+	if _, err := m.Bind(Owner{Token: "tok-" + uid, UID: uid}); err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// released allocates an address to vm-uid and releases it into cooldown.
+func released(t *testing.T, m *Manager, _ *fakeClock) netip.Addr {
+	t.Helper()
+	a := bound(t, m, "vm-uid")
+	if err := m.Release(a, Owner{Token: "tok-vm-uid", UID: "vm-uid"}); err != nil {
+		t.Fatal(err)
+	}
+	return a
 }

@@ -55,17 +55,26 @@ const maxConfirms = maxWholeReads
 // whose address is allocated to it here gets its label back. In the usual
 // resync nothing is lacking, and no object is read. An object that holds
 // an address that this replica does not hold allocated to it is only seen
-// when it is in the caches (unlabelled, or labelled for this replica), and
-// is adopted then; one labelled for another replica waits for a full list.
+// when it is in the caches (unlabelled, or labelled for this replica); one
+// labelled for another replica waits for a full list.
+//
+// A resync adopts an address into what the list shows, so each object
+// whose address it would adopt is read again from the API server too, in
+// place of what the caches hold of it. Unlike a list, the caches may be
+// older than the mark: after an outage of the API server they were seen
+// to lag it by seconds, long enough for an object to be deleted, its
+// address released, and its cooldown over, while the caches still showed
+// it holding the address. Adopted from them, the address went to an object
+// that was gone.
 //
 // It reports false when only a full list will do: a kind's caches are not
 // there yet or cannot stand for one, an allocator has orphans (addresses
 // that may be on any object: see ipam.Manager.Unseen), more than
-// maxConfirms objects are lacking, or an owner's name is not known.
+// maxConfirms objects are to be read, or an owner's name is not known.
 func (r *Registry) liveCached(ctx context.Context, ps []*Pool, ranges map[string]*ipam.Ranges, asOf map[string][]uint64) (map[string]live, bool, error) {
 	c := r.newCollector(ranges)
+	add := func(obj *unstructured.Unstructured) { r.eachHolding(obj, c.add) }
 	for _, t := range r.opts.Kinds {
-		add := func(obj *unstructured.Unstructured) { r.eachHolding(obj, c.add) }
 		if !r.served(t.GVK) {
 			// Not served yet as far as this process knows, so it has no
 			// caches: its CRD is not installed (the list finds no kind,
@@ -84,32 +93,40 @@ func (r *Registry) liveCached(ctx context.Context, ps []*Pool, ranges map[string
 			return nil, false, err
 		}
 	}
-	var missing []ipam.Tenure
+	// The objects to read from the API server, by UID: those the caches
+	// lack that hold an address allocated here, and those whose address
+	// a resync would adopt (the caches may be older than the mark).
+	again := map[string]string{}
 	for _, p := range ps {
 		marks, ok := asOf[p.name]
 		if !ok {
 			continue
 		}
-		miss, orphans := p.unseen(c.out[p.name].holdings, marks)
+		hs := c.out[p.name].holdings
+		miss, orphans := p.unseen(hs, marks)
 		if orphans {
 			return nil, false, nil
 		}
-		missing = append(missing, miss...)
-		if len(missing) > maxConfirms {
+		for _, tn := range miss {
+			again[tn.Owner.UID] = tn.Owner.Ref
+		}
+		for _, h := range p.adopting(hs, marks) {
+			again[h.Owner.UID] = h.Owner.Ref
+		}
+		if len(again) > maxConfirms {
 			return nil, false, nil
 		}
 	}
-	read := map[string]bool{} // an object of two addresses is missed twice
-	for _, tn := range missing {
-		if read[tn.Owner.UID] {
-			continue
-		}
-		read[tn.Owner.UID] = true
-		ns, name := splitRef(tn.Owner.Ref)
+	if len(again) == 0 {
+		return c.out, true, nil
+	}
+	c.drop(again)
+	for uid, ref := range again {
+		ns, name := splitRef(ref)
 		if name == "" {
 			return nil, false, nil
 		}
-		if err := r.readOwner(ctx, ns, name, tn.Owner.UID, func(obj *unstructured.Unstructured) { r.eachHolding(obj, c.add) }); err != nil {
+		if err := r.readOwner(ctx, ns, name, uid, add); err != nil {
 			return nil, false, err
 		}
 	}

@@ -50,6 +50,90 @@ func (s shardCache) EachCached(ctx context.Context, fn func(obj *unstructured.Un
 	return true, nil
 }
 
+// cachedHolder is the holder of the replica that newCachedFixture makes.
+const cachedHolder = "vmipam-a"
+
+// cachedFixture is a replica's registry of one pool, 10.99.0.0/24 with a
+// cooldown of a minute, whose resyncs read the caches that newCachedFixture
+// was given, and the fake API server behind them, which counts the lists
+// and Gets of VMs made while counting is set.
+type cachedFixture struct {
+	inner    client.Client
+	reg      *Registry
+	p        *Pool
+	clk      *clocktesting.FakeClock
+	pool     *vmipamv1.IPPool
+	lists    atomic.Int32
+	gets     atomic.Int32
+	counting atomic.Bool
+}
+
+func newCachedFixture(t *testing.T, cache func(inner client.Client) Cached) *cachedFixture {
+	t.Helper()
+	ctx := t.Context()
+	f := &cachedFixture{clk: clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))}
+	f.pool = fixture.Pool("cached", fixture.Stored("uid-cached"), fixture.WithCIDRs("10.99.0.0/24"),
+		fixture.WithCooldown(time.Minute), fixture.WithPendingTTL(time.Minute))
+	f.inner = fake.NewClientBuilder().WithScheme(vmipamscheme.Scheme).WithObjects(f.pool.DeepCopy()).Build()
+	c := interceptor.NewClient(f.inner.(client.WithWatch), interceptor.Funcs{
+		List: func(ctx context.Context, cl client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
+			switch list.(type) {
+			case *unstructured.UnstructuredList, *metav1.PartialObjectMetadataList:
+				if f.counting.Load() {
+					f.lists.Add(1)
+				}
+			}
+			return cl.List(ctx, list, opts...)
+		},
+		Get: func(ctx context.Context, cl client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			if _, vm := obj.(*unstructured.Unstructured); vm && f.counting.Load() {
+				f.gets.Add(1)
+			}
+			return cl.Get(ctx, key, obj, opts...)
+		},
+	})
+	f.reg = NewRegistry(Options{Client: c, APIReader: c, Kinds: kinds.Default(), Holder: cachedHolder, Clock: f.clk,
+		RunInterval: time.Hour, ResyncInterval: time.Hour, StatusInterval: time.Hour, ProveInterval: time.Hour})
+	f.reg.MarkServed(kinds.VirtualMachine.GVK)
+	f.reg.SetCached(kinds.VirtualMachine.GVK, cache(f.inner))
+	regCtx, stop := context.WithCancel(ctx)
+	var done sync.WaitGroup
+	done.Go(func() { _ = f.reg.Start(regCtx) })
+	t.Cleanup(func() { stop(); done.Wait() })
+	if err := f.reg.Ensure(ctx, f.pool); err != nil {
+		t.Fatal(err)
+	}
+	f.p = f.reg.Get(f.pool.Name)
+	return f
+}
+
+// newVM makes VM name as the webhook and the controller would: its
+// address allocated and stamped, the VM created labelled for cachedHolder,
+// and, if bound, the address bound to it.
+func (f *cachedFixture) newVM(t *testing.T, name string, bound bool) (*vmipamv1.VirtualMachine, netip.Addr) {
+	t.Helper()
+	ctx := t.Context()
+	token := "token-" + name
+	a, err := f.p.AllocateFamily(ctx, ipam.Reservation{Token: token, Namespace: "default"}, vmipamv1.IPv4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vm := &vmipamv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, UID: types.UID("uid-" + name),
+		Labels:      map[string]string{vmipamv1.HolderLabel: cachedHolder},
+		Annotations: map[string]string{vmipamv1.TokenAnnotation: token, vmipamv1.PoolAnnotation: f.pool.Name, vmipamv1.AddressAnnotation: a.String()},
+		Finalizers:  []string{vmipamv1.Finalizer}}, Spec: vmipamv1.VirtualMachineSpec{IPPool: f.pool.Name, Addresses: []string{a.String()}}}
+	if err := f.inner.Create(ctx, vm); err != nil {
+		t.Fatal(err)
+	}
+	if !bound {
+		return vm, a
+	}
+	if _, err := f.p.Bind(a, ipam.Owner{Token: token, UID: string(vm.UID), Ref: "default/" + name}); err != nil {
+		t.Fatal(err)
+	}
+	return vm, a
+}
+
 // TestResyncFromTheCaches: between its full lists, a resync reads the
 // replica's caches and, from the API server, only the VMs that hold an
 // address allocated here and that the caches lack: a VM whose finalizer
@@ -60,6 +144,7 @@ func (s shardCache) EachCached(ctx context.Context, fn func(obj *unstructured.Un
 // same.
 func TestResyncFromTheCaches(t *testing.T) {
 	const n = 6
+	const mine = cachedHolder
 	for _, tt := range []struct {
 		name string
 		// change is done to the VMs before the resync: "gone" (its
@@ -93,42 +178,9 @@ func TestResyncFromTheCaches(t *testing.T) {
 	}} {
 		t.Run(tt.name, func(t *testing.T) {
 			ctx := t.Context()
-			clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-			pool := fixture.Pool("cached", fixture.Stored("uid-cached"), fixture.WithCIDRs("10.99.0.0/24"),
-				fixture.WithCooldown(time.Minute), fixture.WithPendingTTL(time.Minute))
-			inner := fake.NewClientBuilder().WithScheme(vmipamscheme.Scheme).WithObjects(pool.DeepCopy()).Build()
-			var lists, gets atomic.Int32
-			counting := atomic.Bool{}
-			c := interceptor.NewClient(inner, interceptor.Funcs{
-				List: func(ctx context.Context, cl client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
-					switch list.(type) {
-					case *unstructured.UnstructuredList, *metav1.PartialObjectMetadataList:
-						if counting.Load() {
-							lists.Add(1)
-						}
-					}
-					return cl.List(ctx, list, opts...)
-				},
-				Get: func(ctx context.Context, cl client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
-					if _, vm := obj.(*unstructured.Unstructured); vm && counting.Load() {
-						gets.Add(1)
-					}
-					return cl.Get(ctx, key, obj, opts...)
-				},
-			})
-			const mine = "vmipam-a"
-			reg := NewRegistry(Options{Client: c, APIReader: c, Kinds: kinds.Default(), Holder: mine, Clock: clk,
-				RunInterval: time.Hour, ResyncInterval: time.Hour, StatusInterval: time.Hour, ProveInterval: time.Hour})
-			reg.MarkServed(kinds.VirtualMachine.GVK)
-			reg.SetCached(kinds.VirtualMachine.GVK, shardCache{c: inner, holder: mine})
-			regCtx, stop := context.WithCancel(ctx)
-			var done sync.WaitGroup
-			done.Go(func() { _ = reg.Start(regCtx) })
-			t.Cleanup(func() { stop(); done.Wait() })
-			if err := reg.Ensure(ctx, pool); err != nil {
-				t.Fatal(err)
-			}
-			p := reg.Get(pool.Name)
+			f := newCachedFixture(t, func(inner client.Client) Cached { return shardCache{c: inner, holder: mine} })
+			inner, p, reg := f.inner, f.p, f.reg
+			lists, gets, counting := &f.lists, &f.gets, &f.counting
 
 			count := n
 			if tt.goneAll {
@@ -137,22 +189,7 @@ func TestResyncFromTheCaches(t *testing.T) {
 			vms := make([]*vmipamv1.VirtualMachine, count)
 			addrs := make([]netip.Addr, count)
 			for i := range vms {
-				name, token := fmt.Sprintf("vm-%d", i), fmt.Sprintf("token-%d", i)
-				a, err := p.AllocateFamily(ctx, ipam.Reservation{Token: token, Namespace: "default"}, vmipamv1.IPv4)
-				if err != nil {
-					t.Fatal(err)
-				}
-				vms[i] = &vmipamv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, UID: types.UID("uid-" + name),
-					Labels:      map[string]string{vmipamv1.HolderLabel: mine},
-					Annotations: map[string]string{vmipamv1.TokenAnnotation: token, vmipamv1.PoolAnnotation: pool.Name, vmipamv1.AddressAnnotation: a.String()},
-					Finalizers:  []string{vmipamv1.Finalizer}}, Spec: vmipamv1.VirtualMachineSpec{IPPool: pool.Name, Addresses: []string{a.String()}}}
-				if err := inner.Create(ctx, vms[i]); err != nil {
-					t.Fatal(err)
-				}
-				if _, err := p.Bind(a, ipam.Owner{Token: token, UID: string(vms[i].UID), Ref: "default/" + name}); err != nil {
-					t.Fatal(err)
-				}
-				addrs[i] = a
+				vms[i], addrs[i] = f.newVM(t, fmt.Sprintf("vm-%d", i), true)
 			}
 			if err := p.flush(ctx); err != nil {
 				t.Fatal(err)
@@ -214,6 +251,109 @@ func TestResyncFromTheCaches(t *testing.T) {
 				if l := got.Labels[vmipamv1.HolderLabel]; l != mine {
 					t.Errorf("%s is labelled %q after the resync, want %q", vm.Name, l, mine)
 				}
+			}
+		})
+	}
+}
+
+// snapshotCache stands for caches that lag the API server: it holds
+// copies of the VMs that the store held when it was taken.
+type snapshotCache []*unstructured.Unstructured
+
+func takeSnapshot(t *testing.T, c client.Reader) snapshotCache {
+	t.Helper()
+	l := kinds.VirtualMachine.NewList()
+	if err := c.List(t.Context(), l); err != nil {
+		t.Fatal(err)
+	}
+	out := make(snapshotCache, len(l.Items))
+	for i := range l.Items {
+		out[i] = l.Items[i].DeepCopy()
+	}
+	return out
+}
+
+func (s *snapshotCache) EachCached(_ context.Context, fn func(obj *unstructured.Unstructured)) (bool, error) {
+	for _, obj := range *s {
+		fn(obj)
+	}
+	return true, nil
+}
+
+// TestResyncFromCachesThatLag: what a resync from the caches would adopt
+// it reads again from the API server, since the caches may be older than
+// its mark, as a list is not. After an outage of the API server a chaos
+// run saw a replica's caches lag it by seconds: a VM was deleted, its
+// address released and its cooldown over, and the resync, from caches
+// that still showed the VM, gave the free address back to it; its
+// deletion, seen later, released it again, and the address history
+// showed the VM's tenure twice, the second "Vanished".
+func TestResyncFromCachesThatLag(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		// seenGoing: the caches saw the VM's deletion begin, not end.
+		seenGoing bool
+		// deleted: the VM is deleted, and its address released, after the
+		// caches' view; else the caches are current, and the VM's address
+		// was never bound to it (its create was not seen).
+		deleted   bool
+		wantState ipam.State
+	}{
+		{name: "deletion seen begun, not ended", seenGoing: true, deleted: true, wantState: ipam.StateFree},
+		{name: "deletion not seen", deleted: true, wantState: ipam.StateFree},
+		{name: "create not seen, caches current", wantState: ipam.StateAllocated},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := t.Context()
+			var cache snapshotCache
+			f := newCachedFixture(t, func(client.Client) Cached { return &cache })
+			vm, a := f.newVM(t, "vm-0", tt.deleted)
+			if err := f.p.flush(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if tt.seenGoing {
+				// Its finalizer keeps it while the controller releases.
+				if err := f.inner.Delete(ctx, vm); err != nil {
+					t.Fatal(err)
+				}
+			}
+			cache = takeSnapshot(t, f.inner)
+			if tt.deleted {
+				owner := ipam.Owner{Token: "token-" + vm.Name, UID: string(vm.UID), Ref: "default/" + vm.Name}
+				if err := f.p.Release(ctx, a, owner); err != nil {
+					t.Fatal(err)
+				}
+				if err := f.inner.Get(ctx, client.ObjectKeyFromObject(vm), vm); err != nil {
+					t.Fatal(err)
+				}
+				vm.Finalizers = nil
+				if err := f.inner.Update(ctx, vm); err != nil {
+					t.Fatal(err)
+				}
+				if !tt.seenGoing {
+					if err := f.inner.Delete(ctx, vm); err != nil {
+						t.Fatal(err)
+					}
+				}
+				f.p.Gone(a, owner)
+				f.clk.Step(2 * time.Minute)
+				if st, _, _ := f.p.Lookup(a); st != ipam.StateFree {
+					t.Fatalf("%s is %s after its cooldown, want free", a, st)
+				}
+			}
+
+			f.counting.Store(true)
+			listed, err := f.reg.resync(ctx, []*Pool{f.p}, false)
+			f.counting.Store(false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if listed || f.lists.Load() != 0 || f.gets.Load() != 1 {
+				t.Errorf("the resync listed every VM: %t, with %d lists of VMs and %d gets; want it from the caches, with 0 lists and 1 get",
+					listed, f.lists.Load(), f.gets.Load())
+			}
+			if st, o, _ := f.p.Lookup(a); st != tt.wantState {
+				t.Errorf("%s is %s (to %+v) after the resync, want %s", a, st, o, tt.wantState)
 			}
 		})
 	}

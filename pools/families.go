@@ -68,6 +68,18 @@ func (p *Pool) each(hs []ipam.Holding, fn func(m *ipam.Manager, hs []ipam.Holdin
 	return lacking
 }
 
+// eachMarked is each with the mark of each family's allocator, from the
+// marks mark returned.
+func (p *Pool) eachMarked(hs []ipam.Holding, marks []uint64, fn func(m *ipam.Manager, hs []ipam.Holding, asOf uint64)) {
+	p.each(hs, func(m *ipam.Manager, hs []ipam.Holding) {
+		i := 0
+		if m == p.v6 && p.v4 != nil {
+			i = 1
+		}
+		fn(m, hs, marks[i])
+	})
+}
+
 // recover rebuilds each family's allocator from the store and the live
 // holdings.
 func (p *Pool) recover(ctx context.Context, live []ipam.Holding) (ipam.RecoveryReport, error) {
@@ -108,12 +120,8 @@ func (p *Pool) mark() []uint64 {
 // the marks mark returned before they were listed.
 func (p *Pool) resync(live []ipam.Holding, marks []uint64) ipam.ResyncReport {
 	var rep ipam.ResyncReport
-	p.each(live, func(m *ipam.Manager, hs []ipam.Holding) {
-		i := 0
-		if m == p.v6 && p.v4 != nil {
-			i = 1
-		}
-		rep = rep.Add(m.Resync(hs, marks[i]))
+	p.eachMarked(live, marks, func(m *ipam.Manager, hs []ipam.Holding, asOf uint64) {
+		rep = rep.Add(m.Resync(hs, asOf))
 	})
 	return rep
 }
@@ -121,15 +129,21 @@ func (p *Pool) resync(live []ipam.Holding, marks []uint64) ipam.ResyncReport {
 // unseen is ipam.Manager.Unseen for each family, with the marks mark
 // returned.
 func (p *Pool) unseen(live []ipam.Holding, marks []uint64) (missing []ipam.Tenure, orphans bool) {
-	p.each(live, func(m *ipam.Manager, hs []ipam.Holding) {
-		i := 0
-		if m == p.v6 && p.v4 != nil {
-			i = 1
-		}
-		miss, o := m.Unseen(hs, marks[i])
+	p.eachMarked(live, marks, func(m *ipam.Manager, hs []ipam.Holding, asOf uint64) {
+		miss, o := m.Unseen(hs, asOf)
 		missing, orphans = append(missing, miss...), orphans || o
 	})
 	return missing, orphans
+}
+
+// adopting is ipam.Manager.Adopting for each family, with the marks mark
+// returned.
+func (p *Pool) adopting(live []ipam.Holding, marks []uint64) []ipam.Holding {
+	var out []ipam.Holding
+	p.eachMarked(live, marks, func(m *ipam.Manager, hs []ipam.Holding, asOf uint64) {
+		out = append(out, m.Adopting(hs, asOf)...)
+	})
+	return out
 }
 
 // flush writes what each family's allocator has not written yet.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -81,6 +82,16 @@ func (c *collector) add(obj *unstructured.Unstructured, h ipam.Holding, stamped 
 		if obj.GetLabels()[vmipamv1.HolderLabel] != c.mine {
 			l.elsewhere = append(l.elsewhere, labelled{gvk: obj.GroupVersionKind(), key: client.ObjectKeyFromObject(obj), uid: obj.GetUID(), addr: h.Addr})
 		}
+		c.out[name] = l
+	}
+}
+
+// drop forgets the holdings of the objects whose UIDs are keys of uids:
+// they are read again.
+func (c *collector) drop(uids map[string]string) {
+	for name, l := range c.out {
+		l.holdings = slices.DeleteFunc(l.holdings, func(h ipam.Holding) bool { _, ok := uids[h.Owner.UID]; return ok })
+		l.elsewhere = slices.DeleteFunc(l.elsewhere, func(o labelled) bool { _, ok := uids[string(o.uid)]; return ok })
 		c.out[name] = l
 	}
 }

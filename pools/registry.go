@@ -55,7 +55,8 @@ type Options struct {
 	// FullResyncInterval is how often a resync lists every object from the
 	// API server. The resyncs between read this replica's caches (see
 	// SetCached), and from the API server only the objects that an
-	// allocator holds addresses for and the caches lack. Default 1h; at or
+	// allocator holds addresses for and the caches lack, and those whose
+	// addresses a resync would adopt. Default 1h; at or
 	// below ResyncInterval, every resync lists every object.
 	FullResyncInterval time.Duration
 	// StatusInterval is how often pool status is written when it changed.
