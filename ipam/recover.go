@@ -462,9 +462,11 @@ func (m *Manager) Unseen(live []Holding, asOf uint64) (missing []Tenure, orphans
 	return missing, orphans
 }
 
-// Adopting tells which of live a Resync with asOf would adopt: holdings
-// whose address this Manager holds, as of asOf, in another state or for
-// another machine. A caller whose live may be older than asOf (a replica's
+// Adopting names every holding of live that a Resync with asOf would
+// adopt: holdings whose address this Manager holds, as of asOf, in another
+// state or for another machine. It may name a few more, that Resync then
+// leaves alone (a cooldown that ended since, which Resync sees changed
+// after asOf). A caller whose live may be older than asOf (a replica's
 // informer caches, which lag the API server, by many seconds after its
 // outage) reads those few machines again from the source before the
 // Resync: from an old view, Resync would give an address that cooled down
@@ -495,6 +497,11 @@ const adoptingChunk = 1024
 // since asOf (the list may not show that change yet), is not allocated to
 // h's machine already, and is not the cooldown that h's machine, going,
 // was released into.
+//
+// That Adopting names no fewer rests on touch: every change that could
+// make an entry adoptable (a cooldown's end, a release, a new entry, a
+// reservation or its end) records a change after asOf, and a changed
+// entry is not adopted.
 func adopts(e *entry, h Holding, asOf uint64) bool {
 	return e != nil && e.state != stateReturning && e.changed <= asOf &&
 		(e.state != StateAllocated || e.owner.UID != h.Owner.UID) && (!h.Going || e.state != StateCooldown)

@@ -88,9 +88,9 @@ func TestResyncLeavesEntriesNewerThanItsMark(t *testing.T) {
 }
 
 // TestAdoptingIsWhatResyncAdopts: Adopting names the holdings that a
-// Resync as of the same mark adopts (or finds in conflict), no more and no
-// fewer, since a resync from a replica's caches reads exactly those again
-// from the API server before it acts on them.
+// Resync as of the same mark adopts (or finds in conflict), in each state
+// an address can be in, since a resync from a replica's caches reads those
+// again from the API server before it acts on them.
 func TestAdoptingIsWhatResyncAdopts(t *testing.T) {
 	const uid, other = "vm-uid", "other-uid"
 	for _, tt := range []struct {

@@ -107,11 +107,15 @@ func (r *Registry) liveCached(ctx context.Context, ps []*Pool, ranges map[string
 		if orphans {
 			return nil, false, nil
 		}
-		for _, tn := range miss {
-			again[tn.Owner.UID] = tn.Owner.Ref
-		}
+		// An object's own name, where a cache shows it, is preferred to
+		// the one its allocator recorded.
 		for _, h := range p.adopting(hs, marks) {
 			again[h.Owner.UID] = h.Owner.Ref
+		}
+		for _, tn := range miss {
+			if _, ok := again[tn.Owner.UID]; !ok {
+				again[tn.Owner.UID] = tn.Owner.Ref
+			}
 		}
 		if len(again) > maxConfirms {
 			return nil, false, nil
