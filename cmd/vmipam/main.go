@@ -127,8 +127,8 @@ func main() {
 	flag.BoolVar(&o.history.Off, "no-history", false, "Record no address history (who held which address when, in IPHistory objects; see kubectl vmipam history).")
 	flag.IntVar(&o.history.Keep, "history-keep", history.DefaultKeep, "How many past holders of each address the history keeps.")
 	flag.DurationVar(&o.history.Retention, "history-retention", history.DefaultRetention, "How long the history keeps a record; with --history-keep, whichever keeps less.")
-	flag.DurationVar(&o.resync, "resync-interval", 5*time.Minute, "How often each pool is reconciled against every live object, listed from the API server (see --full-resync-interval for reading this replica's caches between lists).")
-	flag.DurationVar(&o.fullResync, "full-resync-interval", 0, "How often a resync lists every object from the API server; the resyncs between read this replica's caches. 0 (the default) or at most --resync-interval: every resync lists. Off by default: the chaos runs of 2026-12-06 found two holes in reading the caches, both fixed since.")
+	flag.DurationVar(&o.resync, "resync-interval", 5*time.Minute, "How often each pool is reconciled against every live object: from this replica's caches, and from the API server for the objects they lack and those whose addresses it would adopt (see --full-resync-interval).")
+	flag.DurationVar(&o.fullResync, "full-resync-interval", time.Hour, "How often a resync lists every object from the API server instead of reading this replica's caches; 0 or at most --resync-interval: every resync lists.")
 	flag.BoolVar(&o.apiCompression, "kube-api-compression", false, "Ask the API server for gzip-compressed responses and watch streams. Off by default: inside a cluster the bytes are cheap and the compressing (in the API server) and decompressing (here) are not, half of the cost of vmipam's watch of VMs; turn it on where vmipam reaches its API server over a slow link.")
 	zapOpts := zap.Options{Development: false}
 	zapOpts.BindFlags(flag.CommandLine)

@@ -153,7 +153,7 @@ func (b *bench) measureScale(ctx context.Context, rep *report) error {
 	}
 
 	// One resync interval, idle: every replica resyncs once, from its
-	// caches (--full-resync-interval=1h: the default, 0, lists every time).
+	// caches (--full-resync-interval=1h, its default, set here all the same).
 	logf("scale: one resync interval (%s), idle", o.scaleResync)
 	cpu, a0, a1, err := b.around(ctx, func() error {
 		if !sleepFor(ctx, o.scaleResync) {
@@ -309,7 +309,7 @@ func (r *report) scaleSection(b *strings.Builder) {
 	w("## At scale: a fleet of %d VirtualMachines", ph.fleet)
 	w("")
 	w("vmipam ran as %d replicas behind the stand-in for the Service, with %s and `--resync-interval=%s` (and `--full-resync-interval` "+
-		"at an hour, not its default of 0: the idle interval's resyncs read the replicas' caches, and list every VM only if the caches cannot stand for a list). The fleet was created "+
+		"at an hour, its default: the idle interval's resyncs read the replicas' caches, and list every VM only if the caches cannot stand for a list). The fleet was created "+
 		"through them (pool `%s`) before anything else was measured, in two halves; the rounds above ran with it present.",
 		scaleReplicas, holders, ph.resyncInterval, poolName)
 	w("")
