@@ -408,8 +408,10 @@ type ResyncReport struct {
 	Released int
 	Vanished []Tenure
 	// Adopted counts live addresses that were not allocated to their
-	// machine, now allocated.
-	Adopted int
+	// machine, now allocated; Adoptions lists the first maxAdoptions of
+	// them with their machines.
+	Adopted   int
+	Adoptions []Tenure
 	// Deferred counts releases left for the next resync, because the store
 	// does not show the address in use yet (it was adopted since the last
 	// write): a crash before that write would otherwise free it early.
@@ -421,12 +423,19 @@ type ResyncReport struct {
 	Conflicts []error
 }
 
+// maxAdoptions bounds ResyncReport.Adoptions: a resync after a lost
+// watch may adopt thousands, and the list is for a log line.
+const maxAdoptions = 10
+
 // Add returns r and o together: the resyncs of several Managers (the
 // families of one pool) as one.
 func (r ResyncReport) Add(o ResyncReport) ResyncReport {
 	r.Released += o.Released
 	r.Vanished = append(r.Vanished, o.Vanished...)
 	r.Adopted += o.Adopted
+	if n := maxAdoptions - len(r.Adoptions); n > 0 {
+		r.Adoptions = append(r.Adoptions, o.Adoptions[:min(n, len(o.Adoptions))]...)
+	}
 	r.Deferred += o.Deferred
 	r.Settled += o.Settled
 	r.Conflicts = append(r.Conflicts, o.Conflicts...)
@@ -537,6 +546,9 @@ func (m *Manager) Resync(live []Holding, asOf uint64) ResyncReport {
 			continue
 		}
 		rep.Adopted++
+		if len(rep.Adoptions) < maxAdoptions {
+			rep.Adoptions = append(rep.Adoptions, Tenure{Addr: h.Addr, Owner: h.Owner})
+		}
 	}
 	var settled []*entry
 	for _, e := range m.entries {

@@ -145,6 +145,9 @@ func TestAdoptingIsWhatResyncAdopts(t *testing.T) {
 			if adopted := rep.Adopted+len(rep.Conflicts) == 1; adopted != tt.want {
 				t.Errorf("Resync adopted %s: %t (%+v), want %t", a, adopted, rep, tt.want)
 			}
+			if rep.Adopted == 1 && (len(rep.Adoptions) != 1 || rep.Adoptions[0].Addr != a || rep.Adoptions[0].Owner.UID != uid) {
+				t.Errorf("Resync's Adoptions = %+v, want %s for %s", rep.Adoptions, a, uid)
+			}
 		})
 	}
 }
@@ -167,4 +170,24 @@ func released(t *testing.T, m *Manager, _ *fakeClock) netip.Addr {
 		t.Fatal(err)
 	}
 	return a
+}
+
+// TestResyncReportAddBoundsAdoptions: the reports of several allocators
+// together count every adoption and list no more than maxAdoptions.
+func TestResyncReportAddBoundsAdoptions(t *testing.T) {
+	some := func(n int) ResyncReport {
+		r := ResyncReport{Adopted: n}
+		for i := range min(n, maxAdoptions) {
+			r.Adoptions = append(r.Adoptions, Tenure{Addr: netip.AddrFrom4([4]byte{10, 0, 0, byte(i)})})
+		}
+		return r
+	}
+	for _, tt := range []struct{ a, b, wantListed int }{
+		{0, 0, 0}, {3, 4, 7}, {8, 8, maxAdoptions}, {maxAdoptions, 1, maxAdoptions}, {0, 50, maxAdoptions},
+	} {
+		got := some(tt.a).Add(some(tt.b))
+		if got.Adopted != tt.a+tt.b || len(got.Adoptions) != tt.wantListed {
+			t.Errorf("%d adoptions and %d: Adopted %d with %d listed, want %d with %d", tt.a, tt.b, got.Adopted, len(got.Adoptions), tt.a+tt.b, tt.wantListed)
+		}
+	}
 }

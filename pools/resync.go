@@ -87,7 +87,7 @@ func (r *Registry) resync(ctx context.Context, ps []*Pool, full bool) (listed bo
 		if rep.Released > 0 || rep.Adopted > 0 || rep.Settled > 0 || len(rep.Conflicts) > 0 {
 			// settled: orphans, addresses the store showed in use without
 			// saying on which machine, that are on none and now rest.
-			logf.FromContext(ctx).Info("Resynced pool", "pool", p.name, "released", rep.Released, "adopted", rep.Adopted,
+			logf.FromContext(ctx).Info("Resynced pool", "pool", p.name, "released", rep.Released, "adopted", rep.Adopted, "adoptedFirst", adoptions(rep.Adoptions),
 				"settled", rep.Settled, "deferred", rep.Deferred, "conflicts", len(rep.Conflicts))
 		} else if rep.Deferred > 0 {
 			logf.FromContext(ctx).V(1).Info("Resync deferred releases until their blocks are written", "pool", p.name, "deferred", rep.Deferred)
@@ -99,6 +99,16 @@ func (r *Registry) resync(ctx context.Context, ps []*Pool, full bool) (listed bo
 		r.relabel(ctx, p, live.elsewhere)
 	}
 	return !cached, nil
+}
+
+// adoptions names, for a log line, the addresses a resync adopted and the
+// objects it adopted them for: "10.0.0.5 ns/name" each.
+func adoptions(ts []ipam.Tenure) []string {
+	out := make([]string, len(ts))
+	for i, t := range ts {
+		out[i] = t.Addr.String() + " " + t.Owner.Ref
+	}
+	return out
 }
 
 // recordVanished records in the address history the tenures that a resync

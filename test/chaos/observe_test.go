@@ -196,10 +196,16 @@ type logFacts struct {
 type resyncReport struct {
 	at                           time.Time
 	released, adopted, conflicts int
+	// adoptedFirst names the first addresses adopted and their VMs.
+	adoptedFirst []string
 }
 
 func (r resyncReport) String() string {
-	return fmt.Sprintf("%s released %d adopted %d conflicts %d", r.at.Format(time.RFC3339), r.released, r.adopted, r.conflicts)
+	s := fmt.Sprintf("%s released %d adopted %d conflicts %d", r.at.Format(time.RFC3339), r.released, r.adopted, r.conflicts)
+	if len(r.adoptedFirst) > 0 {
+		s += " (" + strings.Join(r.adoptedFirst, ", ") + ")"
+	}
+	return s
 }
 
 func analyzeLogs(text string) logFacts {
@@ -212,6 +218,7 @@ func analyzeLogs(text string) logFacts {
 		var l struct {
 			Level, TS, Msg               string
 			Released, Adopted, Conflicts int
+			AdoptedFirst                 []string
 		}
 		if err := json.Unmarshal([]byte(line), &l); err != nil {
 			continue
@@ -231,7 +238,7 @@ func analyzeLogs(text string) logFacts {
 			f.resyncAdopted += l.Adopted
 			f.resyncConflicts += l.Conflicts
 			at, _ := time.Parse(time.RFC3339, l.TS)
-			f.resyncs = append(f.resyncs, resyncReport{at: at, released: l.Released, adopted: l.Adopted, conflicts: l.Conflicts})
+			f.resyncs = append(f.resyncs, resyncReport{at: at, released: l.Released, adopted: l.Adopted, conflicts: l.Conflicts, adoptedFirst: l.AdoptedFirst})
 		case l.Msg == "Recovered pool":
 			f.recoveryConflicts += l.Conflicts
 		case strings.Contains(line, "leader election lost"):
