@@ -45,6 +45,12 @@ func (r *Registry) Select(ctx context.Context, t kinds.Kind, ns, named string) (
 		pool := &vmipamv1.IPPool{}
 		err := r.opts.Client.Get(ctx, client.ObjectKey{Name: named}, pool, &client.GetOptions{UnsafeDisableDeepCopy: ptr.To(true)})
 		if apierrors.IsNotFound(err) {
+			if r.createdJustNow(ctx, func(c client.Reader) (bool, error) {
+				err := c.Get(ctx, client.ObjectKey{Name: named}, &vmipamv1.IPPool{})
+				return err == nil, client.IgnoreNotFound(err)
+			}) {
+				return nil, fmt.Errorf("%w: IPPool %s was just created, and this replica has not seen it yet", ErrNotReady, named)
+			}
 			return nil, fmt.Errorf("IPPool %q does not exist; create it or name an existing pool", named)
 		} else if err != nil {
 			return nil, fmt.Errorf("read IPPool %s: %w", named, err)
@@ -69,26 +75,23 @@ func (r *Registry) Select(ctx context.Context, t kinds.Kind, ns, named string) (
 	if err := r.opts.Client.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("list IPPools: %w", err)
 	}
-	// By name, as the registry's pools were: the last default pool, and
-	// the matching pool (more than one is refused, named in order).
-	var matched []string
-	var chosen, def *vmipamv1.IPPool
-	for i := range list.Items {
-		pool := &list.Items[i]
-		if pool.Spec.Default && (def == nil || pool.Name > def.Name) {
-			def = pool
-		}
-		if sel := r.selectorOf(pool); sel != nil && !sel.Empty() && sel.Matches(labels.Set(nsObj.Labels)) {
-			matched = append(matched, pool.Name)
-			chosen = pool
-		}
-	}
+	matched, chosen, def := r.applying(list.Items, nsObj)
 	switch {
 	case len(matched) > 1:
 		slices.Sort(matched)
 		return nil, fmt.Errorf("namespace %s matches the namespaceSelector of several IPPools (%s); name one in %s",
 			ns, strings.Join(matched, ", "), where)
 	case chosen == nil && def == nil:
+		if r.createdJustNow(ctx, func(c client.Reader) (bool, error) {
+			var fresh vmipamv1.IPPoolList
+			if err := c.List(ctx, &fresh); err != nil {
+				return false, err
+			}
+			matched, chosen, def := r.applying(fresh.Items, nsObj)
+			return len(matched) > 0 || chosen != nil || def != nil, nil
+		}) {
+			return nil, fmt.Errorf("%w: an IPPool that applies to namespace %s was just created, and this replica has not seen it yet", ErrNotReady, ns)
+		}
 		return nil, errors.New("no IPPool applies: name one in " + where +
 			", give a pool a namespaceSelector matching namespace " + ns + ", or mark one pool spec.default: true")
 	case chosen == nil:
@@ -104,6 +107,40 @@ func (r *Registry) Select(ctx context.Context, t kinds.Kind, ns, named string) (
 	// meant to join, and the operator who paused the pool decides where
 	// they go next (name a pool, or move the selector or the default).
 	return p, r.usable(p, nsObj, where)
+}
+
+// applying returns, of pools, the names of those whose namespace selector
+// matches nsObj, the last of them, and the default pool: by name, as the
+// registry's pools were, the last default pool (more than one matching
+// pool is refused, named in order).
+func (r *Registry) applying(pools []vmipamv1.IPPool, nsObj *corev1.Namespace) (matched []string, chosen, def *vmipamv1.IPPool) {
+	for i := range pools {
+		pool := &pools[i]
+		if pool.Spec.Default && (def == nil || pool.Name > def.Name) {
+			def = pool
+		}
+		if sel := r.selectorOf(pool); sel != nil && !sel.Empty() && sel.Matches(labels.Set(nsObj.Labels)) {
+			matched = append(matched, pool.Name)
+			chosen = pool
+		}
+	}
+	return matched, chosen, def
+}
+
+// createdJustNow tells, before an admission is refused because the cache
+// shows no pool for it, whether the API server shows one: found reads the
+// reader it is given. That is a pool created a moment before the object
+// (kubectl apply of both) that the cache has not seen yet, and the
+// admission is then refused as not ready, which the client retries,
+// instead of as invalid. It costs one read of the API server, on a
+// refusal only. Without an APIReader, or when the read fails, it reports
+// false: the cache's answer stands.
+func (r *Registry) createdJustNow(ctx context.Context, found func(c client.Reader) (bool, error)) bool {
+	if r.opts.APIReader == nil {
+		return false
+	}
+	ok, err := found(r.opts.APIReader)
+	return err == nil && ok
 }
 
 // serving returns the allocator that serves pool, as the cache holds it

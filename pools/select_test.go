@@ -11,7 +11,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/vmipam/vmipam/api/scheme"
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
@@ -182,5 +184,76 @@ func TestLostAllocatorRebuilt(t *testing.T) {
 	}
 	if err := reg.Ensure(ctx, pool); err != nil {
 		t.Fatalf("Ensure of a pool whose allocator was rebuilt: %v", err)
+	}
+}
+
+// TestSelectPoolTheCacheHasNotSeen: an object created a moment after its
+// pool (kubectl apply of both) can reach the webhook before the replica's
+// cache shows the pool. Its admission is refused as not ready, which the
+// client retries, not as invalid ("no IPPool applies", "does not exist"),
+// once the API server shows a pool that applies; with none there either,
+// the refusal stands as before.
+func TestSelectPoolTheCacheHasNotSeen(t *testing.T) {
+	ctx := t.Context()
+	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	team := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team", Labels: map[string]string{"team": "t"}}}
+	for _, tt := range []struct {
+		name  string
+		pool  *vmipamv1.IPPool // created in the API server only; nil for none
+		named string
+		says  string
+		ready bool // the refusal is ErrNotReady
+	}{
+		{name: "a default pool", pool: fixture.Pool("fresh", fixture.WithDefault(), fixture.WithCIDRs("10.0.0.0/28")),
+			ready: true, says: "an IPPool that applies to namespace team was just created"},
+		{name: "a pool selecting the namespace", pool: func() *vmipamv1.IPPool {
+			p := fixture.Pool("fresh", fixture.WithCIDRs("10.0.0.0/28"))
+			p.Spec.NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"team": "t"}}
+			return p
+		}(), ready: true, says: "was just created"},
+		{name: "the pool named", pool: fixture.Pool("fresh", fixture.WithCIDRs("10.0.0.0/28")), named: "fresh",
+			ready: true, says: "IPPool fresh was just created"},
+		{name: "a pool that does not apply", pool: func() *vmipamv1.IPPool {
+			p := fixture.Pool("fresh", fixture.WithCIDRs("10.0.0.0/28"))
+			p.Spec.NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"team": "other"}}
+			return p
+		}(), says: "no IPPool applies"},
+		{name: "no pool, none named", says: "no IPPool applies"},
+		{name: "no pool, one named", named: "nope", says: `IPPool "nope" does not exist`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			api := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(team.DeepCopy()).Build()
+			if tt.pool != nil {
+				if err := api.Create(ctx, tt.pool); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// The cache: the API server's objects, but no IPPool yet.
+			noPools := fake.NewClientBuilder().WithScheme(scheme.Scheme).Build()
+			cache := interceptor.NewClient(api, interceptor.Funcs{
+				Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+					if _, ok := obj.(*vmipamv1.IPPool); ok {
+						return noPools.Get(ctx, key, obj, opts...)
+					}
+					return c.Get(ctx, key, obj, opts...)
+				},
+				List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
+					if _, ok := list.(*vmipamv1.IPPoolList); ok {
+						return noPools.List(ctx, list, opts...)
+					}
+					return c.List(ctx, list, opts...)
+				},
+			})
+			reg := poolstest.StartWith(t, pools.Options{Client: cache, APIReader: api, Kinds: kinds.Default(), Holder: "vmipam", Clock: clk})
+			for deadline := time.Now().Add(10 * time.Second); reg.Serving(ctx) != nil; time.Sleep(10 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("not serving after 10s: %v", reg.Serving(ctx))
+				}
+			}
+			_, err := reg.Select(ctx, kinds.VirtualMachine, "team", tt.named)
+			if err == nil || !strings.Contains(err.Error(), tt.says) || errors.Is(err, pools.ErrNotReady) != tt.ready {
+				t.Errorf("Select: %v; want a refusal saying %q, ErrNotReady %t", err, tt.says, tt.ready)
+			}
+		})
 	}
 }

@@ -29,6 +29,13 @@ func Start(t testing.TB, c client.Client, clk ipam.Clock, holder string, ps ...*
 	return start(t, pools.Options{Client: c, APIReader: c, Kinds: kinds.Default(), Holder: holder, Clock: clk}, ps...)
 }
 
+// StartWith is Start with opts (its clients, clock and holder among
+// them), whose periodic loops it slows to an hour.
+func StartWith(t testing.TB, opts pools.Options, ps ...*vmipamv1.IPPool) *pools.Registry {
+	t.Helper()
+	return start(t, opts, ps...)
+}
+
 // start is Start with opts, whose periodic loops it slows to an hour.
 func start(t testing.TB, opts pools.Options, ps ...*vmipamv1.IPPool) *pools.Registry {
 	t.Helper()
