@@ -45,10 +45,9 @@ func (r *Registry) Select(ctx context.Context, t kinds.Kind, ns, named string) (
 		pool := &vmipamv1.IPPool{}
 		err := r.opts.Client.Get(ctx, client.ObjectKey{Name: named}, pool, &client.GetOptions{UnsafeDisableDeepCopy: ptr.To(true)})
 		if apierrors.IsNotFound(err) {
-			if r.createdJustNow(ctx, func(c client.Reader) (bool, error) {
-				err := c.Get(ctx, client.ObjectKey{Name: named}, &vmipamv1.IPPool{})
-				return err == nil, client.IgnoreNotFound(err)
-			}) {
+			// Created a moment before the object (kubectl apply of both),
+			// and not in the cache yet: see justCreated.
+			if r.opts.APIReader.Get(ctx, client.ObjectKey{Name: named}, &vmipamv1.IPPool{}) == nil {
 				return nil, fmt.Errorf("%w: IPPool %s was just created, and this replica has not seen it yet", ErrNotReady, named)
 			}
 			return nil, fmt.Errorf("IPPool %q does not exist; create it or name an existing pool", named)
@@ -82,14 +81,7 @@ func (r *Registry) Select(ctx context.Context, t kinds.Kind, ns, named string) (
 		return nil, fmt.Errorf("namespace %s matches the namespaceSelector of several IPPools (%s); name one in %s",
 			ns, strings.Join(matched, ", "), where)
 	case chosen == nil && def == nil:
-		if r.createdJustNow(ctx, func(c client.Reader) (bool, error) {
-			var fresh vmipamv1.IPPoolList
-			if err := c.List(ctx, &fresh); err != nil {
-				return false, err
-			}
-			matched, chosen, def := r.applying(fresh.Items, nsObj)
-			return len(matched) > 0 || chosen != nil || def != nil, nil
-		}) {
+		if r.justCreated(ctx, nsObj) {
 			return nil, fmt.Errorf("%w: an IPPool that applies to namespace %s was just created, and this replica has not seen it yet", ErrNotReady, ns)
 		}
 		return nil, errors.New("no IPPool applies: name one in " + where +
@@ -127,20 +119,20 @@ func (r *Registry) applying(pools []vmipamv1.IPPool, nsObj *corev1.Namespace) (m
 	return matched, chosen, def
 }
 
-// createdJustNow tells, before an admission is refused because the cache
-// shows no pool for it, whether the API server shows one: found reads the
-// reader it is given. That is a pool created a moment before the object
-// (kubectl apply of both) that the cache has not seen yet, and the
-// admission is then refused as not ready, which the client retries,
-// instead of as invalid. It costs one read of the API server, on a
-// refusal only. Without an APIReader, or when the read fails, it reports
-// false: the cache's answer stands.
-func (r *Registry) createdJustNow(ctx context.Context, found func(c client.Reader) (bool, error)) bool {
-	if r.opts.APIReader == nil {
+// justCreated tells, before an admission is refused because the cache
+// shows no pool that applies to namespace nsObj, whether the API server
+// shows one: a pool created a moment before the object (kubectl apply of
+// both) that the cache has not seen yet. The admission is then refused as
+// not ready, which the client retries, instead of as invalid. It costs one
+// read of the API server, on a refusal only; when that read fails, the
+// cache's answer stands. Select reads a pool it is named the same way.
+func (r *Registry) justCreated(ctx context.Context, nsObj *corev1.Namespace) bool {
+	var fresh vmipamv1.IPPoolList
+	if err := r.opts.APIReader.List(ctx, &fresh); err != nil {
 		return false
 	}
-	ok, err := found(r.opts.APIReader)
-	return err == nil && ok
+	_, chosen, def := r.applying(fresh.Items, nsObj)
+	return chosen != nil || def != nil
 }
 
 // serving returns the allocator that serves pool, as the cache holds it
