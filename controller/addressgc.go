@@ -368,7 +368,7 @@ func (r *AddressGC) gather(ctx context.Context, obj *unstructured.Unstructured) 
 			f.pool, err = r.Registry.Select(ctx, r.Kind, obj.GetNamespace(), named)
 		}
 		if err != nil {
-			f.noPool = err
+			f.noPool, f.retry = err, errors.Is(err, pools.ErrNotReady)
 			return f, nil
 		}
 	}

@@ -20,9 +20,12 @@ type facts struct {
 	// no address and naming no pool, its kind's condition leaves it out.
 	notOurs bool
 	// pool is its pool, nil when none is known; noPool says why none could
-	// be selected for an object without an address.
+	// be selected for an object without an address, retry that a retry
+	// will do (pools.ErrNotReady: a pool is recovering, or was created
+	// after this replica's cache last saw the pools).
 	pool   *pools.Pool
 	noPool error
+	retry  bool
 	// poolsUnknown: some pool is not recovered yet (asked only for an
 	// object being deleted whose pool is not known).
 	poolsUnknown bool
@@ -69,6 +72,9 @@ func decide(f facts) (action, time.Duration) {
 		return actInvalidAddress, 0
 	case f.notOurs:
 		return actWait, 0
+	case f.noPool != nil && f.retry:
+		// Not a reason to warn: the pool shows up within seconds.
+		return actWait, time.Second
 	case f.noPool != nil:
 		return actNoPool, time.Minute
 	case f.pool == nil:
