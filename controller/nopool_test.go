@@ -1,7 +1,6 @@
 package controller_test
 
 import (
-	"context"
 	"strings"
 	"testing"
 	"time"
@@ -13,13 +12,11 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
-	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/vmipam/vmipam/api/scheme"
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/controller"
 	"github.com/vmipam/vmipam/kinds"
-	"github.com/vmipam/vmipam/pools"
 	"github.com/vmipam/vmipam/pools/poolstest"
 	"github.com/vmipam/vmipam/test/fixture"
 )
@@ -50,21 +47,7 @@ func TestReconcileBeforeThePoolIsSeen(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			noPools := fake.NewClientBuilder().WithScheme(scheme.Scheme).Build()
-			cache := interceptor.NewClient(api, interceptor.Funcs{
-				List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
-					if _, ok := list.(*vmipamv1.IPPoolList); ok {
-						return noPools.List(ctx, list, opts...)
-					}
-					return c.List(ctx, list, opts...)
-				},
-			})
-			reg := poolstest.StartWith(t, pools.Options{Client: cache, APIReader: api, Kinds: kinds.Default(), Holder: "vmipam", Clock: clk})
-			for deadline := time.Now().Add(10 * time.Second); reg.Serving(ctx) != nil; time.Sleep(10 * time.Millisecond) {
-				if time.Now().After(deadline) {
-					t.Fatalf("not serving after 10s: %v", reg.Serving(ctx))
-				}
-			}
+			reg := poolstest.StartUnseen(t, api, clk)
 			vm := &vmipamv1.VirtualMachine{
 				ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "bypassed", UID: "uid-bypassed"},
 				Spec:       vmipamv1.VirtualMachineSpec{Image: "registry.example/vm:1", CPUs: 1, Memory: "1Gi"},

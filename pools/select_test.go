@@ -11,9 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clocktesting "k8s.io/utils/clock/testing"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
-	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/vmipam/vmipam/api/scheme"
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
@@ -229,27 +227,7 @@ func TestSelectPoolTheCacheHasNotSeen(t *testing.T) {
 				}
 			}
 			// The cache: the API server's objects, but no IPPool yet.
-			noPools := fake.NewClientBuilder().WithScheme(scheme.Scheme).Build()
-			cache := interceptor.NewClient(api, interceptor.Funcs{
-				Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
-					if _, ok := obj.(*vmipamv1.IPPool); ok {
-						return noPools.Get(ctx, key, obj, opts...)
-					}
-					return c.Get(ctx, key, obj, opts...)
-				},
-				List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
-					if _, ok := list.(*vmipamv1.IPPoolList); ok {
-						return noPools.List(ctx, list, opts...)
-					}
-					return c.List(ctx, list, opts...)
-				},
-			})
-			reg := poolstest.StartWith(t, pools.Options{Client: cache, APIReader: api, Kinds: kinds.Default(), Holder: "vmipam", Clock: clk})
-			for deadline := time.Now().Add(10 * time.Second); reg.Serving(ctx) != nil; time.Sleep(10 * time.Millisecond) {
-				if time.Now().After(deadline) {
-					t.Fatalf("not serving after 10s: %v", reg.Serving(ctx))
-				}
-			}
+			reg := poolstest.StartUnseen(t, api, clk)
 			_, err := reg.Select(ctx, kinds.VirtualMachine, "team", tt.named)
 			if err == nil || !strings.Contains(err.Error(), tt.says) || errors.Is(err, pools.ErrNotReady) != tt.ready {
 				t.Errorf("Select: %v; want a refusal saying %q, ErrNotReady %t", err, tt.says, tt.ready)

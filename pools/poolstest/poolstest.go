@@ -14,7 +14,10 @@ import (
 	"time"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
+	"github.com/vmipam/vmipam/api/scheme"
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/ipam"
 	"github.com/vmipam/vmipam/kinds"
@@ -48,6 +51,36 @@ func start(t testing.TB, opts pools.Options, ps ...*vmipamv1.IPPool) *pools.Regi
 	for _, p := range ps {
 		if err := reg.Ensure(t.Context(), p); err != nil {
 			t.Fatalf("recover IPPool %s: %v", p.Name, err)
+		}
+	}
+	return reg
+}
+
+// StartUnseen returns a Registry of vmipam's own kind over api, on clock
+// clk, serving once started, whose cache of IPPools has seen none of
+// those in api: a pool created a moment before it was needed. Every
+// other read of the cache is api's.
+func StartUnseen(t testing.TB, api client.WithWatch, clk ipam.Clock) *pools.Registry {
+	t.Helper()
+	noPools := fake.NewClientBuilder().WithScheme(scheme.Scheme).Build()
+	cache := interceptor.NewClient(api, interceptor.Funcs{
+		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			if _, ok := obj.(*vmipamv1.IPPool); ok {
+				return noPools.Get(ctx, key, obj, opts...)
+			}
+			return c.Get(ctx, key, obj, opts...)
+		},
+		List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
+			if _, ok := list.(*vmipamv1.IPPoolList); ok {
+				return noPools.List(ctx, list, opts...)
+			}
+			return c.List(ctx, list, opts...)
+		},
+	})
+	reg := start(t, pools.Options{Client: cache, APIReader: api, Kinds: kinds.Default(), Holder: "vmipam", Clock: clk})
+	for deadline := time.Now().Add(10 * time.Second); reg.Serving(t.Context()) != nil; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("not serving after 10s: %v", reg.Serving(t.Context()))
 		}
 	}
 	return reg
