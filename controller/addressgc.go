@@ -69,6 +69,8 @@ type AddressGC struct {
 	Registry  *pools.Registry
 	Kind      kinds.Kind
 	Recorder  events.EventRecorder
+	// Clock defaults to the system clock; it tells an object's age.
+	Clock ipam.Clock
 	// MaxConcurrentReconciles defaults to 16: a reconcile mostly waits for
 	// its finalizer patch, so more in flight keep mass deletions moving,
 	// and the releases that must be flushed share their pool's flush.
@@ -368,7 +370,14 @@ func (r *AddressGC) gather(ctx context.Context, obj *unstructured.Unstructured) 
 			f.pool, err = r.Registry.Select(ctx, r.Kind, obj.GetNamespace(), named)
 		}
 		if err != nil {
-			f.noPool, f.retry = err, errors.Is(err, pools.ErrNotReady)
+			f.noPool = err
+			// Quietly, and soon, while the object is young: a pool
+			// created a moment before it, not seen yet, or one still
+			// recovering. Past that, the same refusal may last (a
+			// recovery that keeps failing, the holder lease lost in an
+			// API server outage), and the object's owner, who may not
+			// read IPPools, hears why from the warning.
+			f.retry = errors.Is(err, pools.ErrNotReady) && r.now().Sub(obj.GetCreationTimestamp().Time) < retryGrace
 			return f, nil
 		}
 	}
@@ -391,6 +400,19 @@ func (r *AddressGC) gather(ctx context.Context, obj *unstructured.Unstructured) 
 		f.chosen = r.Registry.Chosen(string(obj.GetUID()))
 	}
 	return f, nil
+}
+
+// retryGrace is how long after an object's creation a refusal of its
+// pool that a retry may end (pools.ErrNotReady) is retried every second
+// without a warning.
+const retryGrace = time.Minute
+
+// now reads Clock.
+func (r *AddressGC) now() time.Time {
+	if r.Clock != nil {
+		return r.Clock.Now()
+	}
+	return time.Now()
 }
 
 // act does what decide chose for obj.

@@ -21,8 +21,10 @@ type facts struct {
 	notOurs bool
 	// pool is its pool, nil when none is known; noPool says why none could
 	// be selected for an object without an address, retry that a retry
-	// will do (pools.ErrNotReady: a pool is recovering, or was created
-	// after this replica's cache last saw the pools).
+	// soon is likely to do, without a warning: pools.ErrNotReady (a pool
+	// recovering, or created after this replica's cache last saw the
+	// pools, or this replica's holder lease not held) for an object
+	// created less than a minute ago.
 	pool   *pools.Pool
 	noPool error
 	retry  bool
@@ -73,7 +75,8 @@ func decide(f facts) (action, time.Duration) {
 	case f.notOurs:
 		return actWait, 0
 	case f.noPool != nil && f.retry:
-		// Not a reason to warn: the pool shows up within seconds.
+		// Not a reason to warn yet: most such refusals end within
+		// seconds.
 		return actWait, time.Second
 	case f.noPool != nil:
 		return actNoPool, time.Minute

@@ -23,7 +23,7 @@ func TestDecide(t *testing.T) {
 		"an address that cannot be read":                        {f: facts{addrErr: errors.New("not an IP")}, want: actInvalidAddress},
 		"not vmipam's":                                          {f: facts{notOurs: true}, want: actWait},
 		"no pool for an object without an address":              {f: facts{noPool: errors.New("no default pool")}, want: actNoPool, after: time.Minute},
-		"no pool yet, a retry will do":                          {f: facts{noPool: errors.New("just created"), retry: true}, want: actWait, after: time.Second},
+		"no pool yet, a retry will do, the object young":        {f: facts{noPool: errors.New("just created"), retry: true}, want: actWait, after: time.Second},
 		"deleted, its pool unknown while pools recover":         {f: facts{deleted: true, finalizer: true, poolsUnknown: true}, want: actWait, after: time.Second},
 		"deleted, its pool gone":                                {f: facts{deleted: true, finalizer: true}, want: actRemoveFinalizer},
 		"an address outside every pool":                         {f: facts{addrs: one}, want: actWait},

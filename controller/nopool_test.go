@@ -25,20 +25,24 @@ import (
 // user who bypassed the webhook right after the IPPool that applies to its
 // namespace, is reconciled before this replica's cache shows the pool. The
 // pool is not missing, only not seen yet: the controller looks again in a
-// second, and warns of nothing. It used to record a NoPool warning on the
-// VM and look again a minute later.
+// second, and warns of nothing, for the VM's first minute. It used to
+// record a NoPool warning on the VM and look again a minute later.
 func TestReconcileBeforeThePoolIsSeen(t *testing.T) {
 	ctx := t.Context()
 	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	team := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team"}}
 	for _, tt := range []struct {
 		name string
-		pool bool // a default pool is in the API server (never in the cache)
+		pool bool          // a default pool is in the API server (never in the cache)
+		age  time.Duration // of the VM
 		want time.Duration
 		warn string
 	}{
-		{name: "a default pool the cache has not seen", pool: true, want: time.Second},
-		{name: "no pool", want: time.Minute, warn: "NoPool"},
+		{name: "a default pool the cache has not seen", pool: true, age: 5 * time.Second, want: time.Second},
+		// The same refusal a minute on may last (a lease lost, a
+		// recovery that keeps failing): the VM's owner hears why.
+		{name: "a default pool the cache has not seen, an old VM", pool: true, age: 2 * time.Minute, want: time.Minute, warn: "NoPool"},
+		{name: "no pool", age: 5 * time.Second, want: time.Minute, warn: "NoPool"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			api := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(team.DeepCopy()).Build()
@@ -49,14 +53,14 @@ func TestReconcileBeforeThePoolIsSeen(t *testing.T) {
 			}
 			reg := poolstest.StartUnseen(t, api, clk)
 			vm := &vmipamv1.VirtualMachine{
-				ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "bypassed", UID: "uid-bypassed"},
+				ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "bypassed", UID: "uid-bypassed", CreationTimestamp: metav1.NewTime(clk.Now().Add(-tt.age))},
 				Spec:       vmipamv1.VirtualMachineSpec{Image: "registry.example/vm:1", CPUs: 1, Memory: "1Gi"},
 			}
 			if err := api.Create(ctx, vm); err != nil {
 				t.Fatal(err)
 			}
 			rec := events.NewFakeRecorder(10)
-			gc := &controller.AddressGC{Client: api, Registry: reg, Kind: kinds.VirtualMachine, Recorder: rec}
+			gc := &controller.AddressGC{Client: api, Registry: reg, Kind: kinds.VirtualMachine, Recorder: rec, Clock: clk}
 			res, err := gc.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(vm)})
 			if err != nil {
 				t.Fatal(err)

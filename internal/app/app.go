@@ -196,7 +196,7 @@ func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
 			}
 			return (&controller.AddressGC{
 				Client: mgr.GetClient(), Reader: objects, Own: own, Unlabeled: unlabeled, APIReader: mgr.GetAPIReader(), Registry: reg, Kind: t,
-				Recorder: mgr.GetEventRecorder("vmipam"), MaxConcurrentReconciles: opts.MaxConcurrentReconciles,
+				Recorder: mgr.GetEventRecorder("vmipam"), MaxConcurrentReconciles: opts.MaxConcurrentReconciles, Clock: opts.Clock,
 			}).SetupWithManager(mgr)
 		}); err != nil {
 			return nil, err

@@ -41,7 +41,8 @@ const (
 )
 
 // settings are the knobs, from the environment; the defaults are the short
-// run of `make test`, `make chaos` sets the long one.
+// run of `make test-chaos` (which CI runs after `make test`), `make chaos`
+// sets the long one.
 type settings struct {
 	duration    time.Duration // CHAOS_DURATION: minimum length of the load
 	kills       int           // CHAOS_KILLS: SIGKILLs of vmipam

@@ -12,7 +12,7 @@
 // restarted CHAOS_APISERVER_RESTARTS times (1) on the same address and
 // certificates, for at least CHAOS_DURATION (40s) of load. A replica
 // exiting on its own is counted and restarted. With CHAOS_REPLICAS=1 the
-// one process is killed and restarted instead. `make test` runs these
+// one process is killed and restarted instead. `make test-chaos` runs these
 // defaults (about two and a half minutes); `make chaos` runs three
 // minutes, 12 kills and 3 rolling restarts. CHAOS_CIDR (10.99.0.0/23),
 // CHAOS_THINK, CHAOS_SEED (to replay a schedule), CHAOS_LOGS (a file for
