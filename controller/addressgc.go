@@ -377,7 +377,7 @@ func (r *AddressGC) gather(ctx context.Context, obj *unstructured.Unstructured) 
 			// recovery that keeps failing, the holder lease lost in an
 			// API server outage), and the object's owner, who may not
 			// read IPPools, hears why from the warning.
-			f.retry = errors.Is(err, pools.ErrNotReady) && r.now().Sub(obj.GetCreationTimestamp().Time) < retryGrace
+			f.retry = errors.Is(err, pools.ErrNotReady) && now(r.Clock).Sub(obj.GetCreationTimestamp().Time) < retryGrace
 			return f, nil
 		}
 	}
@@ -406,14 +406,6 @@ func (r *AddressGC) gather(ctx context.Context, obj *unstructured.Unstructured) 
 // pool that a retry may end (pools.ErrNotReady) is retried every second
 // without a warning.
 const retryGrace = time.Minute
-
-// now reads Clock.
-func (r *AddressGC) now() time.Time {
-	if r.Clock != nil {
-		return r.Clock.Now()
-	}
-	return time.Now()
-}
 
 // act does what decide chose for obj.
 func (r *AddressGC) act(ctx context.Context, obj *unstructured.Unstructured, f facts, do action, after time.Duration) (ctrl.Result, error) {

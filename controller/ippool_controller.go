@@ -172,7 +172,7 @@ func (r *IPPoolReconciler) deleting(ctx context.Context, pool *vmipamv1.IPPool) 
 			wait := 10 * time.Second
 			if next := p.Settles(); !next.IsZero() {
 				until = " (the last ends at " + next.UTC().Format(time.RFC3339) + ")"
-				wait = min(max(next.Sub(r.now()), time.Second), wait)
+				wait = min(max(next.Sub(now(r.Clock)), time.Second), wait)
 			}
 			r.event(pool, corev1.EventTypeNormal, "WaitingForCooldown",
 				"No object holds an address of this pool; waiting for %d pending reservations and %d cooling-down addresses%s",
@@ -230,9 +230,11 @@ func (r *IPPoolReconciler) deleteBlocks(ctx context.Context, pool *vmipamv1.IPPo
 	return nil
 }
 
-func (r *IPPoolReconciler) now() time.Time {
-	if r.Clock != nil {
-		return r.Clock.Now()
+// now reads clk, or the system clock when clk is nil: the controllers'
+// Clock fields default to it.
+func now(clk ipam.Clock) time.Time {
+	if clk != nil {
+		return clk.Now()
 	}
 	return time.Now()
 }
