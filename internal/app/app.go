@@ -14,6 +14,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	toolscache "k8s.io/client-go/tools/cache"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -23,6 +24,7 @@ import (
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/controller"
 	"github.com/vmipam/vmipam/history"
+	"github.com/vmipam/vmipam/internal/rawwatch"
 	"github.com/vmipam/vmipam/ipam"
 	"github.com/vmipam/vmipam/kinds"
 	"github.com/vmipam/vmipam/metrics"
@@ -93,15 +95,17 @@ func CacheOptions(namespace string) cache.Options {
 // another replica is in neither. The replica's own objects, which vmipam
 // stamped, are watched as metadata only where that suffices
 // (kinds.Kind.MetadataSuffices; shardReader reads them); the others
-// whole (kinds.Kind.Trim), since an object that bypassed the webhook
-// may hold its address anywhere and its kind's condition may read its
-// spec.
+// whole, trimmed (kinds.Kind.Trim), since an object that bypassed the
+// webhook may hold its address anywhere and its kind's condition may read
+// its spec. The objects watched whole are decoded straight into what Trim
+// keeps (kinds.Kind.DecodeTrimmed, through package rawwatch), not whole
+// into maps and then trimmed.
 func kindCaches(mgr ctrl.Manager, t kinds.Kind, holder string) (own, unlabeled cache.Cache, err error) {
 	unlabelled, err := pools.Unlabelled()
 	if err != nil {
 		return nil, nil, err
 	}
-	ownObj, ownTrim := client.Object(t.New()), toolscache.TransformFunc(t.Trim)
+	ownObj, ownTrim := client.Object(t.New()), toolscache.TransformFunc(nil)
 	if t.MetadataSuffices() {
 		ownObj, ownTrim = t.NewMetadata(), t.TrimOwn(pools.HolderLabelValue(holder))
 	}
@@ -112,12 +116,25 @@ func kindCaches(mgr ctrl.Manager, t kinds.Kind, holder string) (own, unlabeled c
 		trim toolscache.TransformFunc
 	}{
 		{&own, labels.SelectorFromSet(labels.Set{vmipamv1.HolderLabel: pools.HolderLabelValue(holder)}), ownObj, ownTrim},
-		{&unlabeled, unlabelled, t.New(), t.Trim},
+		{&unlabeled, unlabelled, t.New(), nil},
 	} {
-		c, err := cache.New(mgr.GetConfig(), cache.Options{
+		opts := cache.Options{
 			HTTPClient: mgr.GetHTTPClient(), Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(),
 			ByObject: map[client.Object]cache.ByObject{sel.obj: {Label: sel.sel, Transform: sel.trim}},
-		})
+		}
+		if sel.trim == nil {
+			// Watched whole: decoded straight into what Trim keeps
+			// (kinds.Kind.DecodeTrimmed), instead of whole into maps by
+			// the dynamic client, then trimmed.
+			lw, err := rawwatch.New(mgr.GetConfig(), mgr.GetHTTPClient(), t.GVR(), sel.sel, t.DecodeTrimmed)
+			if err != nil {
+				return nil, nil, err
+			}
+			opts.NewInformer = func(_ toolscache.ListerWatcher, obj runtime.Object, resync time.Duration, idx toolscache.Indexers) toolscache.SharedIndexInformer {
+				return toolscache.NewSharedIndexInformer(lw, obj, resync, idx)
+			}
+		}
+		c, err := cache.New(mgr.GetConfig(), opts)
 		if err != nil {
 			return nil, nil, fmt.Errorf("make a cache of %s: %w", t.GVR().GroupResource(), err)
 		}
