@@ -24,7 +24,7 @@ ENVTEST_ASSETS = $$(hack/envtest-assets.sh)
 # Fuzz targets whose seed corpus runs in `make test`; `make fuzz` explores.
 FUZZTIME ?= 30s
 FUZZ_TARGETS := ipam:FuzzParseRanges ipam:FuzzDecodeBlock ipam:FuzzOperations webhook:FuzzAdmission \
-	lib/jsonscan:FuzzExtract lib/jsonscan:FuzzKeyEquals kinds:FuzzStampPatch webhook/transport:FuzzEncodeReview \
+	lib/jsonscan:FuzzExtract lib/jsonscan:FuzzKeyEquals kinds:FuzzStampPatch kinds:FuzzDecodeTrimmed webhook/transport:FuzzEncodeReview \
 	webhook/transport:FuzzDecodeReview
 
 .PHONY: help
@@ -133,6 +133,7 @@ bench: ## Allocator, admission and validation benchmarks, then the end-to-end lo
 	$(GO) test -run '^$$' -bench 'AdmissionHeap|ValidateIPPoolAtLimits' -benchmem -benchtime 20x ./webhook/
 	$(GO) test -run '^$$' -bench 'DecodeReview|EncodeReview' -benchmem ./webhook/transport/
 	$(GO) test -run '^$$' -bench . -benchmem ./lib/jsonscan/
+	$(GO) test -run '^$$' -bench DecodeTrimmed -benchmem ./kinds/
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" $(GO) run ./hack/e2ebench $(E2E_BENCH_FLAGS)
 
 .PHONY: fuzz

@@ -49,7 +49,7 @@ var decodeObjects = map[string]string{
 	"escaped": `{"ki\u006ed":"VirtualMachine","met\u0061data":{"n\u0061me":"esc\u00e9","annotations":{"vmipam.io\/address":"10.1.1.1","vmipam.io/tok\u0065n":"\ud83d\ude00"}},"sp\u0065c":{"ip\u0050ool":"\u0070"}}`,
 	"wrongTypes": `{"apiVersion":7,"kind":"VirtualMachine","metadata":{"name":1,"namespace":true,"generation":1.5,"finalizers":"x","labels":["vmipam.io/holder"],"annotations":"a"},
 		"spec":{"addresses":"10.0.0.1","ipPool":{"name":"p"},"template":[]},"status":"none"}`,
-	"nulls": `{"apiVersion":null,"kind":"VirtualMachine","metadata":{"deletionTimestamp":null,"labels":null,"annotations":null},"spec":null,"status":null}`,
+	"nulls":             `{"apiVersion":null,"kind":"VirtualMachine","metadata":{"deletionTimestamp":null,"labels":null,"annotations":null},"spec":null,"status":null}`,
 	"metadataNotObject": `{"kind":"VirtualMachine","metadata":"x","spec":{"addresses":[]}}`,
 	"noMetadata":        `{"kind":"VirtualMachine","spec":{"ipPool":"p","address":{"nested":[1,2.0,-3e2,1e300,12345678901234567890,-0]}}}`,
 	"onlyKind":          `{"kind":"VirtualMachine"}`,

@@ -1,6 +1,7 @@
 package rawwatch
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -260,9 +261,7 @@ func TestDecodeStream(t *testing.T) {
 	if typ, _, err = d.Decode(); err == nil || !strings.Contains(err.Error(), "SURPRISE") {
 		t.Errorf("unknown event: %s %v; want an error naming it", typ, err)
 	}
-	if _, _, err = d.Decode(); err != io.EOF {
+	if _, _, err = d.Decode(); !errors.Is(err, io.EOF) {
 		t.Errorf("end of stream: %v, want EOF", err)
 	}
 }
-
-
