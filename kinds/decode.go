@@ -20,8 +20,8 @@ import (
 //
 // This is how a replica reads the objects it does not look after (those
 // without a holder label, most of them not vmipam's at all): decoding each
-// of their watch events whole, twice, was most of vmipam's CPU in a fleet
-// whose creates did not go through vmipam.
+// of their watch events whole into maps was most of vmipam's CPU in a
+// fleet whose creates did not go through vmipam.
 //
 // data must be valid JSON (the watch's framing checks each event); on
 // invalid input the result is unspecified, but DecodeTrimmed does not

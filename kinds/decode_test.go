@@ -106,14 +106,15 @@ func checkDecodeTrimmed(t *testing.T, tg Kind, data []byte, must bool) {
 }
 
 // FuzzDecodeTrimmed checks DecodeTrimmed against Trim of the whole object
-// on any valid JSON object, for every kind above.
+// on any valid JSON object the oracle decodes (one with a string kind), for
+// every kind above.
 func FuzzDecodeTrimmed(f *testing.F) {
 	for _, data := range decodeObjects {
 		f.Add([]byte(data))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		if !json.Valid(data) || strings.Contains(string(data), `"items"`) {
-			// The oracle decodes an object with items as a list.
+		if !json.Valid(data) {
+			// jsonscan's premise: the watch's framing checks each event.
 			return
 		}
 		for _, tg := range decodeKinds {

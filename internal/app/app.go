@@ -13,6 +13,7 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -130,8 +131,13 @@ func kindCaches(mgr ctrl.Manager, t kinds.Kind, holder string) (own, unlabeled c
 			if err != nil {
 				return nil, nil, err
 			}
-			opts.NewInformer = func(_ toolscache.ListerWatcher, obj runtime.Object, resync time.Duration, idx toolscache.Indexers) toolscache.SharedIndexInformer {
-				return toolscache.NewSharedIndexInformer(lw, obj, resync, idx)
+			opts.NewInformer = func(crlw toolscache.ListerWatcher, obj runtime.Object, resync time.Duration, idx toolscache.Indexers) toolscache.SharedIndexInformer {
+				if u, ok := obj.(*unstructured.Unstructured); ok && u.GroupVersionKind() == t.GVK {
+					// This cache's one informer: lw applies the
+					// selector that controller-runtime's would.
+					return toolscache.NewSharedIndexInformer(lw, obj, resync, idx)
+				}
+				return toolscache.NewSharedIndexInformer(crlw, obj, resync, idx)
 			}
 		}
 		c, err := cache.New(mgr.GetConfig(), opts)

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -135,10 +136,17 @@ func (l *ListWatch) ListWithContext(ctx context.Context, opts metav1.ListOptions
 	if jsonscan.KindOf(items) != jsonscan.KindArray {
 		return list, nil
 	}
+	// The API server leaves out the items' type in a built-in kind's list;
+	// like the dynamic client, take it from the list's.
+	itemKind, itemVersion := strings.TrimSuffix(list.GetKind(), "List"), list.GetAPIVersion()
 	if err := jsonscan.Each(items, func(_ int, elem []byte) bool {
 		var u *unstructured.Unstructured
 		if u, derr = l.decode(elem); derr != nil {
 			return false
+		}
+		if u.GetKind() == "" && u.GetAPIVersion() == "" {
+			u.SetKind(itemKind)
+			u.SetAPIVersion(itemVersion)
 		}
 		list.Items = append(list.Items, *u)
 		return true
