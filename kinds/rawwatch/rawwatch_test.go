@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,6 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
+	clientfeatures "k8s.io/client-go/features"
+	clientfeaturestesting "k8s.io/client-go/features/testing"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -203,39 +206,69 @@ func TestWatchEvents(t *testing.T) {
 }
 
 // TestInformer runs client-go's informer on the ListWatch, with its
-// streaming list (the WatchListClient feature, on by default): its store
-// holds the unlabelled VMs, trimmed, and follows a create.
+// streaming list (the WatchListClient feature, on by default) and with a
+// list then a watch (the feature off, or an API server without it): its
+// store holds the unlabelled VMs, trimmed, and follows a create.
 func TestInformer(t *testing.T) {
-	ctx := t.Context()
-	lw := setup(t, "informer", 4)
-	inf := toolscache.NewSharedIndexInformer(lw, vm.New(), 0, toolscache.Indexers{toolscache.NamespaceIndex: toolscache.MetaNamespaceIndexFunc})
-	go inf.RunWithContext(ctx)
-	if !toolscache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
-		t.Fatal("the informer did not sync")
-	}
-	if err := k8s.Create(ctx, newVM("informer", "late", "")); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		objs, err := inf.GetIndexer().ByIndex(toolscache.NamespaceIndex, "informer")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(objs) == 5 {
-			for _, o := range objs {
-				u := o.(*unstructured.Unstructured)
-				checkTrimmed(t, u, "informer")
-				if strings.HasPrefix(u.GetName(), "l-") {
-					t.Errorf("%s is labelled and not selected", u.GetName())
-				}
+	for name, streaming := range map[string]bool{"streaming-list": true, "list-then-watch": false} {
+		t.Run(name, func(t *testing.T) {
+			clientfeaturestesting.SetFeatureDuringTest(t, clientfeatures.WatchListClient, streaming)
+			ctx := t.Context()
+			ns := "informer-" + name
+			setup(t, ns, 4)
+			// The same ListWatch as setup's, through a transport that
+			// tells whether the reflector streamed its list.
+			var streamed atomic.Bool
+			rc := rest.CopyConfig(cfg)
+			rc.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+				return roundTripper(func(r *http.Request) (*http.Response, error) {
+					if r.URL.Query().Get("sendInitialEvents") == "true" {
+						streamed.Store(true)
+					}
+					return rt.RoundTrip(r)
+				})
+			})
+			sel, err := pools.Unlabelled()
+			if err != nil {
+				t.Fatal(err)
 			}
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the store holds %d VMs of namespace informer, want u-0..u-3 and late", len(objs))
-		}
-		time.Sleep(50 * time.Millisecond)
+			lw, err := New(rc, nil, vm.GVR(), sel, vm.DecodeTrimmed)
+			if err != nil {
+				t.Fatal(err)
+			}
+			inf := toolscache.NewSharedIndexInformer(lw, vm.New(), 0, toolscache.Indexers{toolscache.NamespaceIndex: toolscache.MetaNamespaceIndexFunc})
+			go inf.RunWithContext(ctx)
+			if !toolscache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+				t.Fatal("the informer did not sync")
+			}
+			if streamed.Load() != streaming {
+				t.Errorf("the reflector streamed its list: %t, want %t", streamed.Load(), streaming)
+			}
+			if err := k8s.Create(ctx, newVM(ns, "late", "")); err != nil {
+				t.Fatal(err)
+			}
+			deadline := time.Now().Add(30 * time.Second)
+			for {
+				objs, err := inf.GetIndexer().ByIndex(toolscache.NamespaceIndex, ns)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(objs) == 5 {
+					for _, o := range objs {
+						u := o.(*unstructured.Unstructured)
+						checkTrimmed(t, u, ns)
+						if strings.HasPrefix(u.GetName(), "l-") {
+							t.Errorf("%s is labelled and not selected", u.GetName())
+						}
+					}
+					return
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the store holds %d VMs of namespace %s, want u-0..u-3 and late", len(objs), ns)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		})
 	}
 }
 
@@ -307,3 +340,9 @@ func TestListOfBuiltInKind(t *testing.T) {
 		}
 	}
 }
+
+// roundTripper is a function as an http.RoundTripper.
+type roundTripper func(*http.Request) (*http.Response, error)
+
+// RoundTrip implements http.RoundTripper.
+func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
