@@ -84,11 +84,18 @@ func setup(t *testing.T, ns string, n int) *ListWatch {
 			t.Fatal(err)
 		}
 	}
+	return unlabelledVMs(t, cfg)
+}
+
+// unlabelledVMs is a ListWatch through c of the VMs without a holder
+// label, as a replica watches them.
+func unlabelledVMs(t *testing.T, c *rest.Config) *ListWatch {
+	t.Helper()
 	sel, err := pools.Unlabelled()
 	if err != nil {
 		t.Fatal(err)
 	}
-	lw, err := New(cfg, nil, vm.GVR(), sel, vm.DecodeTrimmed)
+	lw, err := New(c, nil, vm.GVR(), sel, vm.DecodeTrimmed)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,15 +235,7 @@ func TestInformer(t *testing.T) {
 					return rt.RoundTrip(r)
 				})
 			})
-			sel, err := pools.Unlabelled()
-			if err != nil {
-				t.Fatal(err)
-			}
-			lw, err := New(rc, nil, vm.GVR(), sel, vm.DecodeTrimmed)
-			if err != nil {
-				t.Fatal(err)
-			}
-			inf := toolscache.NewSharedIndexInformer(lw, vm.New(), 0, toolscache.Indexers{toolscache.NamespaceIndex: toolscache.MetaNamespaceIndexFunc})
+			inf := toolscache.NewSharedIndexInformer(unlabelledVMs(t, rc), vm.New(), 0, toolscache.Indexers{toolscache.NamespaceIndex: toolscache.MetaNamespaceIndexFunc})
 			go inf.RunWithContext(ctx)
 			if !toolscache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
 				t.Fatal("the informer did not sync")
