@@ -4,8 +4,8 @@
 // reads only a little of.
 //
 // client-go's dynamic client decodes every object of a list or watch event
-// whole into unstructured maps, and a watch event's object twice (once as
-// the event's raw extension, once into the maps). A replica reads a few
+// whole into unstructured maps (a watch event's object after it was
+// scanned and copied into the event's raw extension). A replica reads a few
 // fields of the objects it watches whole (kinds.Kind.DecodeTrimmed says
 // which); this package frames the stream, finds each event's type and
 // object with one scan (package jsonscan), and lets the decoder build only
