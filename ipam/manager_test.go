@@ -921,3 +921,132 @@ func TestCooldownFrozenWhileFenced(t *testing.T) {
 		})
 	}
 }
+
+// TestRecoverCovered: a Manager recovers from some of the live machines
+// (a replica's caches) only when they hold every address the store shows
+// its holder may have handed out; then it comes to the state Recover from
+// every machine would. Otherwise it is left as it was, and Recover from
+// every machine still works.
+func TestRecoverCovered(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		// seal: the last Manager sealed (a planned stop); else it only
+		// flushed (a crash: what it armed is in the store).
+		seal bool
+		// lacking: the live machines given leave out this one's.
+		lacking string
+		// bypassed: a machine of no holder's holds 10.0.0.9, unclaimed.
+		bypassed    bool
+		wantCovered bool
+	}{
+		{name: "sealed, every machine given", seal: true, wantCovered: true},
+		{name: "sealed, a machine that bypassed the webhook too", seal: true, bypassed: true, wantCovered: true},
+		{name: "sealed, a machine in use left out", seal: true, lacking: "a"},
+		{name: "sealed, a pending reservation's machine left out", seal: true, lacking: "b"},
+		{name: "crashed with addresses armed", seal: false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := t.Context()
+			clk := newFakeClock()
+			store := NewMemoryStore()
+			cfg := Config{
+				Pool: "p", Holder: "h", Ranges: mustRanges(t, RangeSpec{CIDR: "10.0.0.0/28"}),
+				Cooldown: time.Minute, PendingTTL: 30 * time.Second, LowWatermark: 1, TargetFree: 4, HighWatermark: 14,
+				Store: store, Clock: clk,
+			}
+			m1, _ := NewManager(cfg)
+			if _, err := m1.Recover(ctx, nil); err != nil {
+				t.Fatal(err)
+			}
+			owners := map[string]Owner{}
+			live := map[string]Holding{}
+			for _, tok := range []string{"a", "b", "c"} {
+				a := mustAllocate(t, m1, tok)
+				owners[tok] = Owner{Token: tok, UID: "uid-" + tok, Ref: "ns/" + tok}
+				live[tok] = Holding{Addr: a, Owner: owners[tok]}
+			}
+			// a is bound, b pending (its machine stored, not bound yet), c
+			// released and gone.
+			if _, err := m1.Bind(owners["a"]); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := m1.Bind(owners["c"]); err != nil {
+				t.Fatal(err)
+			}
+			if err := m1.Release(live["c"].Addr, owners["c"]); err != nil {
+				t.Fatal(err)
+			}
+			delete(live, "c")
+			if tt.seal {
+				if err := m1.Seal(ctx); err != nil {
+					t.Fatal(err)
+				}
+			} else if err := m1.Flush(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if tt.bypassed {
+				live["bypassed"] = Holding{Addr: addr("10.0.0.9"), Owner: Owner{UID: "uid-bypassed", Ref: "ns/bypassed"}}
+			}
+			clk.Step(10 * time.Second)
+			var given, all []Holding
+			for tok, h := range live {
+				all = append(all, h)
+				if tok != tt.lacking {
+					given = append(given, h)
+				}
+			}
+
+			m2, _ := NewManager(cfg)
+			got, err := m2.RecoverCovered(ctx, given)
+			if tt.wantCovered != (err == nil) {
+				t.Fatalf("RecoverCovered: %v, want covered %t", err, tt.wantCovered)
+			}
+			if err != nil {
+				if !errors.Is(err, ErrUncovered) {
+					t.Fatalf("RecoverCovered: %v, want ErrUncovered", err)
+				}
+				if m2.Ready() {
+					t.Fatal("ready after an uncovered RecoverCovered")
+				}
+				if _, err := m2.Recover(ctx, all); err != nil {
+					t.Fatalf("Recover after an uncovered RecoverCovered: %v", err)
+				}
+				return
+			}
+			// The same state as Recover from every machine, on a store
+			// in the same state.
+			store2 := NewMemoryStore()
+			blocks, err := store.List(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, b := range blocks {
+				b.Version = ""
+				if _, err := store2.Put(ctx, b); err != nil {
+					t.Fatal(err)
+				}
+			}
+			cfg2 := cfg
+			cfg2.Store = store2
+			m3, _ := NewManager(cfg2)
+			want, err := m3.Recover(ctx, all)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Allocated != want.Allocated || got.Free != want.Free || got.Cooldown != want.Cooldown {
+				t.Errorf("RecoverCovered reported %+v, Recover from every machine %+v", got, want)
+			}
+			for off := range 16 {
+				a := addr("10.0.0.0").Next()
+				for range off {
+					a = a.Next()
+				}
+				s2, o2, u2 := m2.Lookup(a)
+				s3, o3, u3 := m3.Lookup(a)
+				if s2 != s3 || o2 != o3 || !u2.Equal(u3) {
+					t.Errorf("%s: %s to %+v until %s after RecoverCovered, %s to %+v until %s after Recover", a, s2, o2, u2, s3, o3, u3)
+				}
+			}
+		})
+	}
+}

@@ -2,6 +2,7 @@ package ipam
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -77,6 +78,34 @@ func (m *Manager) restAfterCrash() time.Duration { return max(m.cfg.PendingTTL, 
 //
 // Claims of addresses no holder had are written before the Manager serves.
 func (m *Manager) Recover(ctx context.Context, live []Holding) (RecoveryReport, error) {
+	return m.recover(ctx, live, false)
+}
+
+// RecoverCovered is Recover from live machines that may be only some of
+// them: those of one holder and those of none, as a replica's caches hold
+// them, without the machines labelled for other holders. It recovers only
+// when live holds every address that the store shows this holder may have
+// handed out (in use or armed, or any claim of a block written before
+// vmipam recorded those): the machines it lacks then hold none of this
+// holder's addresses as far as the store knows, and Recover from every
+// machine would come to the same state. Otherwise it returns an error
+// that wraps ErrUncovered and leaves the Manager as it was.
+//
+// What it cannot see that Recover can: a machine of another holder's
+// that holds an address this holder claims and the store shows free or
+// cooling down (vmipam labels a machine for the holder that claims its
+// address, so only a label changed by hand makes one), and the conflicts
+// such machines would be part of. A resync that lists every machine
+// finds both.
+func (m *Manager) RecoverCovered(ctx context.Context, live []Holding) (RecoveryReport, error) {
+	return m.recover(ctx, live, true)
+}
+
+// ErrUncovered is returned by RecoverCovered when the machines it was
+// given do not hold every address the store shows this holder using.
+var ErrUncovered = errors.New("the machines given do not hold every address the store shows in use")
+
+func (m *Manager) recover(ctx context.Context, live []Holding, covered bool) (RecoveryReport, error) {
 	var rep RecoveryReport
 	m.mu.Lock()
 	since := m.nextSeqLocked()
@@ -84,6 +113,11 @@ func (m *Manager) Recover(ctx context.Context, live []Holding) (RecoveryReport, 
 	blocks, err := m.cfg.Store.List(ctx)
 	if err != nil {
 		return rep, fmt.Errorf("recover pool %q: list blocks: %w", m.cfg.Pool, err)
+	}
+	if covered {
+		if err := uncovered(blocks, m.cfg.Holder, live); err != nil {
+			return rep, fmt.Errorf("recover pool %q: %w", m.cfg.Pool, err)
+		}
 	}
 	m.io.Lock()
 	defer m.io.Unlock()
@@ -177,6 +211,35 @@ func (m *Manager) Recover(ctx context.Context, live []Holding) (RecoveryReport, 
 	m.mu.Unlock()
 	m.Kick()
 	return rep, nil
+}
+
+// uncovered returns an error wrapping ErrUncovered when live lacks an
+// address that blocks show holder h may have handed out: in use or armed,
+// or any claim of a block that does not record those.
+func uncovered(blocks []Block, h string, live []Holding) error {
+	held := make(map[netip.Addr]bool, len(live))
+	for _, l := range live {
+		held[Canonical(l.Addr)] = true
+	}
+	for i := range blocks {
+		b := &blocks[i]
+		bm := b.Claims[h]
+		if bm == nil || bm.Empty() {
+			continue
+		}
+		if !b.Exact {
+			return fmt.Errorf("block %s does not record which of its addresses are in use: %w", b.Prefix, ErrUncovered)
+		}
+		for off := range BlockSize {
+			if !bm.Has(off) || !has(b.InUse, h, off) && !has(b.Armed, h, off) {
+				continue
+			}
+			if a := blockAddr(b.Prefix, off); !held[a] {
+				return fmt.Errorf("%s, which the store shows in use or armed, is on none of them: %w", a, ErrUncovered)
+			}
+		}
+	}
+	return nil
 }
 
 // restUntil decides what a claimed address of holder h on no live machine
