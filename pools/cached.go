@@ -72,27 +72,11 @@ const maxConfirms = maxWholeReads
 // that may be on any object: see ipam.Manager.Unseen), more than
 // maxConfirms objects are to be read, or an owner's name is not known.
 func (r *Registry) liveCached(ctx context.Context, ps []*Pool, ranges map[string]*ipam.Ranges, asOf map[string][]uint64) (map[string]live, bool, error) {
-	c := r.newCollector(ranges)
-	add := func(obj *unstructured.Unstructured) { r.eachHolding(obj, c.add) }
-	for _, t := range r.opts.Kinds {
-		if !r.served(t.GVK) {
-			// Not served yet as far as this process knows, so it has no
-			// caches: its CRD is not installed (the list finds no kind,
-			// at the cost of a request), or was just now.
-			if err := r.eachOf(ctx, t, "", add); err != nil {
-				return nil, false, err
-			}
-			continue
-		}
-		src := r.cachedOf(t.GVK)
-		if src == nil {
-			return nil, false, nil
-		}
-		ok, err := src.EachCached(ctx, add)
-		if err != nil || !ok {
-			return nil, false, err
-		}
+	c, ok, err := r.cachedIn(ctx, ranges)
+	if err != nil || !ok {
+		return nil, false, err
 	}
+	add := func(obj *unstructured.Unstructured) { r.eachHolding(obj, c.add) }
 	// The objects to read from the API server, by UID: those the caches
 	// lack that hold an address allocated here, and those whose address
 	// a resync would adopt (the caches may be older than the mark).
@@ -135,6 +119,33 @@ func (r *Registry) liveCached(ctx context.Context, ps []*Pool, ranges map[string
 		}
 	}
 	return c.out, true, nil
+}
+
+// cachedIn collects the holdings of the pools named in ranges from what
+// this replica's caches hold, and reports false when a kind's caches cannot
+// stand for a list (see Cached). A kind not served yet as far as this
+// process knows has no caches, and is listed: its CRD is not installed
+// (the list finds no kind, at the cost of a request), or was just now.
+func (r *Registry) cachedIn(ctx context.Context, ranges map[string]*ipam.Ranges) (*collector, bool, error) {
+	c := r.newCollector(ranges)
+	add := func(obj *unstructured.Unstructured) { r.eachHolding(obj, c.add) }
+	for _, t := range r.opts.Kinds {
+		if !r.served(t.GVK) {
+			if err := r.eachOf(ctx, t, "", add); err != nil {
+				return nil, false, err
+			}
+			continue
+		}
+		src := r.cachedOf(t.GVK)
+		if src == nil {
+			return nil, false, nil
+		}
+		ok, err := src.EachCached(ctx, add)
+		if err != nil || !ok {
+			return nil, false, err
+		}
+	}
+	return c, true, nil
 }
 
 // readOwner calls fn with the object of a configured kind named ns/name

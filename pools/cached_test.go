@@ -58,8 +58,11 @@ const cachedHolder = "vmipam-a"
 // was given, and the fake API server behind them, which counts the lists
 // and Gets of VMs made while counting is set.
 type cachedFixture struct {
-	inner    client.Client
+	inner client.Client
+	// c is the API server as the registries see it, counting.
+	c        client.Client
 	reg      *Registry
+	stop     func()
 	p        *Pool
 	clk      *clocktesting.FakeClock
 	pool     *vmipamv1.IPPool
@@ -92,19 +95,30 @@ func newCachedFixture(t *testing.T, cache func(inner client.Client) Cached) *cac
 			return cl.Get(ctx, key, obj, opts...)
 		},
 	})
-	f.reg = NewRegistry(Options{Client: c, APIReader: c, Kinds: kinds.Default(), Holder: cachedHolder, Clock: f.clk,
-		RunInterval: time.Hour, ResyncInterval: time.Hour, StatusInterval: time.Hour, ProveInterval: time.Hour})
-	f.reg.MarkServed(kinds.VirtualMachine.GVK)
-	f.reg.SetCached(kinds.VirtualMachine.GVK, cache(f.inner))
-	regCtx, stop := context.WithCancel(ctx)
-	var done sync.WaitGroup
-	done.Go(func() { _ = f.reg.Start(regCtx) })
-	t.Cleanup(func() { stop(); done.Wait() })
+	f.c = c
+	f.reg, f.stop = f.start(t, cache(f.inner))
 	if err := f.reg.Ensure(ctx, f.pool); err != nil {
 		t.Fatal(err)
 	}
 	f.p = f.reg.Get(f.pool.Name)
 	return f
+}
+
+// start starts a registry of cachedHolder whose resyncs read cache, and
+// returns it with what stops it as a replica stops: it seals its pools
+// and releases its Lease.
+func (f *cachedFixture) start(t *testing.T, cache Cached) (*Registry, func()) {
+	t.Helper()
+	reg := NewRegistry(Options{Client: f.c, APIReader: f.c, Kinds: kinds.Default(), Holder: cachedHolder, Clock: f.clk,
+		RunInterval: time.Hour, ResyncInterval: time.Hour, StatusInterval: time.Hour, ProveInterval: time.Hour})
+	reg.MarkServed(kinds.VirtualMachine.GVK)
+	reg.SetCached(kinds.VirtualMachine.GVK, cache)
+	regCtx, cancel := context.WithCancel(t.Context())
+	var done sync.WaitGroup
+	done.Go(func() { _ = reg.Start(regCtx) })
+	stop := sync.OnceFunc(func() { cancel(); done.Wait() })
+	t.Cleanup(stop)
+	return reg, stop
 }
 
 // newVM makes VM name as the webhook and the controller would: its
@@ -354,6 +368,100 @@ func TestResyncFromCachesThatLag(t *testing.T) {
 			}
 			if st, o, _ := f.p.Lookup(a); st != tt.wantState {
 				t.Errorf("%s is %s (to %+v) after the resync, want %s", a, st, o, tt.wantState)
+			}
+		})
+	}
+}
+
+// TestRecoverFromTheCaches: a replica that starts recovers a pool from its
+// caches, without listing a VM, when they hold every address its holder's
+// last process left in use (it sealed them); when they lack one (a VM in
+// use labelled for another replica, one whose finalizer was removed by
+// force while no process ran), it lists every VM, and comes to what a
+// list shows.
+func TestRecoverFromTheCaches(t *testing.T) {
+	const n = 4
+	for _, tt := range []struct {
+		name string
+		// change is done to VM i after the first process stopped:
+		// "elsewhere" (labelled for another replica), "gone" (its
+		// finalizer removed by force, and deleted).
+		change map[int]string
+		// bypassed: a VM created without the webhook holds 10.99.0.200,
+		// which no replica claims.
+		bypassed  bool
+		wantLists int
+	}{
+		{name: "sealed, every VM in the caches"},
+		{name: "a VM that bypassed the webhook", bypassed: true},
+		{name: "a VM labelled for another replica", change: map[int]string{1: "elsewhere"}, wantLists: 2},
+		{name: "a VM gone while no process ran", change: map[int]string{2: "gone"}, wantLists: 2},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := t.Context()
+			f := newCachedFixture(t, func(inner client.Client) Cached { return shardCache{c: inner, holder: cachedHolder} })
+			vms := make([]*vmipamv1.VirtualMachine, n)
+			addrs := make([]netip.Addr, n)
+			for i := range vms {
+				// The last one is pending: created, not bound yet.
+				vms[i], addrs[i] = f.newVM(t, fmt.Sprintf("vm-%d", i), i < n-1)
+			}
+			f.stop()
+
+			gone := map[int]bool{}
+			for i, what := range tt.change {
+				vm := &vmipamv1.VirtualMachine{}
+				if err := f.inner.Get(ctx, client.ObjectKeyFromObject(vms[i]), vm); err != nil {
+					t.Fatal(err)
+				}
+				switch what {
+				case "elsewhere":
+					vm.Labels = map[string]string{vmipamv1.HolderLabel: "vmipam-b"}
+					if err := f.inner.Update(ctx, vm); err != nil {
+						t.Fatal(err)
+					}
+				case "gone":
+					gone[i] = true
+					vm.Finalizers = nil
+					if err := f.inner.Update(ctx, vm); err != nil {
+						t.Fatal(err)
+					}
+					if err := f.inner.Delete(ctx, vm); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			bypassed := netip.MustParseAddr("10.99.0.200")
+			if tt.bypassed {
+				vm := &vmipamv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "bypassed", UID: "uid-bypassed"},
+					Spec: vmipamv1.VirtualMachineSpec{Addresses: []string{bypassed.String()}}}
+				if err := f.inner.Create(ctx, vm); err != nil {
+					t.Fatal(err)
+				}
+			}
+
+			reg, _ := f.start(t, shardCache{c: f.inner, holder: cachedHolder})
+			f.counting.Store(true)
+			err := reg.Ensure(ctx, f.pool)
+			f.counting.Store(false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := f.lists.Load(); got != int32(tt.wantLists) {
+				t.Errorf("the recovery made %d lists of VMs, want %d", got, tt.wantLists)
+			}
+			p := reg.Get(f.pool.Name)
+			for i, vm := range vms {
+				st, o, _ := p.Lookup(addrs[i])
+				switch {
+				case gone[i] && st != ipam.StateCooldown:
+					t.Errorf("%s of the deleted %s is %s to %+v, want resting", addrs[i], vm.Name, st, o)
+				case !gone[i] && (st != ipam.StateAllocated || o.UID != string(vm.UID)):
+					t.Errorf("%s of %s is %s to %+v, want allocated to it", addrs[i], vm.Name, st, o)
+				}
+			}
+			if st, o, _ := p.Lookup(bypassed); tt.bypassed && (st != ipam.StateAllocated || o.UID != "uid-bypassed") {
+				t.Errorf("%s of the VM that bypassed the webhook is %s to %+v, want allocated to it", bypassed, st, o)
 			}
 		})
 	}

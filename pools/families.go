@@ -83,10 +83,22 @@ func (p *Pool) eachMarked(hs []ipam.Holding, marks []uint64, fn func(m *ipam.Man
 // recover rebuilds each family's allocator from the store and the live
 // holdings.
 func (p *Pool) recover(ctx context.Context, live []ipam.Holding) (ipam.RecoveryReport, error) {
+	return p.recoverWith(ctx, live, (*ipam.Manager).Recover)
+}
+
+// recoverCovered is recover from the holdings this replica's caches hold
+// (see ipam.Manager.RecoverCovered). Its error wraps ipam.ErrUncovered
+// when a family's allocator could not recover from them; one that did
+// recovers again in recover.
+func (p *Pool) recoverCovered(ctx context.Context, live []ipam.Holding) (ipam.RecoveryReport, error) {
+	return p.recoverWith(ctx, live, (*ipam.Manager).RecoverCovered)
+}
+
+func (p *Pool) recoverWith(ctx context.Context, live []ipam.Holding, recover func(*ipam.Manager, context.Context, []ipam.Holding) (ipam.RecoveryReport, error)) (ipam.RecoveryReport, error) {
 	var rep ipam.RecoveryReport
 	var errs []error
 	lacking := p.each(live, func(m *ipam.Manager, hs []ipam.Holding) {
-		r, err := m.Recover(ctx, hs)
+		r, err := recover(m, ctx, hs)
 		errs = append(errs, err)
 		rep = rep.Add(r)
 	})

@@ -230,6 +230,7 @@ func (r *Registry) takeover(ctx context.Context, p peer) {
 
 // dropAll stops every allocator and forgets it.
 func (r *Registry) dropAll() {
+	r.dropped.Store(true)
 	r.recovered.Store(false)
 	r.mu.Lock()
 	defer r.mu.Unlock()

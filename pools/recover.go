@@ -93,10 +93,6 @@ func (r *Registry) ensure(ctx context.Context, pool *vmipamv1.IPPool) error {
 			}
 		}
 	}
-	live, err := r.liveHoldings(ctx, p.name, p.ranges)
-	if err != nil {
-		return fmt.Errorf("recover pool %s: %w", pool.Name, err)
-	}
 	p.setFence(r.lease.valid, r.lease.lapses.Load)
 	// Before this replica's first list of the holder Leases there is no
 	// list to give: the allocator then counts every holder as live. Given
@@ -109,12 +105,12 @@ func (r *Registry) ensure(ctx context.Context, pool *vmipamv1.IPPool) error {
 		p.setPeers(r.peers)
 	}
 	r.mu.RUnlock()
-	rep, err := p.recover(ctx, live.holdings)
+	rep, live, listed, err := r.recoverPool(ctx, p, old == nil && !r.dropped.Load())
 	if err != nil {
 		return fmt.Errorf("recover pool %s: %w", pool.Name, err)
 	}
 	p.noteConflicts(rep.Conflicts)
-	logf.FromContext(ctx).Info("Recovered pool", "pool", pool.Name, "allocated", rep.Allocated, "free", rep.Free,
+	logf.FromContext(ctx).Info("Recovered pool", "pool", pool.Name, "listed", listed, "allocated", rep.Allocated, "free", rep.Free,
 		"cooldown", rep.Cooldown, "dropped", rep.Dropped, "elsewhere", len(rep.Elsewhere), "conflicts", len(rep.Conflicts), "outOfRange", len(rep.OutOfRange))
 	for _, c := range rep.Conflicts {
 		r.warn(pool, "DuplicateAddress", c.Error())
@@ -143,6 +139,56 @@ func (r *Registry) ensure(ctx context.Context, pool *vmipamv1.IPPool) error {
 	}
 	return nil
 }
+
+// recoverPool recovers p's allocators from the live objects of its pool,
+// and returns what it found with the objects it read, and whether it
+// listed them from the API server.
+//
+// With fromCaches, the objects are read from this replica's caches (its
+// own objects and the unlabelled ones), which a replica's start has just
+// filled, where the caches can stand for a list and hold every address the
+// store shows this replica's holder may have handed out (see
+// ipam.Manager.RecoverCovered): a replacement that recovers its slot's
+// claims, which its last process sealed, lists nothing from the API
+// server, however large the fleet. Otherwise, or when that falls short
+// (an object in use labelled for another replica, a crash's armed
+// addresses), every object is listed from the API server, as without.
+// The caller asks for the caches only for a pool's first recovery in a
+// process that never lost its Lease: a rebuild or a recovery after an
+// outage lists, since the caches may lag the API server then.
+func (r *Registry) recoverPool(ctx context.Context, p *Pool, fromCaches bool) (ipam.RecoveryReport, live, bool, error) {
+	log := logf.FromContext(ctx)
+	if fromCaches {
+		cctx, cancel := context.WithTimeout(ctx, cachedRecoveryWait)
+		c, ok, err := r.cachedIn(cctx, map[string]*ipam.Ranges{p.name: p.ranges})
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return ipam.RecoveryReport{}, live{}, false, ctx.Err()
+		case err != nil:
+			log.Info("Recovering the pool from a list of every object: its caches cannot be read", "pool", p.name, "error", err.Error())
+		case !ok:
+			log.V(1).Info("Recovering the pool from a list of every object: its caches cannot stand for one", "pool", p.name)
+		default:
+			l := c.out[p.name]
+			rep, err := p.recoverCovered(ctx, l.holdings)
+			if err == nil || !errors.Is(err, ipam.ErrUncovered) {
+				return rep, l, false, err
+			}
+			log.Info("Recovering the pool from a list of every object: its caches lack an address in use", "pool", p.name, "why", err.Error())
+		}
+	}
+	l, err := r.liveHoldings(ctx, p.name, p.ranges)
+	if err != nil {
+		return ipam.RecoveryReport{}, l, true, err
+	}
+	rep, err := p.recover(ctx, l.holdings)
+	return rep, l, true, err
+}
+
+// cachedRecoveryWait bounds how long a recovery from the caches waits for
+// them to fill before it lists every object instead.
+const cachedRecoveryWait = 30 * time.Second
 
 // sameButPaused reports whether two versions of a pool's spec differ in
 // spec.paused at most: what the allocator applies without a rebuild.

@@ -148,6 +148,9 @@ type Registry struct {
 	// recovered: every pool was recovered once since the start or the
 	// last loss of the Lease (see Serving).
 	recovered atomic.Bool
+	// dropped: the Lease was lost once, and the allocators dropped; the
+	// caches may lag the API server since (see recoverPool).
+	dropped atomic.Bool
 }
 
 // NewRegistry returns a Registry; add it to the controller manager so that
