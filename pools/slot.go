@@ -187,8 +187,9 @@ func TakeSlot(ctx context.Context, c client.Client, opts SlotOptions) (*Slot, er
 		opts.Settle = l.opts.RetryPeriod + time.Second
 	}
 	start := time.Now() //nolint:forbidigo // leases are real time
+	var logged time.Time
 	settled := false
-	for tries := 0; ; tries++ {
+	for failures := 0; ; {
 		var list coordinationv1.LeaseList
 		if err := c.List(ctx, &list, client.InNamespace(l.opts.Namespace), client.MatchingLabels{HolderLeaseLabel: "true"}); err != nil {
 			return nil, fmt.Errorf("take a holder slot: list the holder Leases in namespace %s: %w", l.opts.Namespace, err)
@@ -205,10 +206,13 @@ func TakeSlot(ctx context.Context, c client.Client, opts SlotOptions) (*Slot, er
 			continue
 		}
 		if ch.wait {
-			if tries%15 == 0 {
+			if now.Sub(logged) >= 30*time.Second {
+				logged = now
 				log.Info("Waiting for a draining holder slot to be released", "process", l.opts.Process)
 			}
-			if err := sleep(ctx, l.opts.RetryPeriod); err != nil {
+			// The replacement is not ready until it has the slot: look
+			// often, so that it takes it soon after the release.
+			if err := sleep(ctx, min(l.opts.RetryPeriod, releasePoll)); err != nil {
 				return nil, err
 			}
 			continue
@@ -221,15 +225,21 @@ func TakeSlot(ctx context.Context, c client.Client, opts SlotOptions) (*Slot, er
 		case apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err):
 			// Another process (or a takeover) took it first.
 			continue
-		case tries >= 30:
+		case failures >= 30:
 			return nil, err
 		}
+		failures++
 		log.Error(err, "Taking a holder slot", "holder", ch.holder, "process", l.opts.Process)
 		if err := sleep(ctx, l.opts.RetryPeriod); err != nil {
 			return nil, err
 		}
 	}
 }
+
+// releasePoll is how often a process waiting for a draining slot's
+// release lists the slot Leases: a list of a few Leases, for the seconds
+// of a drain.
+const releasePoll = 250 * time.Millisecond
 
 // takeSlot writes the chosen slot's Lease as this process's and starts
 // renewing it.
