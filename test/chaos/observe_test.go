@@ -190,6 +190,9 @@ type logFacts struct {
 	resyncReleased, resyncAdopted, resyncConflicts, recoveryConflicts int
 	resyncs                                                           []resyncReport
 	leaderLost                                                        int
+	// recoveries counts the recoveries, by whether they listed every VM
+	// (true) or read the caches (false).
+	recoveries map[bool]int
 }
 
 // resyncReport is one "Resynced pool" line.
@@ -219,6 +222,7 @@ func analyzeLogs(text string) logFacts {
 			Level, TS, Msg               string
 			Released, Adopted, Conflicts int
 			AdoptedFirst                 []string
+			Listed                       bool
 		}
 		if err := json.Unmarshal([]byte(line), &l); err != nil {
 			continue
@@ -241,6 +245,10 @@ func analyzeLogs(text string) logFacts {
 			f.resyncs = append(f.resyncs, resyncReport{at: at, released: l.Released, adopted: l.Adopted, conflicts: l.Conflicts, adoptedFirst: l.AdoptedFirst})
 		case l.Msg == "Recovered pool":
 			f.recoveryConflicts += l.Conflicts
+			if f.recoveries == nil {
+				f.recoveries = map[bool]int{}
+			}
+			f.recoveries[l.Listed]++
 		case strings.Contains(line, "leader election lost"):
 			f.leaderLost++
 		}

@@ -82,7 +82,7 @@ func (f *figures) table(s settings, usable int) string {
 	row("vmipam error log lines", f.logs.errorLines)
 	row("&nbsp;&nbsp;\"Persisting pool state\" errors (max in one second)", fmt.Sprintf("%d (%d at %s)", f.logs.persistErrs, f.logs.maxPersistPerSec, f.logs.maxPersistAt))
 	row("resyncs: addresses released / adopted / conflicts", fmt.Sprintf("%d / %d / %d", f.logs.resyncReleased, f.logs.resyncAdopted, f.logs.resyncConflicts))
-	row("recoveries: conflicts", f.logs.recoveryConflicts)
+	row("recoveries: from the caches / listing every VM / conflicts", fmt.Sprintf("%d / %d / %d", f.logs.recoveries[false], f.logs.recoveries[true], f.logs.recoveryConflicts))
 	row("**live VMs' addresses released while filling the pool** (must be 0)", fmt.Sprintf("%d in the IPBlocks, %d by resyncs in the log", len(f.fillReleased), f.fillResyncReleased))
 	row("total duration", f.total.Round(time.Second))
 
