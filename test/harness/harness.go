@@ -101,12 +101,9 @@ func StartWith(ctx context.Context, root, dir string, o ClusterOptions) (*Cluste
 	if out, err := build.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("build vmipam: %w\n%s", err, out)
 	}
-	ports := make([]int, 3)
-	for i := range ports {
-		var err error
-		if ports[i], err = freePort(); err != nil {
-			return nil, err
-		}
+	ports, err := freePorts(3)
+	if err != nil {
+		return nil, err
 	}
 	c.WebhookPort, c.MetricsPort, c.ProbePort = ports[0], ports[1], ports[2]
 	crds := o.CRDs
@@ -293,6 +290,22 @@ func (c *Cluster) Get(url string) (int, string, error) {
 func (c *Cluster) Metrics() (string, error) {
 	_, body, err := c.Get("http://127.0.0.1:" + strconv.Itoa(c.MetricsPort) + "/metrics")
 	return body, err
+}
+
+// freePorts returns n distinct free ports: each listener stays open until
+// all are chosen, so that the kernel cannot hand one out twice (a webhook
+// server and a probe server of one vmipam were given the same port).
+func freePorts(n int) ([]int, error) {
+	out := make([]int, 0, n)
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("find a free port: %w", err)
+		}
+		defer func() { _ = l.Close() }()
+		out = append(out, l.Addr().(*net.TCPAddr).Port)
+	}
+	return out, nil
 }
 
 func freePort() (int, error) {
