@@ -227,9 +227,27 @@ func (r *Registry) Start(ctx context.Context) error {
 	}()
 	renew := time.NewTicker(r.lease.opts.RetryPeriod)
 	defer renew.Stop()
+	// A slot's Lease says that its process drains at once, not at the next
+	// renewal: a replacement that looks before then opens no slot, but it
+	// settles for a while before it looks again (see TakeSlot).
+	var drains <-chan time.Time
+	if r.lease.opts.Draining != nil && r.lease.opts.Process != "" {
+		t := time.NewTicker(drainPoll)
+		defer t.Stop()
+		drains = t.C
+	}
 	var relisted time.Time
 	for {
 		select {
+		case <-drains:
+			if !r.lease.opts.Draining() {
+				continue
+			}
+			drains = nil
+			if err := r.keepLease(ctx); err != nil {
+				r.tasks.Wait()
+				return err
+			}
 		case <-ctx.Done():
 			// A takeover under way ends with ctx; what it moved is sealed.
 			r.tasks.Wait()
@@ -263,6 +281,10 @@ func (r *Registry) Start(ctx context.Context) error {
 		}
 	}
 }
+
+// drainPoll is how often a slot's process looks whether it drains, to say
+// so on its Lease at once.
+const drainPoll = 100 * time.Millisecond
 
 // relistPace bounds how often the live holders are listed between
 // renewals, on a block that shows a request of a holder no list named.

@@ -3,6 +3,8 @@ package pools
 import (
 	"context"
 	"errors"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	vmipamscheme "github.com/vmipam/vmipam/api/scheme"
+	"github.com/vmipam/vmipam/kinds"
 )
 
 // slotLease is a slot's Lease as listed: held by identity id for process
@@ -222,5 +225,50 @@ func TestSlotHandoff(t *testing.T) {
 				t.Fatalf("peers = %+v; want one, leaving %v", peers, tc.wantLeaving)
 			}
 		})
+	}
+}
+
+// TestDrainingSaidAtOnce: a slot's process that starts to drain says so
+// on its Lease at once, not at its next renewal (a retry period of a
+// minute here), so that its replacement, looking meanwhile, waits for the
+// release rather than settle first.
+func TestDrainingSaidAtOnce(t *testing.T) {
+	ctx := t.Context()
+	c := fake.NewClientBuilder().WithScheme(vmipamscheme.Scheme).Build()
+	var draining atomic.Bool
+	opts := LeaseOptions{Namespace: "vmipam-system", Process: "p1", Draining: draining.Load,
+		Duration: 3 * time.Minute, RenewDeadline: 2 * time.Minute, RetryPeriod: time.Minute}
+	s, err := TakeSlot(ctx, c, SlotOptions{Lease: opts, Settle: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.Holder = s.Holder
+	reg := NewRegistry(Options{Client: c, APIReader: c, Kinds: kinds.Default(), Holder: s.Holder, Lease: opts, Slot: s,
+		RunInterval: time.Hour, ResyncInterval: time.Hour, StatusInterval: time.Hour, ProveInterval: time.Hour})
+	regCtx, stop := context.WithCancel(ctx)
+	var done sync.WaitGroup
+	done.Go(func() { _ = reg.Start(regCtx) })
+	t.Cleanup(func() { stop(); done.Wait() })
+	select {
+	case <-reg.leased:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the registry did not hold its slot's Lease")
+	}
+
+	draining.Store(true)
+	key := client.ObjectKey{Namespace: "vmipam-system", Name: LeaseName(s.Holder)}
+	var got coordinationv1.Lease
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if err := c.Get(ctx, key, &got); err != nil {
+			t.Fatal(err)
+		}
+		if got.Annotations[DrainingAnnotation] != "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the slot's Lease does not say its process drains 10s after it began (retry period %s): annotations %v", opts.RetryPeriod, got.Annotations)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
