@@ -439,19 +439,31 @@ func TestNotReadyUntilRecovered(t *testing.T) {
 	}
 }
 
-func TestRecover(t *testing.T) {
-	ctx := t.Context()
-	clk := newFakeClock()
+// recoveryPool returns the recovery tests' pool, a /28 with a cooldown of
+// a minute and a pending TTL of 30s over a new store, and a Manager of it
+// recovered from nothing.
+func recoveryPool(t *testing.T, clk *fakeClock, targetFree int) (Config, *MemoryStore, *Manager) {
+	t.Helper()
 	store := NewMemoryStore()
 	cfg := Config{
 		Pool: "p", Holder: "h", Ranges: mustRanges(t, RangeSpec{CIDR: "10.0.0.0/28"}),
-		Cooldown: time.Minute, PendingTTL: 30 * time.Second, LowWatermark: 1, TargetFree: 8, HighWatermark: 14,
+		Cooldown: time.Minute, PendingTTL: 30 * time.Second, LowWatermark: 1, TargetFree: targetFree, HighWatermark: 14,
 		Store: store, Clock: clk,
 	}
-	m1, _ := NewManager(cfg)
-	if _, err := m1.Recover(ctx, nil); err != nil {
+	m, err := NewManager(cfg)
+	if err != nil {
 		t.Fatal(err)
 	}
+	if _, err := m.Recover(t.Context(), nil); err != nil {
+		t.Fatal(err)
+	}
+	return cfg, store, m
+}
+
+func TestRecover(t *testing.T) {
+	ctx := t.Context()
+	clk := newFakeClock()
+	cfg, store, m1 := recoveryPool(t, clk, 8)
 	a := mustAllocate(t, m1, "a") // .1, will be live
 	b := mustAllocate(t, m1, "b") // .2, pending at the crash
 	c := mustAllocate(t, m1, "c") // .3, released and flushed
@@ -948,16 +960,7 @@ func TestRecoverCovered(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			ctx := t.Context()
 			clk := newFakeClock()
-			store := NewMemoryStore()
-			cfg := Config{
-				Pool: "p", Holder: "h", Ranges: mustRanges(t, RangeSpec{CIDR: "10.0.0.0/28"}),
-				Cooldown: time.Minute, PendingTTL: 30 * time.Second, LowWatermark: 1, TargetFree: 4, HighWatermark: 14,
-				Store: store, Clock: clk,
-			}
-			m1, _ := NewManager(cfg)
-			if _, err := m1.Recover(ctx, nil); err != nil {
-				t.Fatal(err)
-			}
+			cfg, store, m1 := recoveryPool(t, clk, 4)
 			owners := map[string]Owner{}
 			live := map[string]Holding{}
 			for _, tok := range []string{"a", "b", "c"} {
