@@ -948,11 +948,14 @@ func TestRecoverCovered(t *testing.T) {
 		// lacking: the live machines given leave out this one's.
 		lacking string
 		// bypassed: a machine of no holder's holds 10.0.0.9, unclaimed.
-		bypassed    bool
+		bypassed bool
+		// other: a machine "x" holds an address another holder claims.
+		other       bool
 		wantCovered bool
 	}{
 		{name: "sealed, every machine given", seal: true, wantCovered: true},
 		{name: "sealed, a machine that bypassed the webhook too", seal: true, bypassed: true, wantCovered: true},
+		{name: "sealed, another holder's machine left out", seal: true, other: true, lacking: "x", wantCovered: true},
 		{name: "sealed, a machine in use left out", seal: true, lacking: "a"},
 		{name: "sealed, a pending reservation's machine left out", seal: true, lacking: "b"},
 		{name: "crashed with addresses armed", seal: false},
@@ -989,6 +992,23 @@ func TestRecoverCovered(t *testing.T) {
 			}
 			if tt.bypassed {
 				live["bypassed"] = Holding{Addr: addr("10.0.0.9"), Owner: Owner{UID: "uid-bypassed", Ref: "ns/bypassed"}}
+			}
+			if tt.other {
+				ocfg := cfg
+				ocfg.Holder = "other"
+				m0, _ := NewManager(ocfg)
+				if _, err := m0.Recover(ctx, nil); err != nil {
+					t.Fatal(err)
+				}
+				x := Owner{Token: "x", UID: "uid-x", Ref: "ns/x"}
+				ax := mustAllocate(t, m0, "x")
+				if _, err := m0.Bind(x); err != nil {
+					t.Fatal(err)
+				}
+				if err := m0.Flush(ctx); err != nil {
+					t.Fatal(err)
+				}
+				live["x"] = Holding{Addr: ax, Owner: x}
 			}
 			clk.Step(10 * time.Second)
 			var given, all []Holding
@@ -1039,11 +1059,7 @@ func TestRecoverCovered(t *testing.T) {
 			if got.Allocated != want.Allocated || got.Free != want.Free || got.Cooldown != want.Cooldown {
 				t.Errorf("RecoverCovered reported %+v, Recover from every machine %+v", got, want)
 			}
-			for off := range 16 {
-				a := addr("10.0.0.0").Next()
-				for range off {
-					a = a.Next()
-				}
+			for a := addr("10.0.0.0"); a.Less(addr("10.0.0.16")); a = a.Next() {
 				s2, o2, u2 := m2.Lookup(a)
 				s3, o3, u3 := m3.Lookup(a)
 				if s2 != s3 || o2 != o3 || !u2.Equal(u3) {

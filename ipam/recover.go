@@ -96,7 +96,9 @@ func (m *Manager) Recover(ctx context.Context, live []Holding) (RecoveryReport, 
 // cooling down (vmipam labels a machine for the holder that claims its
 // address, so only a label changed by hand makes one), and the conflicts
 // such machines would be part of. A resync that lists every machine
-// finds both.
+// finds both. Nor does it claim an address no holder claims that such a
+// machine holds, as Recover would: the machine's own holder does, when
+// it next looks at the machine.
 func (m *Manager) RecoverCovered(ctx context.Context, live []Holding) (RecoveryReport, error) {
 	return m.recover(ctx, live, true)
 }
