@@ -142,11 +142,12 @@ func (r *Registry) ensure(ctx context.Context, pool *vmipamv1.IPPool) error {
 
 // recoverPool recovers p's allocators from the live objects of its pool,
 // and returns what it found with the objects it read, and whether it
-// listed them from the API server.
+// listed every object of the kinds this replica has caches of from the
+// API server (a kind not served yet is listed either way: see cachedIn).
 //
 // With fromCaches, the objects are read from this replica's caches (its
-// own objects and the unlabelled ones), which a replica's start has just
-// filled, where the caches can stand for a list and hold every address the
+// own objects and the unlabelled ones), where the caches can stand for a
+// list and hold every address the
 // store shows this replica's holder may have handed out (see
 // ipam.Manager.RecoverCovered): a replacement that recovers its slot's
 // claims, which its last process sealed, lists nothing from the API

@@ -240,7 +240,7 @@ func (r *Registry) Start(ctx context.Context) error {
 	for {
 		select {
 		case <-drains:
-			if !r.lease.opts.Draining() {
+			if !r.lease.opts.Draining() || ctx.Err() != nil {
 				continue
 			}
 			drains = nil
