@@ -54,6 +54,9 @@ func TestReplacementRecoversFromCaches(t *testing.T) {
 			old, ownVMs = rep, n
 		}
 	}
+	if ownVMs == 0 {
+		t.Fatalf("no VM is labelled for a replica's slot (labels %v): a recovery would prove nothing", byLabel)
+	}
 	s.mark("replacing %s, whose slot's label %d of %d VMs carry", old.Holder, ownVMs, live)
 	began := time.Now()
 	rep, err := s.rs.Replace(s.ctx, old, "", 30*time.Second)
@@ -63,9 +66,6 @@ func TestReplacementRecoversFromCaches(t *testing.T) {
 	t.Logf("replacement %s ready %s after the SIGTERM of %s, whose slot labels %d of the %d VMs", rep.Holder, time.Since(began).Round(100*time.Millisecond), old.Holder, ownVMs, live)
 	if rep.Holder != old.Holder {
 		t.Fatalf("the replacement took slot %s, want %s's", rep.Holder, old.Holder)
-	}
-	if ownVMs == 0 {
-		t.Fatalf("no VM is labelled for %s: its recovery proves nothing", old.Holder)
 	}
 	listed, found := recoveryListed(s.logs.get(rep.Index).String(), pool)
 	if !found {
