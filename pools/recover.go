@@ -147,11 +147,10 @@ func (r *Registry) ensure(ctx context.Context, pool *vmipamv1.IPPool) error {
 //
 // With fromCaches, the objects are read from this replica's caches (its
 // own objects and the unlabelled ones), where the caches can stand for a
-// list and hold every address the
-// store shows this replica's holder may have handed out (see
-// ipam.Manager.RecoverCovered): a replacement that recovers its slot's
-// claims, which its last process sealed, lists nothing from the API
-// server, however large the fleet. Otherwise, or when that falls short
+// list and hold every address the store shows this replica's holder may
+// have handed out (see ipam.Manager.RecoverCovered): a replacement that
+// recovers its slot's claims, which its last process sealed, lists
+// nothing from the API server, however large the fleet. Otherwise, or when that falls short
 // (an object in use labelled for another replica, a crash's armed
 // addresses), every object is listed from the API server, as without.
 // The caller asks for the caches only for a pool's first recovery in a
