@@ -591,6 +591,12 @@ func adopts(e *entry, h Holding, asOf uint64) bool {
 // the controller, sees to them).
 func (m *Manager) Resync(live []Holding, asOf uint64) ResyncReport {
 	var rep ResyncReport
+	// Before the lock, which allocations wait for: a replica's share of a
+	// large fleet is tens of thousands of machines.
+	uids := make(map[string]bool, len(live))
+	for _, h := range live {
+		uids[h.Owner.UID] = true
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.servingLocked(m.clock.Now()) != nil {
@@ -598,10 +604,8 @@ func (m *Manager) Resync(live []Holding, asOf uint64) ResyncReport {
 	}
 	now := m.clock.Now()
 	m.advance(now)
-	uids := make(map[string]bool, len(live))
 	for _, h := range live {
 		h.Addr = Canonical(h.Addr)
-		uids[h.Owner.UID] = true
 		e := m.entries[h.Addr]
 		if !adopts(e, h, asOf) {
 			continue

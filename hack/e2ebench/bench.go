@@ -14,6 +14,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/test/harness"
@@ -135,7 +136,14 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 	defer func() { _ = os.RemoveAll(dir) }()
 
 	logf("building vmipam and starting the control plane (load average %s)", rep.loadStart)
-	cl, err := harness.Start(ctx, b.root, dir)
+	var copts harness.ClusterOptions
+	if !o.cacheCheck {
+		copts.Configure = func(_ *harness.Cluster, env *envtest.Environment) error {
+			env.ControlPlane.GetAPIServer().Configure().Append("feature-gates", "DetectCacheInconsistency=false")
+			return nil
+		}
+	}
+	cl, err := harness.StartWith(ctx, b.root, dir, copts)
 	if err != nil {
 		return nil, err
 	}
@@ -318,6 +326,7 @@ func (b *bench) measureCreates(ctx context.Context, rep *report) error {
 				return err
 			}
 			st.cpu.add(c1.sub(c0))
+			st.checks += cacheChecks(a1) - cacheChecks(a0)
 			if st.requests == nil {
 				st.requests = map[string]float64{}
 			}
@@ -421,6 +430,12 @@ func requestCounts(m metricSet) map[string]float64 {
 		out[k] += s.Value
 	}
 	return out
+}
+
+// cacheChecks is how many watch-cache consistency checks of
+// VirtualMachines the API server has made (see -cache-check).
+func cacheChecks(a metricSet) float64 {
+	return a.sum("apiserver_storage_consistency_checks_total", map[string]string{"resource": "virtualmachines"})
 }
 
 // requestDelta returns the requests the API server served from a0 to

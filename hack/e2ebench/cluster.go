@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -344,7 +345,8 @@ func (b *bench) apiserverGet(ctx context.Context, path string) ([]byte, error) {
 
 // profile starts CPU profiles of the API server and of vmipam (when it
 // serves pprof) for d, written to the results folder as
-// e2e-bench-apiserver-<name>.pprof and e2e-bench-vmipam-<name>.pprof; the
+// e2e-bench-apiserver-<name>.pprof and e2e-bench-vmipam-<name>.pprof (in
+// the scale mode e2e-bench-vmipam-<name>-<i>.pprof, one per replica); the
 // returned function waits for them.
 func (b *bench) profile(ctx context.Context, name string, d time.Duration) func() {
 	path := fmt.Sprintf("/debug/pprof/profile?seconds=%d", int(d.Seconds()))
@@ -361,7 +363,13 @@ func (b *bench) profile(ctx context.Context, name string, d time.Duration) func(
 		})
 	}
 	take("e2e-bench-apiserver-"+name+".pprof", func() ([]byte, error) { return b.apiserverGet(ctx, path) })
-	if b.vmipamPprof != "" {
+	if rs := b.replicas(); rs != nil {
+		// The scale mode's replicas, each in its own file.
+		for i, rep := range rs.Live() {
+			url := "http://127.0.0.1:" + strconv.Itoa(rep.PprofPort) + path
+			take(fmt.Sprintf("e2e-bench-vmipam-%s-%d.pprof", name, i), func() ([]byte, error) { return get(ctx, http.DefaultClient, url) })
+		}
+	} else if b.vmipamPprof != "" {
 		take("e2e-bench-vmipam-"+name+".pprof", func() ([]byte, error) { return get(ctx, http.DefaultClient, "http://"+b.vmipamPprof+path) })
 	}
 	return wg.Wait

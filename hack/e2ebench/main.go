@@ -64,6 +64,7 @@ type options struct {
 	clients      string
 	vmipamArgs   string
 	vmipamEnv    string
+	cacheCheck   bool
 	freeTimeout  time.Duration
 	profile      time.Duration
 	// noop: whether to measure the no-op mutating webhook.
@@ -106,7 +107,7 @@ func main() {
 	flag.StringVar(&o.repo, "repo", ".", "The vmipam repository (built and run as the binary under test).")
 	flag.StringVar(&o.clients, "clients", "per-worker", "per-worker: each client has its own HTTP/2 connection to the API server; shared: all clients multiplex one connection.")
 	flag.DurationVar(&o.freeTimeout, "free-timeout", 2*time.Minute, "How long, beyond the cooldown, to wait for every address to be free after the deletes.")
-	flag.DurationVar(&o.profile, "profile", 0, "When set, CPU profiles of kube-apiserver and of vmipam this long (whole seconds) are taken from the start of each mode's first round, into e2e-bench-{apiserver,vmipam}-<mode>.pprof, and from the start of each mode's deletes, into e2e-bench-{apiserver,vmipam}-delete-<mode>.pprof; the rounds and the deletes should last longer (see -n).")
+	flag.DurationVar(&o.profile, "profile", 0, "When set, CPU profiles of kube-apiserver and of vmipam this long (whole seconds; in the scale mode also over the idle resync interval, into e2e-bench-{apiserver,vmipam}-idle*.pprof) are taken from the start of each mode's first round, into e2e-bench-{apiserver,vmipam}-<mode>.pprof, and from the start of each mode's deletes, into e2e-bench-{apiserver,vmipam}-delete-<mode>.pprof; the rounds and the deletes should last longer (see -n).")
 	flag.BoolVar(&o.noop, "noop", true, "Also measure a no-op mutating webhook: creates without vmipam, through one mutating webhook that e2ebench serves and that only allows, adding an annotation and a finalizer (the floor of one webhook call per create, and of a delete through a finalizer).")
 	flag.Float64Var(&o.pacedRate, "paced-rate", 0, "Creates per second with vmipam in the steady-rate phase after the saturated rounds, where the webhooks' latency is measured again at a fixed load below saturation; 0: half the throughput with vmipam just measured; negative: no such phase.")
 	flag.IntVar(&o.pacedN, "paced-n", 1500, "VirtualMachines to create with vmipam in the steady-rate phase (see -paced-rate).")
@@ -117,6 +118,7 @@ func main() {
 	flag.DurationVar(&o.scaleResync, "scale-resync", time.Minute, "The scale mode's --resync-interval, and the idle window measured as one resync interval.")
 	flag.BoolVar(&o.slots, "slots", true, "In the scale mode, run the replicas with --holder-slots (false for a vmipam that predates it, with -repo).")
 	flag.StringVar(&o.vmipamArgs, "vmipam-args", "", "Extra flags for the vmipam binary, space-separated (e.g. --enable-http2).")
+	flag.BoolVar(&o.cacheCheck, "cache-check", true, "Leave the API server's watch-cache consistency check on (feature gate DetectCacheInconsistency, on by default since Kubernetes 1.34): every 5 to 7.5 minutes it lists every object of each resource from etcd and compares it with its cache, which at a large fleet is seconds of the API server's CPU in whichever round it lands (make bench-scale sets it false). The report counts the checks of VirtualMachines either way.")
 	flag.StringVar(&o.vmipamEnv, "vmipam-env", "", "Extra environment for the vmipam processes only, space-separated NAME=value (e.g. GOGC=400); the control plane and this program keep theirs.")
 	flag.Parse()
 	// The stand-in Service logs through controller-runtime's logger; the

@@ -46,6 +46,7 @@ type scalePhase struct {
 	resyncLists    float64 // LISTs of virtualmachines
 	resyncBytes    float64 // bytes of the API server's LIST responses of virtualmachines
 	resyncRequests map[string]float64
+	resyncChecks   float64 // the API server's watch-cache consistency checks of virtualmachines
 	// restart: a replica stopped (SIGTERM) and its replacement ready.
 	restart time.Duration
 	// rollout: every replica replaced, one after the other.
@@ -156,6 +157,12 @@ func (b *bench) measureScale(ctx context.Context, rep *report) error {
 	// caches (--full-resync-interval=1h, its default, set here all the same).
 	logf("scale: one resync interval (%s), idle", o.scaleResync)
 	cpu, a0, a1, err := b.around(ctx, func() error {
+		wait := func() {}
+		if o.profile > 0 {
+			// The whole interval, whatever -profile says.
+			wait = b.profile(ctx, "idle", o.scaleResync)
+		}
+		defer wait()
 		if !sleepFor(ctx, o.scaleResync) {
 			return ctx.Err()
 		}
@@ -164,7 +171,7 @@ func (b *bench) measureScale(ctx context.Context, rep *report) error {
 	if err != nil {
 		return err
 	}
-	ph.resyncCPU, ph.resyncRequests = cpu, requestDelta(a0, a1)
+	ph.resyncCPU, ph.resyncRequests, ph.resyncChecks = cpu, requestDelta(a0, a1), cacheChecks(a1)-cacheChecks(a0)
 	list := map[string]string{"verb": "LIST", "resource": "virtualmachines"}
 	ph.resyncLists = a1.sum("apiserver_request_total", list) - a0.sum("apiserver_request_total", list)
 	ph.resyncBytes = a1.sum("apiserver_response_sizes_sum", list) - a0.sum("apiserver_response_sizes_sum", list)
@@ -339,6 +346,7 @@ func (r *report) scaleSection(b *strings.Builder) {
 	t.row("… vmipam CPU (all replicas) in the interval", secs(ph.resyncCPU.procs["vmipam"]))
 	t.row("… kube-apiserver CPU in the interval", secs(ph.resyncCPU.procs["kube-apiserver"]))
 	t.row("… etcd CPU in the interval", secs(ph.resyncCPU.procs["etcd"]))
+	t.row("… the API server's watch-cache consistency checks of virtualmachines in the interval (each lists them from etcd; see above)", fmt.Sprintf("%.0f", ph.resyncChecks))
 	t.row("a replica replaced (SIGTERM, drain, seal) until its replacement is ready", ph.restart.Round(time.Millisecond).String())
 	t.row("a rolling restart of the 3 replicas", ph.rollout.Round(time.Millisecond).String())
 	writes := writesOf(ph.rolloutRequests)
