@@ -44,14 +44,22 @@ func (t Kind) NewMetadata() *metav1.PartialObjectMetadata {
 // (an object that bypassed the webhook and was adopted, whose address only
 // its own location holds) it reports false: read the whole object.
 func (t Kind) FromMetadata(m *metav1.PartialObjectMetadata) (*unstructured.Unstructured, bool) {
+	return t.fromMetadata(m, "")
+}
+
+// fromMetadata is FromMetadata, with the holder label set to holder when m
+// has no labels (what TrimOwn leaves) and holder is not empty.
+func (t Kind) fromMetadata(m *metav1.PartialObjectMetadata, holder string) (*unstructured.Unstructured, bool) {
 	addr := m.Annotations[vmipamv1.AddressAnnotation]
 	if addr == "" {
 		return nil, false
 	}
-	// The maps are built here, not with unstructured's setters, which walk
-	// and allocate a path per field: this runs for every event of every
-	// object a replica looks after.
-	md := map[string]any{"name": m.Name, "uid": string(m.UID), "resourceVersion": m.ResourceVersion}
+	// The maps are built here, sized for what goes in, not with
+	// unstructured's setters, which walk and allocate a path per field:
+	// this runs for every read of an object a replica looks after, and for
+	// each of them in every resync from the caches.
+	md := make(map[string]any, 9)
+	md["name"], md["uid"], md["resourceVersion"] = m.Name, string(m.UID), m.ResourceVersion
 	if m.Namespace != "" {
 		md["namespace"] = m.Namespace
 	}
@@ -71,23 +79,35 @@ func (t Kind) FromMetadata(m *metav1.PartialObjectMetadata) (*unstructured.Unstr
 		}
 		md["finalizers"] = fins
 	}
-	for k, v := range map[string]map[string]string{"annotations": m.Annotations, "labels": m.Labels} {
-		if len(v) > 0 {
-			out := make(map[string]any, len(v))
-			for kk, vv := range v {
-				out[kk] = vv
-			}
-			md[k] = out
-		}
+	if len(m.Annotations) > 0 {
+		md["annotations"] = anyValues(m.Annotations)
 	}
-	u := &unstructured.Unstructured{Object: map[string]any{"apiVersion": m.APIVersion, "kind": m.Kind, "metadata": md}}
-	if m.APIVersion == "" || m.Kind == "" {
-		u.SetGroupVersionKind(t.GVK)
+	switch {
+	case len(m.Labels) > 0:
+		md["labels"] = anyValues(m.Labels)
+	case m.Labels == nil && holder != "":
+		md["labels"] = map[string]any{vmipamv1.HolderLabel: holder}
 	}
+	apiVersion, kind := m.APIVersion, m.Kind
+	if apiVersion == "" || kind == "" {
+		apiVersion, kind = t.GVK.GroupVersion().String(), t.GVK.Kind
+	}
+	u := &unstructured.Unstructured{Object: make(map[string]any, 4)}
+	u.Object["apiVersion"], u.Object["kind"], u.Object["metadata"] = apiVersion, kind, md
 	if err := t.SetAddresses(u, StampedAddresses(addr)); err != nil {
 		return nil, false
 	}
 	return u, true
+}
+
+// anyValues returns a copy of m with values of type any, as unstructured
+// objects hold them.
+func anyValues(m map[string]string) map[string]any {
+	out := make(map[string]any, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
 }
 
 // ReadUnstamped calls fn with each object of the kind at keys, read whole
@@ -153,11 +173,7 @@ func (t Kind) TrimOwn(holder string) func(any) (any, error) {
 // OwnFromMetadata is FromMetadata for an object of a replica's own cache,
 // trimmed by TrimOwn(holder): its holder label is put back.
 func (t Kind) OwnFromMetadata(m *metav1.PartialObjectMetadata, holder string) (*unstructured.Unstructured, bool) {
-	u, ok := t.FromMetadata(m)
-	if ok && m.Labels == nil && holder != "" {
-		SetHolder(u, holder)
-	}
-	return u, ok
+	return t.fromMetadata(m, holder)
 }
 
 // interned rewrites, in place, m's keys and its values under shared to
