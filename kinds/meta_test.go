@@ -104,6 +104,12 @@ func TestTrimOwn(t *testing.T) {
 	if !ok || u.GetLabels()[vmipamv1.HolderLabel] != "slot-0" || u.GetAnnotations()[vmipamv1.TokenAnnotation] != "t" {
 		t.Errorf("read back as %+v", u.Object)
 	}
+	// A cache's list may leave the items' kind out: the kind's is put in.
+	bare := got[0].DeepCopy()
+	bare.TypeMeta = metav1.TypeMeta{}
+	if u, ok := VirtualMachine.OwnFromMetadata(bare, "slot-0"); !ok || u.GroupVersionKind() != VirtualMachine.GVK {
+		t.Errorf("read back without a kind as %+v", u)
+	}
 	same := func(a, b string) bool { return unsafe.StringData(a) == unsafe.StringData(b) }
 	if !same(got[0].Namespace, got[1].Namespace) || !same(got[0].Finalizers[0], got[1].Finalizers[0]) ||
 		!same(got[0].Annotations[vmipamv1.PoolAnnotation], got[1].Annotations[vmipamv1.PoolAnnotation]) {
