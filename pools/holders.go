@@ -101,7 +101,10 @@ func (r *Registry) listPeers(ctx context.Context) {
 	}
 	peers, err := r.lease.peers(ctx)
 	if err != nil {
-		log.Error(err, "Listing the holder leases")
+		// A list cut short by the shutdown is no error.
+		if ctx.Err() == nil {
+			log.Error(err, "Listing the holder leases")
+		}
 		return
 	}
 	var live []string
