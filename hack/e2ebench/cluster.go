@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -366,8 +365,7 @@ func (b *bench) profile(ctx context.Context, name string, d time.Duration) func(
 	if rs := b.replicas(); rs != nil {
 		// The scale mode's replicas, each in its own file.
 		for i, rep := range rs.Live() {
-			url := "http://127.0.0.1:" + strconv.Itoa(rep.PprofPort) + path
-			take(fmt.Sprintf("e2e-bench-vmipam-%s-%d.pprof", name, i), func() ([]byte, error) { return get(ctx, http.DefaultClient, url) })
+			take(fmt.Sprintf("e2e-bench-vmipam-%s-%d.pprof", name, i), func() ([]byte, error) { return replicaPprof(ctx, rep, path) })
 		}
 	} else if b.vmipamPprof != "" {
 		take("e2e-bench-vmipam-"+name+".pprof", func() ([]byte, error) { return get(ctx, http.DefaultClient, "http://"+b.vmipamPprof+path) })

@@ -239,7 +239,12 @@ func replicaRSS(rs *harness.Replicas) []float64 {
 // collection; query adds to the request's query ("&debug=1": as text,
 // with runtime.MemStats).
 func heapOf(ctx context.Context, rep *harness.Replica, query string) ([]byte, error) {
-	return get(ctx, http.DefaultClient, "http://127.0.0.1:"+strconv.Itoa(rep.PprofPort)+"/debug/pprof/heap?gc=1"+query)
+	return replicaPprof(ctx, rep, "/debug/pprof/heap?gc=1"+query)
+}
+
+// replicaPprof reads path (with its query) from rep's pprof server.
+func replicaPprof(ctx context.Context, rep *harness.Replica, path string) ([]byte, error) {
+	return get(ctx, http.DefaultClient, "http://127.0.0.1:"+strconv.Itoa(rep.PprofPort)+path)
 }
 
 // liveHeap returns the Go heap each live replica holds right after a
