@@ -6,6 +6,8 @@ package controller_test
 
 import (
 	"context"
+	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,12 +16,15 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
+	"github.com/vmipam/vmipam/api/scheme"
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/controller"
 	"github.com/vmipam/vmipam/ipam"
 	"github.com/vmipam/vmipam/kinds"
+	"github.com/vmipam/vmipam/pools"
 	"github.com/vmipam/vmipam/pools/poolstest"
 	"github.com/vmipam/vmipam/test/fixture"
 )
@@ -92,5 +97,54 @@ func TestResyncKeepsAddressBoundDuringItsList(t *testing.T) {
 	b, err := p.AllocateFamily(ctx, ipam.Reservation{Token: "token-2"}, vmipamv1.IPv4)
 	if err == nil && b == a {
 		t.Errorf("DUPLICATE: %s, still on the live %s, handed out again for another VM", a, vm.Name)
+	}
+}
+
+// TestResyncObserved: every resync reports its duration, whether it listed
+// the objects, and whether it failed (vmipam_resync_duration_seconds).
+func TestResyncObserved(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		listErr error
+	}{
+		{"listed", nil},
+		{"the list fails", errors.New("the API server is away")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pool := fixture.Pool("observed", fixture.Stored("uid-observed"), fixture.WithCIDRs("10.97.1.0/29"))
+			// The recovery at the start lists too; only the resync's fails.
+			var fail atomic.Bool
+			c := interceptor.NewClient(fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(pool.DeepCopy()).Build(), interceptor.Funcs{
+				List: func(ctx context.Context, cl client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
+					if _, vms := list.(*metav1.PartialObjectMetadataList); vms && fail.Load() {
+						return tc.listErr
+					}
+					return cl.List(ctx, list, opts...)
+				},
+			})
+			type observed struct {
+				listed bool
+				err    error
+			}
+			var got []observed
+			var mu sync.Mutex
+			reg := poolstest.StartWith(t, pools.Options{Client: c, APIReader: c, Kinds: kinds.Default(), Holder: "vmipam",
+				Clock: clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)),
+				ObserveResync: func(listed bool, _ time.Duration, err error) {
+					mu.Lock()
+					defer mu.Unlock()
+					got = append(got, observed{listed, err})
+				}}, pool)
+			fail.Store(tc.listErr != nil)
+			err := reg.Resync(t.Context(), reg.Get(pool.Name))
+			if !errors.Is(err, tc.listErr) {
+				t.Fatalf("Resync: %v, want %v", err, tc.listErr)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if len(got) != 1 || !got[0].listed || !errors.Is(got[0].err, tc.listErr) {
+				t.Errorf("observed %+v, want one resync that listed, with error %v", got, tc.listErr)
+			}
+		})
 	}
 }

@@ -44,6 +44,13 @@ var (
 		Help:    "Time vmipam's webhook server takes to answer an HTTP request, by path and status code.",
 		Buckets: []float64{5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5},
 	}, []string{"webhook", "code"})
+	// ResyncDuration is how long each resync of the pools took, by where
+	// it read the live objects (caches or list) and outcome (ok, error).
+	ResyncDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "vmipam_resync_duration_seconds",
+		Help:    "Time a resync of the pools against the live objects took, by where it read them (caches: this replica's informer caches; list: a list from the API server) and outcome (ok, error).",
+		Buckets: []float64{1e-3, 5e-3, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60},
+	}, []string{"source", "outcome"})
 	// DuplicatesFound counts detections of two live objects on one address.
 	DuplicatesFound = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "vmipam_duplicates_found_total",
@@ -68,7 +75,7 @@ var (
 func Register(reg *pools.Registry) {
 	current.Store(reg)
 	once.Do(func() {
-		ctrlmetrics.Registry.MustRegister(AllocationDuration, AdmissionDuration, WebhookHTTPDuration, DuplicatesFound, KindServed, poolCollector{},
+		ctrlmetrics.Registry.MustRegister(AllocationDuration, AdmissionDuration, WebhookHTTPDuration, ResyncDuration, DuplicatesFound, KindServed, poolCollector{},
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 				Name: "vmipam_certificate_expiry_timestamp_seconds",
 				Help: "When the webhook's serving certificate expires, as a Unix time; 0 when unknown.",
@@ -91,6 +98,19 @@ func SetCertificateExpiry(f func() time.Time) { certNotAf.Store(&f) }
 // registry.
 func ObserveAllocation(pool string, d time.Duration, _ error) {
 	AllocationDuration.WithLabelValues(pool).Observe(d.Seconds())
+}
+
+// ObserveResync records one resync's duration; pass it to the pool
+// registry.
+func ObserveResync(listed bool, d time.Duration, err error) {
+	source, outcome := "caches", "ok"
+	if listed {
+		source = "list"
+	}
+	if err != nil {
+		outcome = "error"
+	}
+	ResyncDuration.WithLabelValues(source, outcome).Observe(d.Seconds())
 }
 
 // NoteDuplicate counts a duplicate found in pool.

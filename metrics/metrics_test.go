@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -53,3 +54,37 @@ func TestInstrumentHTTP(t *testing.T) {
 type deadlineRecorder struct{ *httptest.ResponseRecorder }
 
 func (deadlineRecorder) SetReadDeadline(time.Time) error { return nil }
+
+// TestObserveResync: each resync is counted under where it read the
+// objects and its outcome.
+func TestObserveResync(t *testing.T) {
+	for _, tt := range []struct {
+		name            string
+		listed          bool
+		err             error
+		source, outcome string
+	}{
+		{"from the caches", false, nil, "caches", "ok"},
+		{"listed", true, nil, "list", "ok"},
+		{"the list failed", true, errors.New("away"), "list", "error"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			count := func() uint64 {
+				o, err := ResyncDuration.GetMetricWithLabelValues(tt.source, tt.outcome)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var m dto.Metric
+				if err := o.(prometheus.Metric).Write(&m); err != nil {
+					t.Fatal(err)
+				}
+				return m.GetHistogram().GetSampleCount()
+			}
+			before := count()
+			ObserveResync(tt.listed, 30*time.Millisecond, tt.err)
+			if n := count() - before; n != 1 {
+				t.Errorf("source %s outcome %s counted %d resyncs, want 1", tt.source, tt.outcome, n)
+			}
+		})
+	}
+}

@@ -72,6 +72,10 @@ type Options struct {
 	ObserveAllocation func(pool string, d time.Duration, err error)
 	// NoteDuplicate, if set, hears of every duplicate found.
 	NoteDuplicate func(pool string)
+	// ObserveResync, if set, receives every resync's duration: listed says
+	// whether it listed the objects from the API server (or read the
+	// caches), err whether it failed.
+	ObserveResync func(listed bool, d time.Duration, err error)
 	// Lease configures this replica's holder Lease (its Holder is the
 	// Holder above). Every allocator of this replica serves only while
 	// the Lease is held.

@@ -51,6 +51,17 @@ func (r *Registry) Resync(ctx context.Context, p *Pool) error {
 // when the caches cannot stand for a list (see liveCached); listed says
 // whether they were.
 func (r *Registry) resync(ctx context.Context, ps []*Pool, full bool) (listed bool, err error) {
+	start := r.clock.Now()
+	listed, did, err := r.resyncPools(ctx, ps, full)
+	if did && r.opts.ObserveResync != nil {
+		r.opts.ObserveResync(listed, r.clock.Now().Sub(start), err)
+	}
+	return listed && err == nil, err
+}
+
+// resyncPools is resync, but listed says whether it listed or tried to,
+// and did whether any pool was ready to resync.
+func (r *Registry) resyncPools(ctx context.Context, ps []*Pool, full bool) (listed, did bool, err error) {
 	// Mark before listing: what changes while the list is taken is left
 	// for the next resync.
 	asOf := map[string][]uint64{}
@@ -61,18 +72,18 @@ func (r *Registry) resync(ctx context.Context, ps []*Pool, full bool) (listed bo
 		}
 	}
 	if len(ranges) == 0 {
-		return false, nil
+		return false, false, nil
 	}
 	var by map[string]live
 	cached := false
 	if !full {
 		if by, cached, err = r.liveCached(ctx, ps, ranges, asOf); err != nil {
-			return false, err
+			return false, true, err
 		}
 	}
 	if !cached {
 		if by, err = r.liveIn(ctx, ranges); err != nil {
-			return false, err
+			return true, true, err
 		}
 	}
 	logf.FromContext(ctx).V(1).Info("Resyncing pools", "pools", len(ranges), "listed", !cached)
@@ -98,7 +109,7 @@ func (r *Registry) resync(ctx context.Context, ps []*Pool, full bool) (listed bo
 		}
 		r.relabel(ctx, p, live.elsewhere)
 	}
-	return !cached, nil
+	return !cached, true, nil
 }
 
 // adoptions names, for a log line, the addresses a resync adopted and the

@@ -182,7 +182,7 @@ func Setup(mgr ctrl.Manager, opts Options) (*pools.Registry, error) {
 		Lease: lease, Slot: opts.Slot, Informers: mgr.GetCache(),
 		RunInterval: opts.RunInterval, ResyncInterval: opts.ResyncInterval, FullResyncInterval: opts.FullResyncInterval, StatusInterval: opts.StatusInterval, ProveInterval: opts.ProveInterval,
 		Recorder:          mgr.GetEventRecorder("vmipam"),
-		ObserveAllocation: metrics.ObserveAllocation, NoteDuplicate: metrics.NoteDuplicate,
+		ObserveAllocation: metrics.ObserveAllocation, NoteDuplicate: metrics.NoteDuplicate, ObserveResync: metrics.ObserveResync,
 	})
 	metrics.Register(reg)
 	if err := mgr.Add(reg); err != nil {
