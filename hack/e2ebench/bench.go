@@ -309,6 +309,9 @@ func (b *bench) measureCreates(ctx context.Context, rep *report) error {
 			if err != nil {
 				return err
 			}
+			// vmipam's metrics only add the round's context: if they
+			// cannot be read, the round's figures of them say so.
+			v0, vErr := b.vmipamMetrics()
 			logf("round %d/%d %s: creating %d", r+1, o.rounds, m, k)
 			wait := func() {}
 			if o.profile > 0 && r == 0 {
@@ -325,8 +328,16 @@ func (b *bench) measureCreates(ctx context.Context, rep *report) error {
 			if err != nil {
 				return err
 			}
+			v1, err := b.vmipamMetrics()
+			if vErr == nil {
+				vErr = err
+			}
 			st.cpu.add(c1.sub(c0))
 			st.checks += cacheChecks(a1) - cacheChecks(a0)
+			rs := roundStat{mode: m, round: r + 1, created: len(res.lat), rate: float64(len(res.lat)) / res.elapsed.Seconds(), cpu: c1.sub(c0)}
+			rs.fill(countersOf(a0, v0), countersOf(a1, v1))
+			rs.vmipamUnknown = vErr != nil
+			rep.rounds = append(rep.rounds, rs)
 			if st.requests == nil {
 				st.requests = map[string]float64{}
 			}
@@ -345,11 +356,10 @@ func (b *bench) measureCreates(ctx context.Context, rep *report) error {
 					st.created = append(st.created, offsets[m]+i)
 				}
 			}
-			rate := float64(len(res.lat)) / res.elapsed.Seconds()
-			st.roundRates = append(st.roundRates, rate)
+			st.roundRates = append(st.roundRates, rs.rate)
 			offsets[m] += k
 			logf("round %d/%d %s: %d created, %d failed in %s: %.0f/s", r+1, o.rounds, m, len(res.lat), res.errors,
-				res.elapsed.Round(time.Millisecond), rate)
+				res.elapsed.Round(time.Millisecond), rs.rate)
 			if res.firstErr != nil {
 				logf("  first error: %v", res.firstErr)
 			}

@@ -117,6 +117,8 @@ type report struct {
 	replicas    replicasPhase
 	history     historyPhase
 	scale       scalePhase
+	// rounds: each round of the creates, in the order they ran.
+	rounds []roundStat
 }
 
 func ms(d time.Duration) string { return secs(d.Seconds()) }
@@ -494,6 +496,7 @@ func (r *report) markdown() string {
 			"comparison of the modes. Checks during the rounds: %.0f.", with.checks+without.checks+noop.checks+base.checks)
 	}
 	w("")
+	r.roundsSection(&b)
 
 	w("## vmipam's webhooks (server side, during the rounds with vmipam)")
 	w("")

@@ -47,6 +47,10 @@ type scalePhase struct {
 	resyncBytes    float64 // bytes of the API server's LIST responses of virtualmachines
 	resyncRequests map[string]float64
 	resyncChecks   float64 // the API server's watch-cache consistency checks of virtualmachines
+	// resyncs: vmipam's resyncs in the interval, all replicas, by source
+	// (caches, list): how many, and their seconds in all (nil when its
+	// metrics could not be read).
+	resyncs map[string][2]float64
 	// restart: a replica stopped (SIGTERM) and its replacement ready.
 	restart time.Duration
 	// rollout: every replica replaced, one after the other.
@@ -156,6 +160,7 @@ func (b *bench) measureScale(ctx context.Context, rep *report) error {
 	// One resync interval, idle: every replica resyncs once, from its
 	// caches (--full-resync-interval=1h, its default, set here all the same).
 	logf("scale: one resync interval (%s), idle", o.scaleResync)
+	v0, vErr := b.vmipamMetrics()
 	cpu, a0, a1, err := b.around(ctx, func() error {
 		wait := func() {}
 		if o.profile > 0 {
@@ -172,6 +177,15 @@ func (b *bench) measureScale(ctx context.Context, rep *report) error {
 		return err
 	}
 	ph.resyncCPU, ph.resyncRequests, ph.resyncChecks = cpu, requestDelta(a0, a1), cacheChecks(a1)-cacheChecks(a0)
+	if v1, err := b.vmipamMetrics(); err == nil && vErr == nil {
+		ph.resyncs = map[string][2]float64{}
+		for _, source := range []string{"caches", "list"} {
+			want := map[string]string{"source": source}
+			n := v1.sum("vmipam_resync_duration_seconds_count", want) - v0.sum("vmipam_resync_duration_seconds_count", want)
+			d := v1.sum("vmipam_resync_duration_seconds_sum", want) - v0.sum("vmipam_resync_duration_seconds_sum", want)
+			ph.resyncs[source] = [2]float64{n, d}
+		}
+	}
 	list := map[string]string{"verb": "LIST", "resource": "virtualmachines"}
 	ph.resyncLists = a1.sum("apiserver_request_total", list) - a0.sum("apiserver_request_total", list)
 	ph.resyncBytes = a1.sum("apiserver_response_sizes_sum", list) - a0.sum("apiserver_response_sizes_sum", list)
@@ -348,6 +362,16 @@ func (r *report) scaleSection(b *strings.Builder) {
 	t.row(fmt.Sprintf("one resync interval, idle (%s): LISTs of virtualmachines", ph.resyncInterval), fmt.Sprintf("%.0f", ph.resyncLists))
 	t.row("… bytes listed per LIST", fmt.Sprintf("%.1f MiB", ph.resyncBytes/lists/(1<<20)))
 	t.row("… GETs of virtualmachines", fmt.Sprintf("%.0f", ph.resyncRequests["GET virtualmachines"]))
+	if ph.resyncs != nil {
+		for _, s := range []struct{ source, from string }{{"caches", "their caches"}, {"list", "a list of every VM"}} {
+			n, d := ph.resyncs[s.source][0], ph.resyncs[s.source][1]
+			v := "none"
+			if n > 0 {
+				v = fmt.Sprintf("%.0f, %s each on average", n, secs(d/n))
+			}
+			t.row("… vmipam's resyncs from "+s.from+" (all replicas; `vmipam_resync_duration_seconds`)", v)
+		}
+	}
 	t.row("… vmipam CPU (all replicas) in the interval", secs(ph.resyncCPU.procs["vmipam"]))
 	t.row("… kube-apiserver CPU in the interval", secs(ph.resyncCPU.procs["kube-apiserver"]))
 	t.row("… etcd CPU in the interval", secs(ph.resyncCPU.procs["etcd"]))

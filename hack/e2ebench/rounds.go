@@ -1,0 +1,87 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+)
+
+// roundStat is what one round cost, and what else ran in it that could
+// slow it down: the API server's garbage collections, vmipam's periodic
+// resyncs and the watch-cache consistency checks. Which rounds ran slow,
+// and what they shared, is what tells noise from cost.
+type roundStat struct {
+	mode    mode
+	round   int
+	created int
+	rate    float64
+	cpu     cpuSample
+	// apiGC is the API server's garbage collector's CPU (the Go runtime's
+	// estimate, go_cpu_classes_gc_total_cpu_seconds_total) and apiGCs its
+	// completed cycles; vmipamGC the same estimate summed over vmipam's
+	// processes.
+	apiGC, apiGCs, vmipamGC float64
+	// resyncs are vmipam's resyncs that ended in the round, summed over its
+	// processes, and resyncSecs how long they took
+	// (vmipam_resync_duration_seconds).
+	resyncs, resyncSecs float64
+	// vmipamUnknown: vmipam's metrics could not be read around the round.
+	vmipamUnknown bool
+	checks        float64
+}
+
+// roundCounters are the counters a roundStat is the change of.
+type roundCounters struct {
+	apiGC, apiGCs, vmipamGC, resyncs, resyncSecs, checks float64
+}
+
+// countersOf reads roundCounters from the API server's metrics a and
+// vmipam's v (nil when they could not be read: vmipam's figures are then
+// zero).
+func countersOf(a, v metricSet) roundCounters {
+	const gcCPU = "go_cpu_classes_gc_total_cpu_seconds_total"
+	return roundCounters{
+		apiGC:      a.sum(gcCPU, nil),
+		apiGCs:     a.sum("go_gc_duration_seconds_count", nil),
+		vmipamGC:   v.sum(gcCPU, nil),
+		resyncs:    v.sum("vmipam_resync_duration_seconds_count", nil),
+		resyncSecs: v.sum("vmipam_resync_duration_seconds_sum", nil),
+		checks:     cacheChecks(a),
+	}
+}
+
+// fill sets s's counters to what changed from c0 to c1.
+func (s *roundStat) fill(c0, c1 roundCounters) {
+	s.apiGC, s.apiGCs, s.vmipamGC = c1.apiGC-c0.apiGC, c1.apiGCs-c0.apiGCs, c1.vmipamGC-c0.vmipamGC
+	s.resyncs, s.resyncSecs, s.checks = c1.resyncs-c0.resyncs, c1.resyncSecs-c0.resyncSecs, c1.checks-c0.checks
+}
+
+// roundsSection writes a table of the rounds in the order they ran.
+func (r *report) roundsSection(b *strings.Builder) {
+	if len(r.rounds) == 0 {
+		return
+	}
+	w := func(format string, a ...any) { fmt.Fprintf(b, format+"\n", a...) }
+	w("Each round in the order it ran, with what else ran in it: the API server's garbage collector (its CPU as the Go runtime " +
+		"estimates it, `go_cpu_classes_gc_total_cpu_seconds_total`, and its completed cycles), vmipam's garbage collector (the same " +
+		"estimate, all its processes), vmipam's periodic resyncs that ended in the round (`vmipam_resync_duration_seconds`, all its " +
+		"processes; each runs every --resync-interval whatever the load) and the watch-cache consistency checks. CPU is per 1,000 creates.")
+	w("")
+	t := table{b: b}
+	t.header("round", "VM/s", "API server CPU", "of it GC (cycles)", "vmipam CPU", "of it GC", "vmipam resyncs (s)", "etcd CPU", "checks")
+	for _, s := range r.rounds {
+		k := func(v float64) string {
+			if s.created == 0 {
+				return "n/a"
+			}
+			return fmt.Sprintf("%.2f", 1000*v/float64(s.created))
+		}
+		vmipamGC, resyncs := k(s.vmipamGC), fmt.Sprintf("%.0f (%.2f)", s.resyncs, s.resyncSecs)
+		if s.vmipamUnknown {
+			vmipamGC, resyncs = "n/a", "n/a"
+		}
+		t.row(fmt.Sprintf("%d %s", s.round, s.mode), fmt.Sprintf("%.0f", s.rate), k(s.cpu.procs["kube-apiserver"]),
+			fmt.Sprintf("%s (%.0f)", k(s.apiGC), s.apiGCs), k(s.cpu.procs["vmipam"]), vmipamGC, resyncs, k(s.cpu.procs["etcd"]),
+			fmt.Sprintf("%.0f", s.checks))
+	}
+	w("")
+}
