@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 	"unique"
 
@@ -98,6 +99,37 @@ func (t Kind) fromMetadata(m *metav1.PartialObjectMetadata, holder string) (*uns
 		return nil, false
 	}
 	return u, true
+}
+
+// MetadataAddresses returns the addresses of the object m is the metadata
+// of, as Addresses reads them from what FromMetadata rebuilds, without
+// rebuilding it; false where FromMetadata reports false (no address
+// annotation: read the whole object). Addresses that the kind's location
+// would not read back (Addresses's error) come back as none. A resync of a
+// replica's own objects reads every one of them this way.
+func (t Kind) MetadataAddresses(m *metav1.PartialObjectMetadata) ([]string, bool) {
+	addr := m.Annotations[vmipamv1.AddressAnnotation]
+	if addr == "" {
+		return nil, false
+	}
+	addrs := StampedAddresses(addr)
+	if t.Status != nil {
+		// SetAddresses writes the annotation, which Addresses reads first.
+		return addrs, true
+	}
+	// What SetAddresses writes at the location, read back as Addresses
+	// reads it.
+	switch _, k := t.location(); k {
+	case locList:
+		return addrs, true
+	case locString:
+		return []string{strings.Join(addrs, ",")}, true
+	}
+	out, err := t.parse(t.Render(addrs))
+	if err != nil {
+		return nil, true
+	}
+	return out, true
 }
 
 // anyValues returns a copy of m with values of type any, as unstructured

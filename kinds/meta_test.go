@@ -4,6 +4,7 @@ import (
 	"maps"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 	"unsafe"
@@ -191,4 +192,37 @@ func fleetVM() *metav1.PartialObjectMetadata {
 			vmipamv1.PoolAnnotation: "bench"},
 	}
 	return m
+}
+
+// TestMetadataAddresses: the addresses read from an object's metadata are
+// those read from the object FromMetadata rebuilds, for every way a kind
+// keeps its address, whatever the stamp holds.
+func TestMetadataAddresses(t *testing.T) {
+	kubevirt := kubevirtLike
+	kubevirt.GVK = deep.GVK
+	kinds := map[string]Kind{
+		"vmipam's": VirtualMachine, "annotation": byAnnotation, "deep list": deep, "string": oneString,
+		"json on metadata": jsonOnMetadata, "json in the template": kubevirt, "status": neonLike,
+	}
+	stamps := map[string]string{
+		"none": "", "one": "10.0.0.5", "two": "10.0.0.5,fd00::5", "not an address": "ten", "padded": " 10.0.0.5 , fd00::5",
+		"too many": strings.Repeat("10.0.0.5,", 40) + "10.0.0.6", "quoted": `"10.0.0.5"`,
+	}
+	for kn, tg := range kinds {
+		for sn, stamp := range stamps {
+			t.Run(kn+"/"+sn, func(t *testing.T) {
+				m := tg.NewMetadata()
+				m.ObjectMeta = metav1.ObjectMeta{Name: "a", Namespace: "n", UID: "u", Annotations: map[string]string{vmipamv1.AddressAnnotation: stamp}}
+				got, gotOK := tg.MetadataAddresses(m)
+				var want []string
+				u, wantOK := tg.FromMetadata(m)
+				if wantOK {
+					want, _ = tg.Addresses(u)
+				}
+				if gotOK != wantOK || !slices.Equal(got, want) {
+					t.Errorf("MetadataAddresses = %q, %v; FromMetadata then Addresses = %q, %v", got, gotOK, want, wantOK)
+				}
+			})
+		}
+	}
 }

@@ -17,12 +17,13 @@ import (
 // objects labelled for it and the unlabelled ones (an object labelled for
 // another replica is in neither).
 type Cached interface {
-	// EachCached calls fn with every object of the kind the caches hold,
-	// whole as far as vmipam reads it, and reports false, having called
-	// fn or not, when the caches cannot stand for that: they are not
-	// there yet, or too many of their objects would have to be read from
-	// the API server. fn must not change the object or keep it.
-	EachCached(ctx context.Context, fn func(obj *unstructured.Unstructured)) (bool, error)
+	// EachCached calls fn with what a resync reads of every object of the
+	// kind the caches hold (ObjectOf, or the same read from its metadata),
+	// and reports false, having called fn or not, when the caches cannot
+	// stand for that: they are not there yet, or too many of their objects
+	// would have to be read from the API server. fn must not change o or
+	// keep it.
+	EachCached(ctx context.Context, fn func(o *Object)) (bool, error)
 }
 
 // SetCached gives the registry the caches of kind gvk, which its resyncs
@@ -128,7 +129,7 @@ func (r *Registry) liveCached(ctx context.Context, ps []*Pool, ranges map[string
 // (the list finds no kind, at the cost of a request), or was just now.
 func (r *Registry) cachedIn(ctx context.Context, ranges map[string]*ipam.Ranges) (*collector, bool, error) {
 	c := r.newCollector(ranges)
-	add := func(obj *unstructured.Unstructured) { r.eachHolding(obj, c.add) }
+	add := func(o *Object) { eachHeld(o, c.add) }
 	for _, t := range r.opts.Kinds {
 		if !r.served(t.GVK) {
 			if err := r.eachOf(ctx, t, "", add); err != nil {

@@ -33,7 +33,7 @@ type shardCache struct {
 	holder string
 }
 
-func (s shardCache) EachCached(ctx context.Context, fn func(obj *unstructured.Unstructured)) (bool, error) {
+func (s shardCache) EachCached(ctx context.Context, fn func(o *Object)) (bool, error) {
 	unlabelled, err := Unlabelled()
 	if err != nil {
 		return false, err
@@ -44,7 +44,8 @@ func (s shardCache) EachCached(ctx context.Context, fn func(obj *unstructured.Un
 			return false, err
 		}
 		for i := range l.Items {
-			fn(&l.Items[i])
+			o := ObjectOf(kinds.VirtualMachine, &l.Items[i])
+			fn(&o)
 		}
 	}
 	return true, nil
@@ -287,9 +288,10 @@ func takeSnapshot(t *testing.T, c client.Reader) snapshotCache {
 	return out
 }
 
-func (s *snapshotCache) EachCached(_ context.Context, fn func(obj *unstructured.Unstructured)) (bool, error) {
+func (s *snapshotCache) EachCached(_ context.Context, fn func(o *Object)) (bool, error) {
 	for _, obj := range *s {
-		fn(obj)
+		o := ObjectOf(kinds.VirtualMachine, obj)
+		fn(&o)
 	}
 	return true, nil
 }

@@ -70,17 +70,17 @@ func (r *Registry) newCollector(pools map[string]*ipam.Ranges) *collector {
 	return &collector{pools: pools, mine: r.holderLabel, out: make(map[string]live, len(pools))}
 }
 
-// add records holding h of obj, which is stamped with pool stamped (or
+// add records holding h of o, which is stamped with pool o.Pool (or
 // none).
-func (c *collector) add(obj *unstructured.Unstructured, h ipam.Holding, stamped string) {
+func (c *collector) add(o *Object, h ipam.Holding) {
 	for name, ranges := range c.pools {
-		if stamped != name && (stamped != "" || !ranges.Contains(h.Addr)) {
+		if o.Pool != name && (o.Pool != "" || !ranges.Contains(h.Addr)) {
 			continue
 		}
 		l := c.out[name]
 		l.holdings = append(l.holdings, h)
-		if obj.GetLabels()[vmipamv1.HolderLabel] != c.mine {
-			l.elsewhere = append(l.elsewhere, labelled{gvk: obj.GroupVersionKind(), key: client.ObjectKeyFromObject(obj), uid: obj.GetUID(), addr: h.Addr})
+		if o.Holder != c.mine {
+			l.elsewhere = append(l.elsewhere, labelled{gvk: o.GVK, key: client.ObjectKey{Namespace: o.Namespace, Name: o.Name}, uid: o.UID, addr: h.Addr})
 		}
 		c.out[name] = l
 	}
@@ -97,29 +97,116 @@ func (c *collector) drop(uids map[string]string) {
 }
 
 // eachLive calls fn with every live object of a configured kind that carries
-// an address, its holding and the pool stamped on it.
-func (r *Registry) eachLive(ctx context.Context, fn func(obj *unstructured.Unstructured, h ipam.Holding, stamped string)) error {
-	return r.eachObject(ctx, "", func(obj *unstructured.Unstructured) { r.eachHolding(obj, fn) })
+// an address, as far as a resync reads it, and each of its holdings.
+func (r *Registry) eachLive(ctx context.Context, fn func(o *Object, h ipam.Holding)) error {
+	return r.eachObject(ctx, "", func(o *Object) { eachHeld(o, fn) })
 }
 
-// eachHolding calls fn with each holding of obj and the pool stamped on
-// it, if obj is live: an object being deleted still holds its address
-// until the controller releases it, which it does before it removes
-// vmipam's finalizer.
-func (r *Registry) eachHolding(obj *unstructured.Unstructured, fn func(obj *unstructured.Unstructured, h ipam.Holding, stamped string)) {
-	if obj.GetDeletionTimestamp() != nil && !controllerutil.ContainsFinalizer(obj, vmipamv1.Finalizer) {
+// eachHolding calls fn with obj, as far as a resync reads it, and each of
+// its holdings, if obj is of a configured kind and live (see eachHeld).
+func (r *Registry) eachHolding(obj *unstructured.Unstructured, fn func(o *Object, h ipam.Holding)) {
+	t, ok := r.KindOf(obj.GroupVersionKind())
+	if !ok {
 		return
 	}
-	hs, stamped := r.holdings(obj)
-	for _, h := range hs {
-		fn(obj, h, stamped)
+	o := ObjectOf(t, obj)
+	eachHeld(&o, fn)
+}
+
+// eachHeld calls fn with o and each of its holdings, if o is live: an
+// object being deleted still holds its address until the controller
+// releases it, which it does before it removes vmipam's finalizer.
+func eachHeld(o *Object, fn func(o *Object, h ipam.Holding)) {
+	if o.Deleting && !o.Finalized {
+		return
 	}
+	for _, h := range o.holdings() {
+		fn(o, h)
+	}
+}
+
+// Object is what a resync reads of one object of a configured kind: who
+// it is, which replica its holder label names, and what it holds. A
+// replica's caches give it straight from an object's metadata where that
+// suffices (see Cached), the others from the whole object (ObjectOf).
+type Object struct {
+	GVK             schema.GroupVersionKind
+	Namespace, Name string
+	UID             types.UID
+	// Holder is the value of its holder label (vmipamv1.HolderLabel), if
+	// any.
+	Holder string
+	// Addresses are those at its kind's location, as kinds.Kind.Addresses
+	// reads them: none when they cannot be read.
+	Addresses []string
+	// Token and Pool are vmipam's token and pool annotations.
+	Token, Pool string
+	// Deleting: its deletion began. Finalized: it carries vmipam's
+	// finalizer.
+	Deleting, Finalized bool
+}
+
+// MetadataObject reads what a resync reads of the object of kind t that m
+// is the metadata of, as ObjectOf reads what kinds.Kind.FromMetadata
+// rebuilds of it, without rebuilding it; false where that reports false
+// (no stamp: read the whole object). When holder is not empty and m has no
+// labels, it reads holder as the holder label (see kinds.Kind.TrimOwn and
+// OwnFromMetadata).
+func MetadataObject(t kinds.Kind, m *metav1.PartialObjectMetadata, holder string) (Object, bool) {
+	addrs, ok := t.MetadataAddresses(m)
+	if !ok {
+		return Object{}, false
+	}
+	label := m.Labels[vmipamv1.HolderLabel]
+	if m.Labels == nil {
+		label = holder
+	}
+	return Object{
+		GVK: t.GVK, Namespace: m.Namespace, Name: m.Name, UID: m.UID, Holder: label, Addresses: addrs,
+		Token: m.Annotations[vmipamv1.TokenAnnotation], Pool: m.Annotations[vmipamv1.PoolAnnotation],
+		Deleting: m.DeletionTimestamp != nil, Finalized: slices.Contains(m.Finalizers, vmipamv1.Finalizer),
+	}, true
+}
+
+// ObjectOf reads what a resync reads of obj, of kind t.
+func ObjectOf(t kinds.Kind, obj *unstructured.Unstructured) Object {
+	addrs, err := t.Addresses(obj)
+	if err != nil {
+		addrs = nil
+	}
+	md, _ := obj.Object["metadata"].(map[string]any)
+	ann, _ := md["annotations"].(map[string]any)
+	lbl, _ := md["labels"].(map[string]any)
+	str := func(m map[string]any, k string) string { s, _ := m[k].(string); return s }
+	return Object{
+		GVK: obj.GroupVersionKind(), Namespace: str(md, "namespace"), Name: str(md, "name"), UID: types.UID(str(md, "uid")),
+		Holder: str(lbl, vmipamv1.HolderLabel), Addresses: addrs,
+		Token: str(ann, vmipamv1.TokenAnnotation), Pool: str(ann, vmipamv1.PoolAnnotation),
+		Deleting: obj.GetDeletionTimestamp() != nil, Finalized: controllerutil.ContainsFinalizer(obj, vmipamv1.Finalizer),
+	}
+}
+
+// holdings reads o's addresses (one per family at most) in their
+// canonical form: an object that bypassed the webhook with a second
+// spelling of an address still holds that address.
+func (o *Object) holdings() []ipam.Holding {
+	if len(o.Addresses) == 0 {
+		return nil
+	}
+	owner := ipam.Owner{Token: o.Token, UID: string(o.UID), Ref: Ref(o.Namespace, o.Name)}
+	out := make([]ipam.Holding, 0, min(len(o.Addresses), 2))
+	for _, s := range o.Addresses[:min(len(o.Addresses), 2)] {
+		if a, err := netip.ParseAddr(s); err == nil {
+			out = append(out, ipam.Holding{Addr: ipam.Canonical(a), Owner: owner, Going: o.Deleting})
+		}
+	}
+	return out
 }
 
 // eachObject calls fn with every object of the configured kinds in namespace
 // ns (every namespace when empty), read from the API server a page at a
 // time. A kind whose CRD is not installed has none.
-func (r *Registry) eachObject(ctx context.Context, ns string, fn func(obj *unstructured.Unstructured)) error {
+func (r *Registry) eachObject(ctx context.Context, ns string, fn func(o *Object)) error {
 	for _, t := range r.opts.Kinds {
 		if t.ClusterScoped && ns != "" {
 			continue
@@ -143,28 +230,35 @@ func (r *Registry) eachObject(ctx context.Context, ns string, fn func(obj *unstr
 // encodes as protobuf even for a custom resource (a whole one comes as
 // JSON, and decoding it is most of a list's cost on both sides). An
 // object in the second pass that carries vmipam's address annotation is
-// read from its metadata (kinds.Kind.FromMetadata); one without it that
+// read from its metadata (MetadataObject); one without it that
 // the first pass did not see (labelled meanwhile, or adopted after it
 // bypassed the webhook) is read whole again, by a Get each, or by one
 // more list when there are more than maxWholeReads of them. An object
 // live through both passes is seen in one of them, whatever happened to
 // its label meanwhile.
-func (r *Registry) eachOf(ctx context.Context, t kinds.Kind, ns string, fn func(obj *unstructured.Unstructured)) error {
+func (r *Registry) eachOf(ctx context.Context, t kinds.Kind, ns string, fn func(o *Object)) error {
 	if !t.MetadataSuffices() {
-		return r.eachWhole(ctx, t, ns, nil, fn)
+		return r.eachWhole(ctx, t, ns, nil, func(obj *unstructured.Unstructured) {
+			o := ObjectOf(t, obj)
+			fn(&o)
+		})
 	}
 	seen := map[types.UID]bool{}
-	once := func(obj *unstructured.Unstructured) {
-		if !seen[obj.GetUID()] {
-			seen[obj.GetUID()] = true
-			fn(obj)
+	once := func(o *Object) {
+		if !seen[o.UID] {
+			seen[o.UID] = true
+			fn(o)
 		}
+	}
+	wholeOnce := func(obj *unstructured.Unstructured) {
+		o := ObjectOf(t, obj)
+		once(&o)
 	}
 	unlabelled, err := Unlabelled()
 	if err != nil {
 		return err
 	}
-	if err := r.eachWhole(ctx, t, ns, unlabelled, once); err != nil {
+	if err := r.eachWhole(ctx, t, ns, unlabelled, wholeOnce); err != nil {
 		return err
 	}
 	var whole []client.ObjectKey
@@ -178,10 +272,8 @@ func (r *Registry) eachOf(ctx context.Context, t kinds.Kind, ns string, fn func(
 			if seen[m.UID] {
 				continue
 			}
-			// Items may come typed as metadata, or not at all.
-			m.SetGroupVersionKind(t.GVK)
-			if obj, ok := t.FromMetadata(m); ok {
-				once(obj)
+			if o, ok := MetadataObject(t, m, ""); ok {
+				once(&o)
 			} else {
 				whole = append(whole, client.ObjectKey{Namespace: m.Namespace, Name: m.Name})
 			}
@@ -191,9 +283,9 @@ func (r *Registry) eachOf(ctx context.Context, t kinds.Kind, ns string, fn func(
 		return err
 	}
 	if len(whole) > maxWholeReads {
-		return r.eachWhole(ctx, t, ns, nil, once)
+		return r.eachWhole(ctx, t, ns, nil, wholeOnce)
 	}
-	return t.ReadUnstamped(ctx, r.opts.APIReader, whole, once)
+	return t.ReadUnstamped(ctx, r.opts.APIReader, whole, wholeOnce)
 }
 
 // maxWholeReads bounds the objects eachOf reads whole one at a time after
@@ -241,30 +333,6 @@ func (r *Registry) eachPage(ctx context.Context, t kinds.Kind, ns string, newLis
 	}
 }
 
-// holdings reads the addresses (one per family at most), owner and
-// stamped pool of obj. Addresses are taken in their canonical form: an
-// object that bypassed the webhook with a second spelling of an address
-// still holds that address.
-func (r *Registry) holdings(obj *unstructured.Unstructured) ([]ipam.Holding, string) {
-	t, ok := r.KindOf(obj.GroupVersionKind())
-	if !ok {
-		return nil, ""
-	}
-	addrs, err := t.Addresses(obj)
-	if err != nil || len(addrs) == 0 {
-		return nil, ""
-	}
-	ann := obj.GetAnnotations()
-	owner := ipam.Owner{Token: ann[vmipamv1.TokenAnnotation], UID: string(obj.GetUID()), Ref: Ref(obj.GetNamespace(), obj.GetName())}
-	var out []ipam.Holding
-	for _, s := range addrs[:min(len(addrs), 2)] {
-		if a, err := netip.ParseAddr(s); err == nil {
-			out = append(out, ipam.Holding{Addr: ipam.Canonical(a), Owner: owner, Going: obj.GetDeletionTimestamp() != nil})
-		}
-	}
-	return out, ann[vmipamv1.PoolAnnotation]
-}
-
 // Ref names an object in messages: namespace/name, or the name alone.
 func Ref(namespace, name string) string {
 	if namespace == "" {
@@ -286,9 +354,9 @@ type Occupant struct {
 func (r *Registry) Occupants(ctx context.Context, pool string) ([]Occupant, error) {
 	p := r.Get(pool)
 	var out []Occupant
-	err := r.eachLive(ctx, func(obj *unstructured.Unstructured, h ipam.Holding, stamped string) {
-		if stamped == pool || stamped == "" && p != nil && p.Ranges().Contains(h.Addr) {
-			out = append(out, Occupant{Namespace: obj.GetNamespace(), Name: obj.GetName(), UID: obj.GetUID(), Addr: h.Addr})
+	err := r.eachLive(ctx, func(o *Object, h ipam.Holding) {
+		if o.Pool == pool || o.Pool == "" && p != nil && p.Ranges().Contains(h.Addr) {
+			out = append(out, Occupant{Namespace: o.Namespace, Name: o.Name, UID: o.UID, Addr: h.Addr})
 		}
 	})
 	return out, err

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
@@ -150,15 +149,14 @@ func (r *Registry) ReleaseEarly(ctx context.Context, req EarlyRelease) (Released
 // read from the API server; empty when none does.
 func (r *Registry) carrier(ctx context.Context, addr netip.Addr) (string, error) {
 	var found string
-	err := r.eachObject(ctx, "", func(obj *unstructured.Unstructured) {
+	err := r.eachObject(ctx, "", func(o *Object) {
 		if found != "" {
 			return
 		}
-		hs, _ := r.holdings(obj)
-		for _, h := range hs {
+		for _, h := range o.holdings() {
 			if h.Addr == addr {
-				found = fmt.Sprintf("%s %s (uid %s)", obj.GetKind(), Ref(obj.GetNamespace(), obj.GetName()), obj.GetUID())
-				if obj.GetDeletionTimestamp() != nil {
+				found = fmt.Sprintf("%s %s (uid %s)", o.GVK.Kind, Ref(o.Namespace, o.Name), o.UID)
+				if o.Deleting {
 					found += ", being deleted"
 				}
 			}

@@ -7,12 +7,9 @@ import (
 	"slices"
 	"time"
 
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
-	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/ipam"
 )
 
@@ -90,28 +87,18 @@ type stamped struct {
 // every address on any of them.
 func (r *Registry) stampsIn(ctx context.Context, ns string) (map[string]stamped, map[netip.Addr]bool, error) {
 	tokens, addrs := map[string]stamped{}, map[netip.Addr]bool{}
-	err := r.eachObject(ctx, ns, func(obj *unstructured.Unstructured) {
-		if t, ok := r.KindOf(obj.GroupVersionKind()); !ok {
-			return
-		} else if as, err := t.Addresses(obj); err == nil {
-			for _, s := range as {
-				if a, err := netip.ParseAddr(s); err == nil {
-					addrs[ipam.Canonical(a)] = true
-				}
+	err := r.eachObject(ctx, ns, func(o *Object) {
+		for _, s := range o.Addresses {
+			if a, err := netip.ParseAddr(s); err == nil {
+				addrs[ipam.Canonical(a)] = true
 			}
 		}
-		t := obj.GetAnnotations()[vmipamv1.TokenAnnotation]
-		if t == "" {
+		if o.Token == "" {
 			return
 		}
-		o := stamped{labelled: labelled{gvk: obj.GroupVersionKind(), key: client.ObjectKeyFromObject(obj), uid: obj.GetUID()}}
-		if obj.GetDeletionTimestamp() == nil || controllerutil.ContainsFinalizer(obj, vmipamv1.Finalizer) {
-			hs, _ := r.holdings(obj)
-			for _, h := range hs {
-				o.addrs = append(o.addrs, h.Addr)
-			}
-		}
-		tokens[t] = o
+		st := stamped{labelled: labelled{gvk: o.GVK, key: client.ObjectKey{Namespace: o.Namespace, Name: o.Name}, uid: o.UID}}
+		eachHeld(o, func(_ *Object, h ipam.Holding) { st.addrs = append(st.addrs, h.Addr) })
+		tokens[o.Token] = st
 	})
 	return tokens, addrs, err
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/vmipam/vmipam/kinds"
 	"github.com/vmipam/vmipam/lib/cacheindex"
+	"github.com/vmipam/vmipam/pools"
 )
 
 // shardReader reads objects of one kind from the two caches that hold what
@@ -127,26 +128,31 @@ func (r *shardReader) getOwn(ctx context.Context, own client.Reader, key client.
 // adopted whole), the caches cannot stand for a list.
 const maxUnstamped = 100
 
-// EachCached calls fn with every object of the kind in the replica's two
-// caches, read as Get reads it (pools.Cached): from the resync, which
+// EachCached calls fn with what a resync reads of every object of the
+// kind in the replica's two caches (pools.Cached): from the resync, which
 // reads the caches instead of listing every object from the API server.
-// The cache's own copies are passed, not copies of them.
-func (r *shardReader) EachCached(ctx context.Context, fn func(obj *unstructured.Unstructured)) (bool, error) {
+// An object of the own cache held as metadata is read from its metadata
+// (pools.MetadataObject), without rebuilding it whole as Get does: a
+// resync reads every object the replica looks after.
+func (r *shardReader) EachCached(ctx context.Context, fn func(o *pools.Object)) (bool, error) {
 	c := r.caches.Load()
 	if c == nil {
 		return false, nil
 	}
-	noCopy := client.UnsafeDisableDeepCopy
+	whole := func(obj *unstructured.Unstructured) {
+		o := pools.ObjectOf(r.kind, obj)
+		fn(&o)
+	}
 	if r.kind.MetadataSuffices() {
 		l := &metav1.PartialObjectMetadataList{}
 		l.SetGroupVersionKind(r.kind.GVK.GroupVersion().WithKind(r.kind.GVK.Kind + "List"))
-		if err := c[0].List(ctx, l, noCopy); err != nil {
+		if err := c[0].List(ctx, l, client.UnsafeDisableDeepCopy); err != nil {
 			return false, fmt.Errorf("list %s from the cache: %w", r.kind.GVR().GroupResource(), err)
 		}
 		var unstamped []client.ObjectKey
 		for i := range l.Items {
-			if whole, ok := r.kind.OwnFromMetadata(&l.Items[i], r.holder); ok {
-				fn(whole)
+			if o, ok := pools.MetadataObject(r.kind, &l.Items[i], r.holder); ok {
+				fn(&o)
 			} else {
 				unstamped = append(unstamped, client.ObjectKey{Namespace: l.Items[i].Namespace, Name: l.Items[i].Name})
 			}
@@ -154,13 +160,13 @@ func (r *shardReader) EachCached(ctx context.Context, fn func(obj *unstructured.
 		if len(unstamped) > maxUnstamped {
 			return false, nil
 		}
-		if err := r.kind.ReadUnstamped(ctx, r.api, unstamped, fn); err != nil {
+		if err := r.kind.ReadUnstamped(ctx, r.api, unstamped, whole); err != nil {
 			return false, err
 		}
-	} else if err := r.eachWhole(ctx, c[0], fn); err != nil {
+	} else if err := r.eachWhole(ctx, c[0], whole); err != nil {
 		return false, err
 	}
-	return true, r.eachWhole(ctx, c[1], fn)
+	return true, r.eachWhole(ctx, c[1], whole)
 }
 
 // eachWhole calls fn with every object of the kind in cache c, which holds

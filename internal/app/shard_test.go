@@ -1,6 +1,8 @@
 package app
 
 import (
+	"fmt"
+	"reflect"
 	"slices"
 	"testing"
 
@@ -14,6 +16,7 @@ import (
 	"github.com/vmipam/vmipam/api/scheme"
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/kinds"
+	"github.com/vmipam/vmipam/pools"
 )
 
 // TestShardReader: an object is read from the replica's own cache (held as
@@ -56,5 +59,39 @@ func TestShardReader(t *testing.T) {
 			!controllerutil.ContainsFinalizer(obj, vmipamv1.Finalizer) || obj.GetLabels()[vmipamv1.HolderLabel] != "h" {
 			t.Errorf("Get %s: %v, %+v", tt.name, err, obj.Object)
 		}
+	}
+}
+
+// TestEachCached: a resync reads every object of both caches once: the
+// own ones from their metadata, one of them without a stamp whole from
+// the API server, the unlabelled ones whole.
+func TestEachCached(t *testing.T) {
+	vm := func(name string, labels, ann map[string]string, addrs ...string) *vmipamv1.VirtualMachine {
+		return &vmipamv1.VirtualMachine{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: "uid-" + types.UID(name), Annotations: ann, Labels: labels,
+				Finalizers: []string{vmipamv1.Finalizer}},
+			Spec: vmipamv1.VirtualMachineSpec{Addresses: addrs},
+		}
+	}
+	mine := map[string]string{vmipamv1.HolderLabel: "h"}
+	stamped := vm("mine", mine, map[string]string{vmipamv1.AddressAnnotation: "10.0.0.5", vmipamv1.PoolAnnotation: "p", vmipamv1.TokenAnnotation: "t"}, "10.0.0.5")
+	adopted := vm("adopted", mine, nil, "10.0.0.6")
+	own := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(stamped, adopted).Build()
+	api := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(stamped.DeepCopy(), adopted.DeepCopy()).Build()
+	unlabeled := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(vm("unlabelled", nil, nil, "10.0.0.7")).Build()
+	r := &shardReader{kind: kinds.VirtualMachine, api: api, holder: "h"}
+	if ok, err := r.EachCached(t.Context(), func(*pools.Object) { t.Error("an object before the caches are set") }); ok || err != nil {
+		t.Errorf("EachCached before the caches are set: %v, %v; want false", ok, err)
+	}
+	r.set(own, unlabeled)
+	got := map[string]string{}
+	ok, err := r.EachCached(t.Context(), func(o *pools.Object) {
+		got[o.Name] = fmt.Sprintf("%v %s %s %s %v", o.Addresses, o.Holder, o.Pool, o.UID, o.Finalized)
+	})
+	want := map[string]string{
+		"mine": "[10.0.0.5] h p uid-mine true", "adopted": "[10.0.0.6] h  uid-adopted true", "unlabelled": "[10.0.0.7]   uid-unlabelled true",
+	}
+	if !ok || err != nil || !reflect.DeepEqual(got, want) {
+		t.Errorf("EachCached: %v, %v, read %v; want %v", ok, err, got, want)
 	}
 }
