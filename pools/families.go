@@ -39,8 +39,23 @@ func (s familyStore) List(ctx context.Context) ([]ipam.Block, error) {
 	return out, nil
 }
 
-// byFamily splits holdings into those of IPv4 and of IPv6 addresses.
+// byFamily splits holdings into those of IPv4 and of IPv6 addresses. When
+// they are all of one family, that one is hs itself, not a copy: a resync
+// splits a replica's share of the fleet three times.
 func byFamily(hs []ipam.Holding) (v4, v6 []ipam.Holding) {
+	n4 := 0
+	for _, h := range hs {
+		if ipam.Canonical(h.Addr).Is4() {
+			n4++
+		}
+	}
+	switch n4 {
+	case len(hs):
+		return hs, nil
+	case 0:
+		return nil, hs
+	}
+	v4, v6 = make([]ipam.Holding, 0, n4), make([]ipam.Holding, 0, len(hs)-n4)
 	for _, h := range hs {
 		if ipam.Canonical(h.Addr).Is4() {
 			v4 = append(v4, h)
