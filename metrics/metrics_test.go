@@ -35,15 +35,7 @@ func TestInstrumentHTTP(t *testing.T) {
 			for range 3 {
 				h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodPost, tt.path, nil))
 			}
-			o, err := WebhookHTTPDuration.GetMetricWithLabelValues(tt.path, tt.code)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var m dto.Metric
-			if err := o.(prometheus.Metric).Write(&m); err != nil {
-				t.Fatal(err)
-			}
-			if n := m.GetHistogram().GetSampleCount(); n != 3 {
+			if n := sampleCount(t, WebhookHTTPDuration, tt.path, tt.code); n != 3 {
 				t.Errorf("%s code %s counted %d requests, want 3", tt.path, tt.code, n)
 			}
 		})
@@ -69,22 +61,25 @@ func TestObserveResync(t *testing.T) {
 		{"the list failed", true, errors.New("away"), "list", "error"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			count := func() uint64 {
-				o, err := ResyncDuration.GetMetricWithLabelValues(tt.source, tt.outcome)
-				if err != nil {
-					t.Fatal(err)
-				}
-				var m dto.Metric
-				if err := o.(prometheus.Metric).Write(&m); err != nil {
-					t.Fatal(err)
-				}
-				return m.GetHistogram().GetSampleCount()
-			}
-			before := count()
+			before := sampleCount(t, ResyncDuration, tt.source, tt.outcome)
 			ObserveResync(tt.listed, 30*time.Millisecond, tt.err)
-			if n := count() - before; n != 1 {
+			if n := sampleCount(t, ResyncDuration, tt.source, tt.outcome) - before; n != 1 {
 				t.Errorf("source %s outcome %s counted %d resyncs, want 1", tt.source, tt.outcome, n)
 			}
 		})
 	}
+}
+
+// sampleCount is how many observations the series of h with labels holds.
+func sampleCount(t *testing.T, h *prometheus.HistogramVec, labels ...string) uint64 {
+	t.Helper()
+	o, err := h.GetMetricWithLabelValues(labels...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m dto.Metric
+	if err := o.(prometheus.Metric).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetHistogram().GetSampleCount()
 }

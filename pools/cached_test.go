@@ -108,7 +108,7 @@ func newCachedFixture(t *testing.T, cache func(inner client.Client) Cached) *cac
 // start starts a registry of cachedHolder whose resyncs read cache, and
 // returns it with what stops it as a replica stops: it seals its pools
 // and releases its Lease.
-func (f *cachedFixture) start(t *testing.T, cache Cached) (*Registry, func()) {
+func (f *cachedFixture) start(t testing.TB, cache Cached) (*Registry, func()) {
 	t.Helper()
 	reg := NewRegistry(Options{Client: f.c, APIReader: f.c, Kinds: kinds.Default(), Holder: cachedHolder, Clock: f.clk,
 		RunInterval: time.Hour, ResyncInterval: time.Hour, StatusInterval: time.Hour, ProveInterval: time.Hour})
@@ -505,14 +505,7 @@ func BenchmarkResyncFromCaches(b *testing.B) {
 		},
 	})
 	cache := &metaCache{holder: cachedHolder}
-	reg := NewRegistry(Options{Client: c, APIReader: c, Kinds: kinds.Default(), Holder: cachedHolder, Clock: clk,
-		RunInterval: time.Hour, ResyncInterval: time.Hour, StatusInterval: time.Hour, ProveInterval: time.Hour})
-	reg.MarkServed(kinds.VirtualMachine.GVK)
-	reg.SetCached(kinds.VirtualMachine.GVK, cache)
-	regCtx, cancel := context.WithCancel(ctx)
-	var done sync.WaitGroup
-	done.Go(func() { _ = reg.Start(regCtx) })
-	b.Cleanup(func() { cancel(); done.Wait() })
+	reg, _ := (&cachedFixture{c: c, clk: clk}).start(b, cache)
 	if err := reg.Ensure(ctx, pool); err != nil {
 		b.Fatal(err)
 	}
