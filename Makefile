@@ -82,8 +82,8 @@ e2e: $(HELM) ## vmipam's image in a real single-node cluster (as root: kubelet, 
 # The fleet of make bench-scale; CI runs a small one to check the mode works.
 SCALE_N ?= 100000
 .PHONY: bench-scale
-bench-scale: ## The end-to-end benchmark at scale: a fleet of SCALE_N VMs (100,000) over 3 replicas, then memory per VM, a resync, a replica's restart, a rollout and the rounds at that size (results/scale/e2e-bench.md), with the API server's watch-cache consistency check off.
-	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" $(GO) run ./hack/e2ebench -fleet $(SCALE_N) -pool-cidr 10.64.0.0/14 -replicas 0 -history-n 0 -results results/scale -cache-check=false $(E2E_BENCH_FLAGS)
+bench-scale: ## The end-to-end benchmark at scale: a fleet of SCALE_N VMs (100,000) over 3 replicas, then memory per VM, a resync, a replica's restart, a rollout and the rounds at that size (results/scale/e2e-bench.md), with the API server's watch-cache consistency check off and its garbage collector run before each round.
+	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" $(GO) run ./hack/e2ebench -fleet $(SCALE_N) -pool-cidr 10.64.0.0/14 -replicas 0 -history-n 0 -results results/scale -cache-check=false -apiserver-gc $(E2E_BENCH_FLAGS)
 
 .PHONY: envtest-assets
 envtest-assets: ## Build (once) the control-plane binaries the tests use.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -305,6 +306,10 @@ func (b *bench) measureCreates(ctx context.Context, rep *report) error {
 				continue
 			}
 			st := &rep.modes[m]
+			forced, err := b.collectAPIServer(ctx)
+			if err != nil {
+				return err
+			}
 			a0, err := b.apiserverMetrics(ctx)
 			if err != nil {
 				return err
@@ -334,7 +339,8 @@ func (b *bench) measureCreates(ctx context.Context, rep *report) error {
 			}
 			st.cpu.add(c1.sub(c0))
 			st.checks += cacheChecks(a1) - cacheChecks(a0)
-			rs := roundStat{mode: m, round: r + 1, created: len(res.lat), rate: float64(len(res.lat)) / res.elapsed.Seconds(), cpu: c1.sub(c0)}
+			rs := roundStat{mode: m, round: r + 1, created: len(res.lat), rate: float64(len(res.lat)) / res.elapsed.Seconds(), cpu: c1.sub(c0),
+				forcedGC: forced}
 			rs.fill(countersOf(a0, v0), countersOf(a1, v1))
 			rs.vmipamUnknown = vErr != nil
 			rep.rounds = append(rep.rounds, rs)
@@ -401,6 +407,21 @@ func (b *bench) measureCreates(ctx context.Context, rep *report) error {
 		sort.Slice(rep.modes[m].lat, func(i, j int) bool { return rep.modes[m].lat[i] < rep.modes[m].lat[j] })
 	}
 	return nil
+}
+
+// collectAPIServer runs the API server's garbage collector and returns
+// the CPU it cost the API server, with -apiserver-gc; otherwise NaN.
+func (b *bench) collectAPIServer(ctx context.Context) (float64, error) {
+	if !b.opts.apiserverGC {
+		return math.NaN(), nil
+	}
+	c0 := sampleCPU()
+	// net/http/pprof's heap profile runs a collection first with gc=1,
+	// and returns once it is over.
+	if _, err := b.apiserverGet(ctx, "/debug/pprof/heap?gc=1"); err != nil {
+		return 0, fmt.Errorf("run the API server's garbage collector: %w", err)
+	}
+	return sampleCPU().sub(c0).procs["kube-apiserver"], nil
 }
 
 // resyncLines returns what vmipam logged of its periodic resyncs: each

@@ -65,6 +65,7 @@ type options struct {
 	vmipamArgs   string
 	vmipamEnv    string
 	cacheCheck   bool
+	apiserverGC  bool
 	freeTimeout  time.Duration
 	profile      time.Duration
 	// noop: whether to measure the no-op mutating webhook.
@@ -119,6 +120,7 @@ func main() {
 	flag.BoolVar(&o.slots, "slots", true, "In the scale mode, run the replicas with --holder-slots (false for a vmipam that predates it, with -repo).")
 	flag.StringVar(&o.vmipamArgs, "vmipam-args", "", "Extra flags for the vmipam binary, space-separated (e.g. --enable-http2).")
 	flag.BoolVar(&o.cacheCheck, "cache-check", true, "Leave the API server's watch-cache consistency check on (feature gate DetectCacheInconsistency, on by default since Kubernetes 1.34): every 5 to 7.5 minutes it lists every object of each resource from etcd and compares it with its cache, which at a large fleet is seconds of the API server's CPU in whichever round it lands (make bench-scale sets it false). The report counts the checks of VirtualMachines either way.")
+	flag.BoolVar(&o.apiserverGC, "apiserver-gc", false, "Before each round, run the API server's garbage collector (GET /debug/pprof/heap?gc=1), so that none of its collections lands in a round: with a large fleet in its heap one costs it seconds of CPU in whichever round it falls, whatever the mode (make bench-scale sets it). What each forced collection cost the API server is reported beside its round, outside the round's figures.")
 	flag.StringVar(&o.vmipamEnv, "vmipam-env", "", "Extra environment for the vmipam processes only, space-separated NAME=value (e.g. GOGC=400); the control plane and this program keep theirs.")
 	flag.Parse()
 	// The stand-in Service logs through controller-runtime's logger; the
