@@ -337,13 +337,11 @@ func (b *bench) measureCreates(ctx context.Context, rep *report) error {
 			if vErr == nil {
 				vErr = err
 			}
-			st.cpu.add(c1.sub(c0))
-			st.checks += cacheChecks(a1) - cacheChecks(a0)
 			rs := roundStat{mode: m, round: r + 1, created: len(res.lat), rate: float64(len(res.lat)) / res.elapsed.Seconds(), cpu: c1.sub(c0),
-				forcedGC: forced}
-			rs.fill(countersOf(a0, v0), countersOf(a1, v1))
-			rs.vmipamUnknown = vErr != nil
+				roundCounters: countersOf(a1, v1).sub(countersOf(a0, v0)), forcedGC: forced, vmipamUnknown: vErr != nil}
 			rep.rounds = append(rep.rounds, rs)
+			st.cpu.add(rs.cpu)
+			st.checks += rs.checks
 			if st.requests == nil {
 				st.requests = map[string]float64{}
 			}

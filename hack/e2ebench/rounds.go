@@ -15,24 +15,22 @@ type roundStat struct {
 	created int
 	rate    float64
 	cpu     cpuSample
-	// apiGC is the API server's garbage collector's CPU (the Go runtime's
-	// estimate, go_cpu_classes_gc_total_cpu_seconds_total) and apiGCs its
-	// completed cycles; vmipamGC the same estimate summed over vmipam's
-	// processes.
-	apiGC, apiGCs, vmipamGC float64
-	// resyncs are vmipam's resyncs that ended in the round, summed over its
-	// processes, and resyncSecs how long they took
-	// (vmipam_resync_duration_seconds).
-	resyncs, resyncSecs float64
+	// roundCounters are what changed in the round.
+	roundCounters
 	// forcedGC is the API server's CPU in the collection -apiserver-gc ran
 	// before the round (NaN without).
 	forcedGC float64
 	// vmipamUnknown: vmipam's metrics could not be read around the round.
 	vmipamUnknown bool
-	checks        float64
 }
 
-// roundCounters are the counters a roundStat is the change of.
+// roundCounters are what a roundStat counts from the metrics: apiGC is the
+// API server's garbage collector's CPU (the Go runtime's estimate,
+// go_cpu_classes_gc_total_cpu_seconds_total) and apiGCs its completed
+// cycles; vmipamGC the same estimate summed over vmipam's processes;
+// resyncs vmipam's resyncs, summed over its processes, and resyncSecs how
+// long they took (vmipam_resync_duration_seconds); checks the watch-cache
+// consistency checks.
 type roundCounters struct {
 	apiGC, apiGCs, vmipamGC, resyncs, resyncSecs, checks float64
 }
@@ -52,10 +50,12 @@ func countersOf(a, v metricSet) roundCounters {
 	}
 }
 
-// fill sets s's counters to what changed from c0 to c1.
-func (s *roundStat) fill(c0, c1 roundCounters) {
-	s.apiGC, s.apiGCs, s.vmipamGC = c1.apiGC-c0.apiGC, c1.apiGCs-c0.apiGCs, c1.vmipamGC-c0.vmipamGC
-	s.resyncs, s.resyncSecs, s.checks = c1.resyncs-c0.resyncs, c1.resyncSecs-c0.resyncSecs, c1.checks-c0.checks
+// sub returns what changed from o to c.
+func (c roundCounters) sub(o roundCounters) roundCounters {
+	return roundCounters{
+		apiGC: c.apiGC - o.apiGC, apiGCs: c.apiGCs - o.apiGCs, vmipamGC: c.vmipamGC - o.vmipamGC,
+		resyncs: c.resyncs - o.resyncs, resyncSecs: c.resyncSecs - o.resyncSecs, checks: c.checks - o.checks,
+	}
 }
 
 // roundsSection writes a table of the rounds in the order they ran.
