@@ -168,7 +168,8 @@ func MetadataObject(t kinds.Kind, m *metav1.PartialObjectMetadata, holder string
 	}, true
 }
 
-// ObjectOf reads what a resync reads of obj, of kind t.
+// ObjectOf reads what a resync reads of obj, of kind t: its GVK is t's,
+// whether or not obj carries one (an object of a cache's list may not).
 func ObjectOf(t kinds.Kind, obj *unstructured.Unstructured) Object {
 	addrs, err := t.Addresses(obj)
 	if err != nil {
@@ -179,7 +180,7 @@ func ObjectOf(t kinds.Kind, obj *unstructured.Unstructured) Object {
 	lbl, _ := md["labels"].(map[string]any)
 	str := func(m map[string]any, k string) string { s, _ := m[k].(string); return s }
 	return Object{
-		GVK: obj.GroupVersionKind(), Namespace: str(md, "namespace"), Name: str(md, "name"), UID: types.UID(str(md, "uid")),
+		GVK: t.GVK, Namespace: str(md, "namespace"), Name: str(md, "name"), UID: types.UID(str(md, "uid")),
 		Holder: str(lbl, vmipamv1.HolderLabel), Addresses: addrs,
 		Token: str(ann, vmipamv1.TokenAnnotation), Pool: str(ann, vmipamv1.PoolAnnotation),
 		Deleting: obj.GetDeletionTimestamp() != nil, Finalized: controllerutil.ContainsFinalizer(obj, vmipamv1.Finalizer),

@@ -6,8 +6,10 @@ import (
 	"sync/atomic"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -133,56 +135,88 @@ const maxUnstamped = 100
 // reads the caches instead of listing every object from the API server.
 // An object of the own cache held as metadata is read from its metadata
 // (pools.MetadataObject), without rebuilding it whole as Get does: a
-// resync reads every object the replica looks after.
+// resync reads every object the replica looks after. The objects come
+// from the caches' indexes (see cached), not copied.
 func (r *shardReader) EachCached(ctx context.Context, fn func(o *pools.Object)) (bool, error) {
 	c := r.caches.Load()
 	if c == nil {
 		return false, nil
 	}
-	whole := func(obj *unstructured.Unstructured) {
-		o := pools.ObjectOf(r.kind, obj)
-		fn(&o)
-	}
-	if r.kind.MetadataSuffices() {
-		l := &metav1.PartialObjectMetadataList{}
-		l.SetGroupVersionKind(r.kind.GVK.GroupVersion().WithKind(r.kind.GVK.Kind + "List"))
-		if err := c[0].List(ctx, l, client.UnsafeDisableDeepCopy); err != nil {
-			return false, fmt.Errorf("list %s from the cache: %w", r.kind.GVR().GroupResource(), err)
-		}
-		var unstamped []client.ObjectKey
-		for i := range l.Items {
-			if o, ok := pools.MetadataObject(r.kind, &l.Items[i], r.holder); ok {
-				fn(&o)
-			} else {
-				unstamped = append(unstamped, client.ObjectKey{Namespace: l.Items[i].Namespace, Name: l.Items[i].Name})
-			}
-		}
-		if len(unstamped) > maxUnstamped {
-			return false, nil
-		}
-		if err := r.kind.ReadUnstamped(ctx, r.api, unstamped, whole); err != nil {
+	if !r.kind.MetadataSuffices() {
+		if err := r.eachWhole(ctx, 0, c[0], fn); err != nil {
 			return false, err
 		}
-	} else if err := r.eachWhole(ctx, c[0], whole); err != nil {
+		return true, r.eachWhole(ctx, 1, c[1], fn)
+	}
+	l := &metav1.PartialObjectMetadataList{}
+	l.SetGroupVersionKind(r.kind.GVK.GroupVersion().WithKind(r.kind.GVK.Kind + "List"))
+	objs, err := r.cached(ctx, 0, c[0], l)
+	if err != nil {
 		return false, err
 	}
-	return true, r.eachWhole(ctx, c[1], whole)
+	var unstamped []client.ObjectKey
+	for _, obj := range objs {
+		m, ok := obj.(*metav1.PartialObjectMetadata)
+		if !ok {
+			return false, fmt.Errorf("the cache of %s as metadata holds a %T", r.kind.GVR().GroupResource(), obj)
+		}
+		if o, ok := pools.MetadataObject(r.kind, m, r.holder); ok {
+			fn(&o)
+		} else {
+			unstamped = append(unstamped, client.ObjectKey{Namespace: m.Namespace, Name: m.Name})
+		}
+	}
+	if len(unstamped) > maxUnstamped {
+		return false, nil
+	}
+	if err := r.kind.ReadUnstamped(ctx, r.api, unstamped, func(obj *unstructured.Unstructured) {
+		o := pools.ObjectOf(r.kind, obj)
+		fn(&o)
+	}); err != nil {
+		return false, err
+	}
+	return true, r.eachWhole(ctx, 1, c[1], fn)
 }
 
-// eachWhole calls fn with every object of the kind in cache c, which holds
-// them whole.
-func (r *shardReader) eachWhole(ctx context.Context, c client.Reader, fn func(obj *unstructured.Unstructured)) error {
-	l := r.kind.NewList()
-	if err := c.List(ctx, l, client.UnsafeDisableDeepCopy); err != nil {
-		return fmt.Errorf("list %s from the cache: %w", r.kind.GVR().GroupResource(), err)
+// eachWhole calls fn with what a resync reads of every object of the kind
+// in cache c, the i-th of r's (0 own, 1 unlabelled), which holds them
+// whole.
+func (r *shardReader) eachWhole(ctx context.Context, i int, c client.Reader, fn func(o *pools.Object)) error {
+	objs, err := r.cached(ctx, i, c, r.kind.NewList())
+	if err != nil {
+		return err
 	}
-	for i := range l.Items {
-		obj := &l.Items[i]
-		if obj.GetKind() == "" {
-			obj = obj.DeepCopy()
-			obj.SetGroupVersionKind(r.kind.GVK)
+	for _, obj := range objs {
+		u, ok := obj.(*unstructured.Unstructured)
+		if !ok {
+			return fmt.Errorf("the cache of %s holds a %T", r.kind.GVR().GroupResource(), obj)
 		}
-		fn(obj)
+		o := pools.ObjectOf(r.kind, u)
+		fn(&o)
 	}
 	return nil
+}
+
+// cached returns the objects of cache c, the i-th of r's: the cache's own,
+// from its informer's index (cacheindex.Index.List) once that has synced,
+// a slice of pointers and no copy; before that (or with no index), from a
+// List through c into list, which waits for the sync and copies each
+// object into list.
+func (r *shardReader) cached(ctx context.Context, i int, c client.Reader, list client.ObjectList) ([]any, error) {
+	if idx := r.indexes.Load(); idx != nil {
+		if objs, synced := idx[i].List(); synced {
+			return objs, nil
+		}
+	}
+	if err := c.List(ctx, list, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, fmt.Errorf("list %s from the cache: %w", r.kind.GVR().GroupResource(), err)
+	}
+	objs := make([]any, 0, meta.LenList(list))
+	if err := meta.EachListItem(list, func(o runtime.Object) error {
+		objs = append(objs, o)
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("read a list of %s from the cache: %w", r.kind.GVR().GroupResource(), err)
+	}
+	return objs, nil
 }

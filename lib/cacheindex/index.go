@@ -3,8 +3,10 @@
 // resolution and the not-found error of each read through the cache's
 // client. vmipam reads two objects of the cache on every admission (the
 // namespace, and the name the create asks for), where those costs were a
-// tenth of its CPU per create. What it returns is the cache's own object:
-// read it, never change it.
+// tenth of its CPU per create, and every object of its caches in each
+// resync, where a List through the client copied each into a typed list.
+// What it returns are the cache's own objects: read them, never change
+// them.
 package cacheindex
 
 import (
@@ -50,4 +52,12 @@ func (i *Index) Get(namespace, name string) (obj any, found, synced bool) {
 	}
 	obj, found, err := i.inf.GetIndexer().GetByKey(key)
 	return obj, found && err == nil, i.inf.HasSynced()
+}
+
+// List returns every object in the index, and whether the informer had
+// synced before they were read: before that, some may be missing. It
+// copies no object, only the pointers to them.
+func (i *Index) List() (objs []any, synced bool) {
+	synced = i.inf.HasSynced()
+	return i.inf.GetIndexer().List(), synced
 }

@@ -60,6 +60,9 @@ func TestIndex(t *testing.T) {
 		if _, found, synced := idx.Get(tc.namespace, tc.name); found || synced {
 			t.Errorf("%T before the sync: found %v, synced %v", tc.obj, found, synced)
 		}
+		if objs, synced := idx.List(); len(objs) != 0 || synced {
+			t.Errorf("%T before the sync: listed %v, synced %v", tc.obj, objs, synced)
+		}
 		ctx, cancel := context.WithCancel(t.Context())
 		go inf.RunWithContext(ctx)
 		if !toolscache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
@@ -68,6 +71,9 @@ func TestIndex(t *testing.T) {
 		got, found, synced := idx.Get(tc.namespace, tc.name)
 		if !found || !synced || got.(client.Object).GetName() != tc.name {
 			t.Errorf("%T %s/%s: %v, found %v, synced %v", tc.obj, tc.namespace, tc.name, got, found, synced)
+		}
+		if objs, synced := idx.List(); len(objs) != 1 || !synced || objs[0].(client.Object).GetName() != tc.name {
+			t.Errorf("%T: listed %v, synced %v", tc.obj, objs, synced)
 		}
 		if _, found, _ := idx.Get(tc.namespace, "other"); found {
 			t.Errorf("%T: found an object that is not there", tc.obj)
