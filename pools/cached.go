@@ -107,7 +107,7 @@ func (r *Registry) liveCached(ctx context.Context, ps []*Pool, ranges map[string
 		}
 	}
 	if len(again) == 0 {
-		return c.out, true, nil
+		return c.done(), true, nil
 	}
 	c.drop(again)
 	for uid, ref := range again {
@@ -119,7 +119,7 @@ func (r *Registry) liveCached(ctx context.Context, ps []*Pool, ranges map[string
 			return nil, false, err
 		}
 	}
-	return c.out, true, nil
+	return c.done(), true, nil
 }
 
 // cachedIn collects the holdings of the pools named in ranges from what

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"sync"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -55,7 +56,10 @@ func (r *Registry) liveHoldings(ctx context.Context, pool string, ranges *ipam.R
 // one list of the objects.
 func (r *Registry) liveIn(ctx context.Context, pools map[string]*ipam.Ranges) (map[string]live, error) {
 	c := r.newCollector(pools)
-	return c.out, r.eachLive(ctx, c.add)
+	if err := r.eachLive(ctx, c.add); err != nil {
+		return nil, err
+	}
+	return c.done(), nil
 }
 
 // collector sorts the holdings of live objects into the pools they belong
@@ -64,10 +68,29 @@ type collector struct {
 	pools map[string]*ipam.Ranges
 	mine  string
 	out   map[string]live
+	// held is the Registry's record of the last collections' sizes.
+	held *sync.Map
 }
 
+// newCollector returns a collector for pools, each pool's holdings sized
+// for as many as the last collection found there.
 func (r *Registry) newCollector(pools map[string]*ipam.Ranges) *collector {
-	return &collector{pools: pools, mine: r.holderLabel, out: make(map[string]live, len(pools))}
+	c := &collector{pools: pools, mine: r.holderLabel, out: make(map[string]live, len(pools)), held: &r.held}
+	for name := range pools {
+		if n, ok := r.held.Load(name); ok {
+			c.out[name] = live{holdings: make([]ipam.Holding, 0, n.(int))}
+		}
+	}
+	return c
+}
+
+// done records how many holdings each pool has, for the next collection,
+// and returns them.
+func (c *collector) done() map[string]live {
+	for name := range c.pools {
+		c.held.Store(name, len(c.out[name].holdings))
+	}
+	return c.out
 }
 
 // add records holding h of o, which is stamped with pool o.Pool (or

@@ -223,3 +223,29 @@ func BenchmarkResyncRead(b *testing.B) {
 		})
 	}
 }
+
+// TestCollectorSized: a collection of a pool's holdings starts with room
+// for as many as the last one found there, and a pool never collected
+// starts empty.
+func TestCollectorSized(t *testing.T) {
+	ranges, err := ipam.ParseRanges([]ipam.RangeSpec{{CIDR: "10.0.0.0/24"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &Registry{holderLabel: "h"}
+	c := r.newCollector(map[string]*ipam.Ranges{"a": ranges})
+	for i := range 3 {
+		o := &Object{Name: fmt.Sprint(i), Holder: "h", Addresses: []string{fmt.Sprintf("10.0.0.%d", i+1)}}
+		eachHeld(o, c.add)
+	}
+	if got := len(c.done()["a"].holdings); got != 3 {
+		t.Fatalf("collected %d holdings; want 3", got)
+	}
+	c = r.newCollector(map[string]*ipam.Ranges{"a": ranges, "b": ranges})
+	if got := cap(c.out["a"].holdings); got != 3 {
+		t.Errorf("the next collection of pool a has room for %d; want 3", got)
+	}
+	if got := cap(c.out["b"].holdings); got != 0 {
+		t.Errorf("the first collection of pool b has room for %d; want 0", got)
+	}
+}

@@ -124,6 +124,10 @@ type Registry struct {
 	// controller, the recovery after a lost Lease and the rebuild of a
 	// lost allocator may each ask at once.
 	ensuring sync.Map
+	// held is how many holdings the last collection of each pool found
+	// (by name): the next one's capacity, so that a resync does not grow
+	// tens of thousands of holdings a doubling at a time.
+	held sync.Map
 
 	// servedKinds are the kinds the API server served since the start
 	// (MarkServed).
