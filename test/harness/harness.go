@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -298,9 +299,9 @@ func (c *Cluster) Metrics() (string, error) {
 func freePorts(n int) ([]int, error) {
 	out := make([]int, 0, n)
 	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		l, err := listenFree()
 		if err != nil {
-			return nil, fmt.Errorf("find a free port: %w", err)
+			return nil, err
 		}
 		defer func() { _ = l.Close() }()
 		out = append(out, l.Addr().(*net.TCPAddr).Port)
@@ -309,10 +310,47 @@ func freePorts(n int) ([]int, error) {
 }
 
 func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	l, err := listenFree()
 	if err != nil {
-		return 0, fmt.Errorf("find a free port: %w", err)
+		return 0, err
 	}
 	defer func() { _ = l.Close() }()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// listenFree listens on a free port of 127.0.0.1 below the kernel's
+// ephemeral range (net.ipv4.ip_local_port_range). A port of that range,
+// which is what listening on port 0 picks, may be taken between its choice
+// and vmipam's bind as the local end of a connection the API server, etcd
+// or another package's test opens (seen: vmipam's webhook server failing
+// with "address already in use"); below it, only a process that listens
+// can take it. Other packages' tests pick at random from the same ports,
+// and a port one of them listens on already is passed over.
+func listenFree() (net.Listener, error) {
+	lo, hi := portRange()
+	for range 200 {
+		port := lo + rand.IntN(hi-lo) //nolint:gosec // a port, not a secret
+		if l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port))); err == nil {
+			return l, nil
+		}
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("find a free port: %w", err)
+	}
+	return l, nil
+}
+
+// portRange is where listenFree picks: the 8,000 ports below the kernel's
+// ephemeral range (32768 to 60999 by default), or 24768 to 32767 when
+// that range cannot be read.
+func portRange() (lo, hi int) {
+	hi = 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		var first, last int
+		if _, err := fmt.Sscan(string(b), &first, &last); err == nil && first > 2048 {
+			hi = first
+		}
+	}
+	return max(1024, hi-8000), hi
 }
