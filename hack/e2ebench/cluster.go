@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -26,6 +27,7 @@ import (
 
 	"github.com/vmipam/vmipam/api/scheme"
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
+	"github.com/vmipam/vmipam/test/harness"
 )
 
 // Namespaces of the four modes and the pool the runs with vmipam name.
@@ -394,14 +396,14 @@ func get(ctx context.Context, hc *http.Client, url string) ([]byte, error) {
 	return buf, nil
 }
 
-// freeLocalAddr returns a loopback address with a port free now.
+// freeLocalAddr returns a loopback address with a port free now, chosen
+// as the harness chooses vmipam's other ports (harness.FreePort).
 func freeLocalAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := harness.FreePort()
 	if err != nil {
-		return "", fmt.Errorf("find a free port: %w", err)
+		return "", err
 	}
-	defer func() { _ = l.Close() }()
-	return l.Addr().String(), nil
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), nil
 }
 
 // anyVM lists at most one VirtualMachine in ns (and matching opts, such

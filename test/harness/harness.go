@@ -309,7 +309,9 @@ func freePorts(n int) ([]int, error) {
 	return out, nil
 }
 
-func freePort() (int, error) {
+// FreePort returns a port of 127.0.0.1 free now, for a process started
+// later to listen on (see listenFree).
+func FreePort() (int, error) {
 	l, err := listenFree()
 	if err != nil {
 		return 0, err

@@ -331,7 +331,7 @@ func (r *Replicas) ports() (ports, error) {
 		if tries == 100 {
 			return ports{}, errors.New("find free ports: the kernel keeps handing out ports already used")
 		}
-		p, err := freePort()
+		p, err := FreePort()
 		if err != nil {
 			return ports{}, err
 		}
