@@ -54,6 +54,16 @@ func (b *Bitmap) Clear(i int) { b[i/64] &^= 1 << (i % 64) }
 // Empty reports whether no offset is set.
 func (b *Bitmap) Empty() bool { return *b == Bitmap{} }
 
+// Each calls f with every offset set, in order.
+func (b *Bitmap) Each(f func(off int)) {
+	for w, x := range b {
+		for x != 0 {
+			f(w*64 + bits.TrailingZeros64(x))
+			x &= x - 1
+		}
+	}
+}
+
 // Count returns how many offsets are set.
 func (b *Bitmap) Count() int {
 	n := 0

@@ -159,6 +159,11 @@ func TestBlockBitmap(t *testing.T) {
 			t.Fatalf("Has(%d) = %v, want %v", i, got, want)
 		}
 	}
+	var each []int
+	bm.Each(func(off int) { each = append(each, off) })
+	if !slices.Equal(each, offs) {
+		t.Fatalf("Each visited %v, want %v", each, offs)
+	}
 	for _, o := range offs {
 		bm.Clear(o)
 	}

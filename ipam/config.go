@@ -170,7 +170,7 @@ func NewManager(cfg Config) (*Manager, error) {
 	if cfg.Timers == nil {
 		cfg.Timers = realTimers{}
 	}
-	m := &Manager{cfg: cfg, clock: cfg.Clock, kickC: make(chan struct{}, 1), seen: map[netip.Prefix]map[string]*Bitmap{}, armedIn: map[netip.Prefix]bool{}, armMax: armMax}
+	m := &Manager{cfg: cfg, clock: cfg.Clock, kickC: make(chan struct{}, 1), seen: map[netip.Prefix]map[string]*Bitmap{}, armedIn: map[netip.Prefix]bool{}, armMax: armMax, denseAt: denseAt}
 	m.reset(0)
 	return m, nil
 }

@@ -71,13 +71,11 @@ func (m *Manager) materializeLocked(bs *blockState) {
 	}
 	now := m.clock.Now()
 	var cooling []*entry
-	for off := range BlockSize {
-		if !bm.Has(off) {
-			continue
-		}
+	unheld := bs.unheld(bm)
+	unheld.Each(func(off int) {
 		a := blockAddr(b.Prefix, off)
-		if m.entries[a] != nil || !m.cfg.Ranges.Contains(a) {
-			continue
+		if !m.cfg.Ranges.Contains(a) {
+			return
 		}
 		until, free := m.restUntil(b, m.cfg.Holder, a, off, now)
 		if m.unhanded[a] && !b.Cooldowns[a].After(now) {
@@ -89,14 +87,14 @@ func (m *Manager) materializeLocked(bs *blockState) {
 		e := m.addEntry(a, StateFree)
 		if free {
 			m.rest(e)
-			continue
+			return
 		}
 		e.state, e.at = StateCooldown, until
 		if has(b.InUse, m.cfg.Holder, off) || has(b.Armed, m.cfg.Holder, off) || !b.Exact {
 			e.at, e.orphan = now.Add(orphanRest), true
 		}
 		cooling = append(cooling, e)
-	}
+	})
 	m.pushCoolingLocked(cooling)
 }
 

@@ -113,6 +113,8 @@ type Manager struct {
 	io    sync.Mutex
 	kickC chan struct{}
 	stats stats
+	// denseAt: see the constant.
+	denseAt int
 }
 
 // reset empties the Manager's state, sized for about n entries.

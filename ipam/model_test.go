@@ -31,6 +31,9 @@ import (
 // (a request for addresses), the harness's Timers let the other holders
 // answer before the wait returns.
 type harness struct {
+	// denseAt, if set, is its Managers' (see Manager.denseAt): the
+	// harness's blocks hold far fewer entries than the default.
+	denseAt int
 	ranges  *Ranges
 	usable  []netip.Addr
 	clock   *fakeClock
@@ -206,6 +209,18 @@ func newHarness(pool int, cooldown, ttl time.Duration, low, target, high, maxPen
 	return h, nil
 }
 
+// indexBlocks has the harness's Managers, now and after restarts, keep
+// their blocks' index of entries (blockState.index) from 4 entries: the
+// harness's blocks never hold the 512 it takes otherwise, so it is built
+// and dropped as entries come and go. Called before the first step, while
+// the Managers hold nothing.
+func (h *harness) indexBlocks() {
+	h.denseAt = 4
+	for _, mb := range h.members {
+		mb.m.denseAt = 4
+	}
+}
+
 func (h *harness) logf(format string, args ...any) {
 	h.log = append(h.log, fmt.Sprintf(format, args...))
 }
@@ -301,6 +316,9 @@ func (h *harness) restart(i int, stored uint32) error {
 	m, err := NewManager(cfg)
 	if err != nil {
 		return err
+	}
+	if h.denseAt > 0 {
+		m.denseAt = h.denseAt
 	}
 	mb.m, mb.alive = m, true
 	mb.epoch++
@@ -1028,6 +1046,7 @@ func (h *harness) checkKept(m *Manager) error {
 	armed := 0
 	ns := map[string]int{}
 	ours := map[netip.Prefix]int{}
+	held := map[netip.Prefix]*Bitmap{}
 	for a, e := range m.entries {
 		if a != e.addr || Canonical(a) != a {
 			return fmt.Errorf("entry %s keyed by %s", e.addr, a)
@@ -1040,6 +1059,10 @@ func (h *harness) checkKept(m *Manager) error {
 			ns[e.ns]++
 		}
 		ours[BlockOf(a)]++
+		if held[BlockOf(a)] == nil {
+			held[BlockOf(a)] = new(Bitmap)
+		}
+		held[BlockOf(a)].Set(blockOffset(a))
 	}
 	switch {
 	case n[StateFree] != m.readyList.n+m.free.n, armed != m.readyList.n, n[stateSurplus] != m.surplus.n, n[StatePending] != m.pending.n,
@@ -1053,6 +1076,17 @@ func (h *harness) checkKept(m *Manager) error {
 	for p, b := range m.blocks {
 		if b.ours != ours[p] {
 			return fmt.Errorf("block %s counts %d of ours, holds %d", p, b.ours, ours[p])
+		}
+		if want := held[p]; want == nil && !b.held.Empty() || want != nil && *want != b.held {
+			return fmt.Errorf("block %s marks offsets %v held, holds %v", p, offsets(&b.held), offsets(want))
+		}
+		if b.index == nil && b.ours >= m.denseAt {
+			return fmt.Errorf("block %s holds %d entries without an index", p, b.ours)
+		}
+		for off := range BlockSize {
+			if b.index != nil && b.index[off] != m.entries[blockAddr(p, off)] {
+				return fmt.Errorf("block %s's index has %v at offset %d, the Manager %v", p, b.index[off], off, m.entries[blockAddr(p, off)])
+			}
 		}
 		delete(ours, p)
 		others := 0
@@ -1213,4 +1247,13 @@ func (h *harness) dump() string {
 		fmt.Fprintf(&b, " requests %v\n", bl.Requests)
 	}
 	return b.String()
+}
+
+// offsets lists the offsets set in bm, for a failure's message.
+func offsets(bm *Bitmap) []int {
+	var out []int
+	if bm != nil {
+		bm.Each(func(off int) { out = append(out, off) })
+	}
+	return out
 }

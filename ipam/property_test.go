@@ -76,6 +76,9 @@ func runSequence(t *testing.T, seed uint64, steps int) int {
 	if err != nil {
 		t.Fatalf("seed %d: %v", seed, err)
 	}
+	if seed%2 == 1 {
+		h.indexBlocks()
+	}
 	for i := range steps {
 		if err := h.step(byte(rng.UintN(256)), rng.Uint32()); err != nil {
 			t.Fatalf("seed %d step %d: %v\ntrace:\n%s", seed, i, err, h.trace())
@@ -99,6 +102,9 @@ func FuzzOperations(f *testing.F) {
 		h, err := newHarness(int(data[0]), 10*time.Second, 5*time.Second, int(data[1]%3), 3, 5, int(data[1]/3%4), 1+int(data[0]/8%3))
 		if err != nil {
 			t.Fatal(err)
+		}
+		if data[1]&0x80 != 0 {
+			h.indexBlocks()
 		}
 		for i := 2; i+1 < len(data) && i < 2+2*500; i += 2 {
 			if err := h.step(data[i], uint32(data[i+1])*2654435761); err != nil {

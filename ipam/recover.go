@@ -168,25 +168,20 @@ func (m *Manager) recover(ctx context.Context, live []Holding, covered bool) (Re
 		if bm == nil {
 			continue
 		}
-		for off := range BlockSize {
-			if !bm.Has(off) {
-				continue
-			}
+		unheld := bs.unheld(bm)
+		unheld.Each(func(off int) {
 			a := blockAddr(p, off)
-			if m.entries[a] != nil {
-				continue
-			}
 			if !m.cfg.Ranges.Contains(a) {
 				bs.gen++
 				rep.Dropped++
-				continue
+				return
 			}
 			until, free := m.restUntil(b, m.cfg.Holder, a, off, now)
 			if free {
 				e := m.addEntry(a, StateFree)
 				m.free.pushBack(e)
 				rep.Free++
-				continue
+				return
 			}
 			if d := b.Cooldowns[a]; !until.Equal(d) {
 				bs.gen++
@@ -194,7 +189,7 @@ func (m *Manager) recover(ctx context.Context, live []Holding, covered bool) (Re
 			e := m.addEntry(a, StateCooldown)
 			e.at = until
 			cooling = append(cooling, e)
-		}
+		})
 	}
 	m.pushCoolingLocked(cooling)
 	rep.Cooldown = len(cooling)

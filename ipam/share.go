@@ -142,12 +142,15 @@ func (m *Manager) Observe(b Block) {
 		bs.requested, bs.markedFor, kick = true, b.Version, true
 	}
 	if bm := b.Claims[m.cfg.Holder]; bm != nil && (bs == nil || !bs.returning) {
-		for off := range BlockSize {
-			if bm.Has(off) && m.entries[blockAddr(b.Prefix, off)] == nil {
-				bs = m.blockFor(b.Prefix.Addr())
-				bs.requested, kick = true, true
-				break
-			}
+		var unheld Bitmap
+		if bs != nil {
+			unheld = bs.unheld(bm)
+		} else {
+			unheld = *bm
+		}
+		if !unheld.Empty() {
+			bs = m.blockFor(b.Prefix.Addr())
+			bs.requested, kick = true, true
 		}
 	}
 	m.mu.Unlock()
@@ -441,11 +444,8 @@ func (m *Manager) received(p netip.Prefix, a netip.Addr) (int, bool) {
 	bs := m.blockFor(p.Addr())
 	got := 0
 	if bm := bs.persisted.Claims[m.cfg.Holder]; bm != nil {
-		for off := range BlockSize {
-			if bm.Has(off) && m.entries[blockAddr(p, off)] == nil {
-				got++
-			}
-		}
+		unheld := bs.unheld(bm)
+		got = unheld.Count()
 	}
 	r, asking := bs.persisted.Requests[m.cfg.Holder]
 	answered := !asking
@@ -468,11 +468,8 @@ func (m *Manager) absorb(ctx context.Context, p netip.Prefix) error {
 		got = got[:0]
 		bs := m.blockFor(p.Addr())
 		if bm := bs.persisted.Claims[m.cfg.Holder]; bm != nil {
-			for off := range BlockSize {
-				if a := blockAddr(p, off); bm.Has(off) && m.entries[a] == nil {
-					got = append(got, a)
-				}
-			}
+			unheld := bs.unheld(bm)
+			unheld.Each(func(off int) { got = append(got, blockAddr(p, off)) })
 		}
 		m.mu.Unlock()
 		return m.writeBlock(ctx, p, writePlan{claim: got, arm: got, request: &Request{}})

@@ -98,10 +98,19 @@ type blockState struct {
 	// gen counts local changes that the persisted block does not reflect;
 	// written is the gen of the last successful write.
 	gen, written uint64
-	// ours counts this Manager's entries in the block; elsewhere, the
+	// ours counts this Manager's entries in the block, and held has their
+	// offsets: a write builds the block from them without looking up
+	// every offset in the Manager's map of entries. elsewhere counts the
 	// addresses other holders claim in persisted; othersFree, those of
 	// them persisted shows neither in use nor cooling down.
 	ours, elsewhere, othersFree int
+	held                        Bitmap
+	// index has this Manager's entries in the block by offset, once it
+	// holds denseAt of them, until it holds fewer than half that: a write
+	// of a full block then reads its entries from here, not with a lookup
+	// each in the Manager's map of all its entries, which at a replica's
+	// 33,000 entries misses the CPU's caches.
+	index *[BlockSize]*entry
 	// requested: another holder may ask for addresses here; the next
 	// rebalance reads the block and answers.
 	requested bool
@@ -128,6 +137,21 @@ type blockState struct {
 }
 
 func (b *blockState) dirty() bool { return b.gen != b.written }
+
+// denseAt is the number of a block's entries from which blockState.index
+// keeps them: its 32 KiB cost at most 128 bytes an entry while it is kept.
+// Manager.denseAt is this but in the property tests, whose blocks hold
+// far fewer.
+const denseAt = 512
+
+// unheld returns the offsets of bm that have no entry of this Manager's.
+func (b *blockState) unheld(bm *Bitmap) Bitmap {
+	out := *bm
+	for w := range out {
+		out[w] &^= b.held[w]
+	}
+	return out
+}
 
 // listOf returns the list a free entry is in.
 func (m *Manager) listOf(e *entry) *list {
@@ -177,7 +201,18 @@ func (m *Manager) putEntryLocked(e *entry) {
 	m.touch(e)
 	m.entries[e.addr] = e
 	m.added++
-	m.blockFor(e.addr).ours++
+	b := m.blockFor(e.addr)
+	b.ours++
+	off := blockOffset(e.addr)
+	b.held.Set(off)
+	switch {
+	case b.index != nil:
+		b.index[off] = e
+	case b.ours >= m.denseAt:
+		b.index = new([BlockSize]*entry)
+		p := BlockOf(e.addr)
+		b.held.Each(func(off int) { b.index[off] = m.entries[blockAddr(p, off)] })
+	}
 	delete(m.unhanded, e.addr)
 }
 
@@ -188,6 +223,14 @@ func (m *Manager) removeEntry(e *entry) {
 	m.noClaimableUntil = time.Time{}
 	if b := m.blocks[BlockOf(e.addr)]; b != nil {
 		b.ours--
+		off := blockOffset(e.addr)
+		b.held.Clear(off)
+		if b.index != nil {
+			b.index[off] = nil
+			if b.ours < m.denseAt/2 {
+				b.index = nil
+			}
+		}
 	}
 	if len(m.unstored) > 0 {
 		delete(m.unstored, e.addr)

@@ -278,22 +278,34 @@ func (m *Manager) reload(ctx context.Context, p netip.Prefix) {
 // or takes over. It refuses, with ErrClaimLost, to write an address another
 // holder claims: then this holder's claims were taken over.
 func (m *Manager) buildLocked(bs *blockState, plan writePlan) (Block, error) {
-	nb := bs.persisted.Clone()
+	// The persisted cooldowns are copied below, other holders' only: this
+	// holder's come from its entries.
+	src := bs.persisted
+	src.Cooldowns = nil
+	nb := src.Clone()
 	nb.Exact = true
 	self := m.cfg.Holder
 	p := nb.Prefix
-	if nb.Cooldowns == nil {
-		nb.Cooldowns = map[netip.Addr]time.Time{}
-	}
 	if plan.takeFrom != "" {
 		delete(nb.Claims, plan.takeFrom)
 		delete(nb.InUse, plan.takeFrom)
 		delete(nb.Armed, plan.takeFrom)
 		delete(nb.Requests, plan.takeFrom)
 	}
-	for a := range nb.Cooldowns {
-		if h, ok := nb.holderOf(blockOffset(a)); !ok || h == self {
-			delete(nb.Cooldowns, a)
+	var others Bitmap
+	for h, bm := range nb.Claims {
+		if h != self {
+			for w := range others {
+				others[w] |= bm[w]
+			}
+		}
+	}
+	// A cooldown only an unclaimed offset or this holder's had is dropped
+	// (an entry of this holder's puts its own back).
+	nb.Cooldowns = make(map[netip.Addr]time.Time, len(bs.persisted.Cooldowns))
+	for a, t := range bs.persisted.Cooldowns {
+		if others.Has(blockOffset(a)) {
+			nb.Cooldowns[a] = t
 		}
 	}
 	ours, inUse, armed := new(Bitmap), new(Bitmap), new(Bitmap)
@@ -315,15 +327,17 @@ func (m *Manager) buildLocked(bs *blockState, plan writePlan) (Block, error) {
 			}
 		}
 	}
-	for off := range BlockSize {
-		if bs.ours == 0 {
-			break
+	bs.held.Each(func(off int) {
+		var e *entry
+		if bs.index != nil {
+			e = bs.index[off]
+		} else {
+			e = m.entries[fromU128(base.add(uint64(off)), is4)]
 		}
-		a := fromU128(base.add(uint64(off)), is4)
-		if e := m.entries[a]; e != nil && e.state != stateReturning {
+		if e != nil && e.state != stateReturning {
 			add(e)
 		}
-	}
+	})
 	// What this holder holds was its own in a version of the block it
 	// wrote or read; another holder on it means a takeover. What it is
 	// about to claim or adopt was picked from a version the store may have
