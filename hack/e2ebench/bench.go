@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -280,6 +281,23 @@ func split(n, k int) []int {
 	return out
 }
 
+// roundOrder is the order the modes run in round r (from 0): as declared
+// in even rounds, reversed in odd ones. A fixed order put each mode after
+// the same other every round, and a drift of the machine's speed within
+// rounds (or what one mode leaves the next: the API server's garbage,
+// vmipam's binds) fell on the same mode each time; reversed every other
+// round, it falls on each mode's neighbours in turn.
+func roundOrder(r int) []mode {
+	out := make([]mode, 0, numModes)
+	for m := range numModes {
+		out = append(out, m)
+	}
+	if r%2 == 1 {
+		slices.Reverse(out)
+	}
+	return out
+}
+
 // measureCreates runs the alternating rounds and reads vmipam's and the
 // API server's histograms around them: only the rounds with vmipam call
 // its webhook, only those of the no-op mode the no-op one.
@@ -300,7 +318,7 @@ func (b *bench) measureCreates(ctx context.Context, rep *report) error {
 	}
 	var offsets [numModes]int
 	for r := range o.rounds {
-		for m := range numModes {
+		for _, m := range roundOrder(r) {
 			k := perRound[m][r]
 			if k == 0 {
 				continue

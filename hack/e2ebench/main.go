@@ -2,7 +2,8 @@
 // plane (envtest's kube-apiserver and etcd, the vmipam binary serving its
 // webhooks over TLS, see test/harness) it creates N VirtualMachines from C
 // concurrent clients four ways, in alternating rounds so that machine noise
-// hits them alike:
+// hits them alike (in the declared order in odd rounds, reversed in even
+// ones):
 //
 //   - with vmipam: vmipam's mutating webhook in the path (its one call per
 //     create; it validates VirtualMachines inside the API server, with CRD
@@ -99,7 +100,7 @@ func main() {
 	var o options
 	flag.IntVar(&o.n, "n", 3000, "VirtualMachines to create with vmipam, and again without it and through the no-op mutating webhook (split across the rounds).")
 	flag.IntVar(&o.c, "c", 32, "Concurrent clients.")
-	flag.IntVar(&o.rounds, "rounds", 3, "Alternating rounds per mode (with, without, no-op, baseline).")
+	flag.IntVar(&o.rounds, "rounds", 3, "Alternating rounds per mode (with, without, no-op, baseline; every other round in the reverse order).")
 	flag.IntVar(&o.baselineN, "baseline-n", 300, "VirtualMachines to create through the read-modify-write baseline (it is slow; throughput is per second, so a smaller N compares fairly).")
 	flag.IntVar(&o.warmup, "warmup", 64, "VirtualMachines per mode created and deleted before measuring (connections, caches, the allocator's free list).")
 	flag.StringVar(&o.poolCIDR, "pool-cidr", "10.64.0.0/18", "The IPPool's range; its size bounds N. The static addresses of the runs without vmipam, of the baseline and of the no-op mutating webhook come from /16s in 198.18.0.0/15 and 100.64.0.0/10, which it must not overlap.")

@@ -140,6 +140,58 @@ func secs(s float64) string {
 	return fmt.Sprintf("%.0f ms", v)
 }
 
+// pairedRatios returns, for each round in which both modes a and b
+// created something, a's rate over b's, in round order.
+func pairedRatios(rounds []roundStat, a, b mode) []float64 {
+	rates := map[int][numModes]float64{}
+	var order []int
+	for _, s := range rounds {
+		if s.created == 0 || s.rate <= 0 {
+			continue
+		}
+		v, seen := rates[s.round]
+		if !seen {
+			order = append(order, s.round)
+		}
+		v[s.mode] = s.rate
+		rates[s.round] = v
+	}
+	var out []float64
+	for _, r := range order {
+		if v := rates[r]; v[a] > 0 && v[b] > 0 {
+			out = append(out, v[a]/v[b])
+		}
+	}
+	return out
+}
+
+// geomean returns the geometric mean of positive vs; NaN for none.
+func geomean(vs []float64) float64 {
+	if len(vs) == 0 {
+		return math.NaN()
+	}
+	sum := 0.0
+	for _, v := range vs {
+		sum += math.Log(v)
+	}
+	return math.Exp(sum / float64(len(vs)))
+}
+
+// ratioOf formats a ratio already taken.
+func ratioOf(r float64) string { return ratio(r, 1) }
+
+// ratios formats each of rs as ratioOf does, comma-separated.
+func ratios(rs []float64) string {
+	if len(rs) == 0 {
+		return "none"
+	}
+	out := make([]string, len(rs))
+	for i, r := range rs {
+		out[i] = ratioOf(r)
+	}
+	return strings.Join(out, ", ")
+}
+
 func ratio(a, b float64) string {
 	if b == 0 || math.IsNaN(a) || math.IsNaN(b) {
 		return "n/a"
@@ -315,12 +367,12 @@ func (r *report) markdown() string {
 	w("")
 	if o.noop {
 		w("%d VirtualMachines with vmipam, %d without, %d through one no-op mutating webhook and %d through the read-modify-write baseline, "+
-			"from %d concurrent clients (%s connections), in %d alternating rounds (with, without, no-op, baseline) after a warm-up of %d per mode. "+
+			"from %d concurrent clients (%s connections), in %d alternating rounds (with, without, no-op, baseline, then reversed, and so on) after a warm-up of %d per mode. "+
 			"Pool %s (%d usable addresses), cooldown %s. The figures depend on the machine; the ratios are what to compare.",
 			o.n, o.n, o.n, o.baselineN, o.c, o.clients, o.rounds, o.warmup, o.poolCIDR, r.usable(), o.cooldown)
 	} else {
 		w("%d VirtualMachines with vmipam and %d without, %d through the read-modify-write baseline, from %d concurrent clients (%s connections), "+
-			"in %d alternating rounds (with, without, baseline) after a warm-up of %d per mode. Pool %s (%d usable addresses), cooldown %s. "+
+			"in %d alternating rounds (with, without, baseline, then reversed, and so on) after a warm-up of %d per mode. Pool %s (%d usable addresses), cooldown %s. "+
 			"The figures depend on the machine; the ratios are what to compare.",
 			o.n, o.n, o.baselineN, o.c, o.clients, o.rounds, o.warmup, o.poolCIDR, r.usable(), o.cooldown)
 	}
@@ -350,6 +402,11 @@ func (r *report) markdown() string {
 			rate(with.rate()), rate(noop.rate()), metOrNA(cr, cr >= goalCreateVsNoop))
 	} else {
 		w("| "+createGoal+" | not measured (-noop=false) | – |", goalCreateVsNoop)
+	}
+	if o.noop && o.rounds > 1 {
+		pr := pairedRatios(r.rounds, modeWith, modeNoop)
+		w("| ↳ *context, not a goal:* with / no-op within each round (each round's two rates, a few seconds apart, so that a change in the "+
+			"machine's speed between rounds cancels out): geometric mean, and each round's | %s (%s) | – |", ratioOf(geomean(pr)), ratios(pr))
 	}
 	if o.noop {
 		w("| ↳ *context, not a goal:* the floor one no-op mutating webhook sets (no-op / without), and vmipam against plain creates "+
