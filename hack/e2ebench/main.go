@@ -84,6 +84,9 @@ type options struct {
 	// --holder-slots (vmipam before holder slots has no such flag).
 	fleet       int
 	scaleResync time.Duration
+	// probePeriod: the stand-in Service's readiness probes in the scale
+	// mode but for the replacement and the rollout (see -probe-period).
+	probePeriod time.Duration
 	slots       bool
 }
 
@@ -118,6 +121,7 @@ func main() {
 	flag.IntVar(&o.historyN, "history-n", 1500, "After the deletes, VirtualMachines to create and delete with vmipam's address history on, and again with it off (--no-history), in alternating rounds; 0: no such phase.")
 	flag.IntVar(&o.fleet, "fleet", 0, "The scale mode (make bench-scale): vmipam runs as 3 replicas, a fleet of this many VirtualMachines is created through them first, then memory per VM, an idle resync interval, a replica's replacement and a rolling restart are measured, and the rounds run with the fleet present; the deletes and the history and replicas phases do not run. 0: no scale mode. The pool must hold the fleet (-pool-cidr).")
 	flag.DurationVar(&o.scaleResync, "scale-resync", time.Minute, "The scale mode's --resync-interval, and the idle window measured as one resync interval.")
+	flag.DurationVar(&o.probePeriod, "probe-period", deployedProbePeriod, "In the scale mode, how often the stand-in for the Service probes each replica's readiness in the idle interval, the rounds and the steady-rate phase: by default the Deployment's readinessProbe period, as a kubelet would. The replacement and the rolling restart probe every 100 ms, so that their times are not rounded up to a period. 0: every 100 ms throughout.")
 	flag.BoolVar(&o.slots, "slots", true, "In the scale mode, run the replicas with --holder-slots (false for a vmipam that predates it, with -repo).")
 	flag.StringVar(&o.vmipamArgs, "vmipam-args", "", "Extra flags for the vmipam binary, space-separated (e.g. --enable-http2).")
 	flag.BoolVar(&o.cacheCheck, "cache-check", true, "Leave the API server's watch-cache consistency check on (feature gate DetectCacheInconsistency, on by default since Kubernetes 1.34): every 5 to 7.5 minutes it lists every object of each resource from etcd and compares it with its cache, which at a large fleet is seconds of the API server's CPU in whichever round it lands (make bench-scale sets it false). The report counts the checks of VirtualMachines either way.")
@@ -147,6 +151,8 @@ func (o *options) validate() error {
 		return errors.New("-fleet must not be negative")
 	case o.fleet > 0 && o.scaleResync < 10*time.Second:
 		return errors.New("-scale-resync must be at least 10s")
+	case o.probePeriod < 0:
+		return errors.New("-probe-period must not be negative")
 	case o.cooldown <= 0:
 		return errors.New("-cooldown must be positive")
 	case math.IsNaN(o.pacedRate) || math.IsInf(o.pacedRate, 0):

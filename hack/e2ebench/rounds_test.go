@@ -2,7 +2,10 @@ package main
 
 import (
 	"math"
+	"os"
+	"regexp"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -66,5 +69,25 @@ func TestGeomean(t *testing.T) {
 	}
 	if got := ratios([]float64{0.9, 1.02}); got != "0.90×, 1.02×" {
 		t.Errorf("ratios = %q", got)
+	}
+}
+
+// TestDeployedProbePeriod keeps the scale mode's default probe period
+// the Deployment's readinessProbe period.
+func TestDeployedProbePeriod(t *testing.T) {
+	data, err := os.ReadFile("../../deploy/base/deployment.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, probe, ok := strings.Cut(string(data), "readinessProbe:")
+	if !ok {
+		t.Fatal("deploy/base/deployment.yaml has no readinessProbe")
+	}
+	m := regexp.MustCompile(`periodSeconds: (\d+)`).FindStringSubmatch(probe)
+	if m == nil {
+		t.Fatal("the readinessProbe sets no periodSeconds")
+	}
+	if want := m[1] + "s"; deployedProbePeriod.String() != want {
+		t.Errorf("deployedProbePeriod = %s, the Deployment's readinessProbe period %s", deployedProbePeriod, want)
 	}
 }

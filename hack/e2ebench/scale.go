@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/procfs"
 
 	"github.com/vmipam/vmipam/test/harness"
+	"github.com/vmipam/vmipam/test/lbproxy"
 )
 
 // The scale mode (-fleet N, make bench-scale): vmipam runs as three
@@ -40,6 +41,9 @@ type scalePhase struct {
 	// live: each replica's Go heap in use after a garbage collection
 	// (runtime.MemStats.HeapAlloc), after each half, in bytes.
 	live [2][]float64
+	// probePeriod: the stand-in's readiness probes from the idle
+	// interval on (-probe-period).
+	probePeriod time.Duration
 	// resync: one resync interval, idle.
 	resyncInterval time.Duration
 	resyncCPU      cpuSample
@@ -123,7 +127,7 @@ func (b *bench) measureScale(ctx context.Context, rep *report) error {
 		return fmt.Errorf("the scale mode runs %d replicas; none run", scaleReplicas)
 	}
 	ph := &rep.scale
-	ph.ran, ph.fleet, ph.slots, ph.resyncInterval = true, o.fleet, o.slots, o.scaleResync
+	ph.ran, ph.fleet, ph.slots, ph.resyncInterval, ph.probePeriod = true, o.fleet, o.slots, o.scaleResync, o.probePeriod
 	half := split(o.fleet, 2)
 	offset := 0
 	for i, k := range half {
@@ -156,6 +160,12 @@ func (b *bench) measureScale(ctx context.Context, rep *report) error {
 		}
 		ph.heapTop = top
 	}
+
+	// From here on the stand-in Service probes readiness as a kubelet
+	// would, but around the replacement and the rollout: ten probes a
+	// second, each a fresh connection, held about half of an idle
+	// replica's CPU samples.
+	rs.Proxy.SetProbeInterval(o.probePeriod)
 
 	// One resync interval, idle: every replica resyncs once, from its
 	// caches (--full-resync-interval=1h, its default, set here all the same).
@@ -197,6 +207,8 @@ func (b *bench) measureScale(ctx context.Context, rep *report) error {
 		return fmt.Errorf("no replica in rotation")
 	}
 	logf("scale: replacing one replica")
+	rs.Proxy.SetProbeInterval(lbproxy.DefaultProbeInterval)
+	defer rs.Proxy.SetProbeInterval(o.probePeriod)
 	t0 := time.Now()
 	if _, err := rs.Replace(ctx, live[0], "", 30*time.Second); err != nil {
 		return fmt.Errorf("replace a replica: %w", err)
@@ -228,6 +240,10 @@ func (b *bench) measureScale(ctx context.Context, rep *report) error {
 	logf("scale: rolling restart over in %s; writes %v", ph.rollout.Round(time.Millisecond), writesOf(ph.rolloutRequests))
 	return b.waitStamped(ctx)
 }
+
+// deployedProbePeriod is the readinessProbe's periodSeconds in
+// deploy/base/deployment.yaml (TestDeployedProbePeriod checks it).
+const deployedProbePeriod = 2 * time.Second
 
 // scaleSettle is how long after a rollout its consequences are counted.
 const scaleSettle = 15 * time.Second
@@ -322,6 +338,16 @@ func avg(v []float64) float64 {
 }
 
 // scaleSection writes the scale mode's table.
+// probesWere says how often the stand-in Service probed the replicas.
+func probesWere(period time.Duration) string {
+	if period == 0 {
+		period = lbproxy.DefaultProbeInterval
+	}
+	return fmt.Sprintf("The stand-in probed each replica's readiness every %s from the idle interval on (a fresh connection each, as a kubelet's "+
+		"probe; the Deployment's readinessProbe runs every %s), but every %s around the replacement and the rolling restart.",
+		period, deployedProbePeriod, lbproxy.DefaultProbeInterval)
+}
+
 func (r *report) scaleSection(b *strings.Builder) {
 	ph := &r.scale
 	if !ph.ran {
@@ -336,8 +362,8 @@ func (r *report) scaleSection(b *strings.Builder) {
 	w("")
 	w("vmipam ran as %d replicas behind the stand-in for the Service, with %s and `--resync-interval=%s` (and `--full-resync-interval` "+
 		"at an hour, its default: the idle interval's resyncs read the replicas' caches, and list every VM only if the caches cannot stand for a list). The fleet was created "+
-		"through them (pool `%s`) before anything else was measured, in two halves; the rounds above ran with it present.",
-		scaleReplicas, holders, ph.resyncInterval, poolName)
+		"through them (pool `%s`) before anything else was measured, in two halves; the rounds above ran with it present. %s",
+		scaleReplicas, holders, ph.resyncInterval, poolName, probesWere(ph.probePeriod))
 	w("")
 	t := table{b: b}
 	t.header("", "measured")

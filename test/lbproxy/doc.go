@@ -20,9 +20,12 @@
 //     backend (the replicas share one certificate valid for 127.0.0.1).
 //
 // How it differs, so that nobody reads more into a test than it shows:
-//   - Readiness is polled by the proxy itself (every 100 ms by default;
-//     one failed probe takes a backend out, one passed probe puts it back,
-//     like failureThreshold=1 and successThreshold=1), where in a cluster
+//   - Readiness is polled by the proxy itself (every 100 ms by default,
+//     or as SetProbeInterval sets: each probe costs a backend a fresh
+//     connection, which a benchmark of its CPU counts, and the kubelet
+//     probes every few seconds; one failed probe takes a backend out, one
+//     passed probe puts it back, like failureThreshold=1 and
+//     successThreshold=1), where in a cluster
 //     the kubelet probes, the endpoints controller publishes
 //     EndpointSlices and kube-proxy reprograms the node: seconds, not
 //     100 ms, pass there between a replica's failure and its removal from

@@ -91,6 +91,10 @@ type Proxy struct {
 	backends []*backend // rotation order
 	next     int        // where the round robin resumes
 	conns    map[*conn]struct{}
+	// interval is the probes' interval now (SetProbeInterval);
+	// retick is closed, and replaced, when it changes.
+	interval time.Duration
+	retick   chan struct{}
 
 	noBackend atomic.Int64
 }
@@ -141,11 +145,13 @@ func New(ln net.Listener, o Options) *Proxy {
 		ln: ln,
 		// A fresh connection per probe, as the kubelet's prober does: a
 		// pooled connection would hide a backend that no longer accepts.
-		probe:  &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: o.ProbeTimeout},
-		dialer: net.Dialer{Timeout: o.DialTimeout},
-		ctx:    ctx,
-		cancel: cancel,
-		conns:  map[*conn]struct{}{},
+		probe:    &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: o.ProbeTimeout},
+		dialer:   net.Dialer{Timeout: o.DialTimeout},
+		ctx:      ctx,
+		cancel:   cancel,
+		conns:    map[*conn]struct{}{},
+		interval: o.ProbeInterval,
+		retick:   make(chan struct{}),
 	}
 	p.wg.Go(p.serve)
 	return p
@@ -380,10 +386,37 @@ func reset(c net.Conn) {
 	_ = c.Close()
 }
 
+// SetProbeInterval changes the interval between the readiness probes of
+// every backend, from the next probe on. A benchmark measuring the
+// replicas' CPU probes at a Deployment's rate (the kubelet's, every few
+// seconds) rather than every 100 ms, which costs an idle replica a
+// connection and a goroutine ten times a second.
+func (p *Proxy) SetProbeInterval(d time.Duration) {
+	if d <= 0 {
+		d = DefaultProbeInterval
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if d != p.interval {
+		p.interval = d
+		close(p.retick)
+		p.retick = make(chan struct{})
+	}
+}
+
+// probeInterval returns the probes' interval now, and a channel closed
+// when it changes.
+func (p *Proxy) probeInterval() (time.Duration, <-chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.interval, p.retick
+}
+
 // poll probes b every interval until ctx ends.
 func (p *Proxy) poll(ctx context.Context, b *backend) {
 	defer close(b.done)
-	t := time.NewTicker(p.o.ProbeInterval)
+	d, changed := p.probeInterval()
+	t := time.NewTicker(d)
 	defer t.Stop()
 	for {
 		err := p.check(ctx, b.ReadyURL)
@@ -395,6 +428,10 @@ func (p *Proxy) poll(ctx context.Context, b *backend) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-changed:
+			// Probe again now, then at the new interval.
+			d, changed = p.probeInterval()
+			t.Reset(d)
 		}
 	}
 }

@@ -207,6 +207,45 @@ func TestReadinessChanges(t *testing.T) {
 	}
 }
 
+// TestSetProbeInterval slows the probes down, then back: an unready
+// backend is noticed at the interval in force, and at once when it
+// changes.
+func TestSetProbeInterval(t *testing.T) {
+	probes := atomic.Int64{}
+	ready := atomic.Bool{}
+	ready.Store(true)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		probes.Add(1)
+		if !ready.Load() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	p := newProxy(t)
+	if err := p.Add(Backend{Name: "a", Addr: srv.Listener.Addr().String(), ReadyURL: srv.URL + "/readyz"}); err != nil {
+		t.Fatal(err)
+	}
+	settleReady := func(want bool) {
+		t.Helper()
+		if err := wait.PollUntilContextTimeout(context.Background(), time.Millisecond, 10*time.Second, true,
+			func(context.Context) (bool, error) { return p.Status().Backends[0].Ready == want, nil }); err != nil {
+			t.Fatalf("backend not ready=%v: %v", want, err)
+		}
+	}
+	settleReady(true)
+	p.SetProbeInterval(time.Hour)
+	// The change itself probes once; then none for an hour.
+	time.Sleep(50 * time.Millisecond)
+	before := probes.Load()
+	ready.Store(false)
+	time.Sleep(200 * time.Millisecond)
+	if n := probes.Load() - before; n != 0 || !p.Status().Backends[0].Ready {
+		t.Fatalf("at an hour's interval: %d probes in 200ms, ready %v; want none, still ready", n, p.Status().Backends[0].Ready)
+	}
+	p.SetProbeInterval(5 * time.Millisecond)
+	settleReady(false)
+}
+
 func TestNoReadyBackendResets(t *testing.T) {
 	tests := map[string]struct{ backends int }{
 		"no backends":           {backends: 0},
