@@ -1083,9 +1083,15 @@ func (h *harness) checkKept(m *Manager) error {
 		if b.index == nil && b.ours >= m.denseAt {
 			return fmt.Errorf("block %s holds %d entries without an index", p, b.ours)
 		}
-		for off := range BlockSize {
-			if b.index != nil && b.index[off] != m.entries[blockAddr(p, off)] {
-				return fmt.Errorf("block %s's index has %v at offset %d, the Manager %v", p, b.index[off], off, m.entries[blockAddr(p, off)])
+		// held matches the entries (above): the index must have each held
+		// offset's entry, and nothing elsewhere.
+		for off := 0; b.index != nil && off < BlockSize; off++ {
+			var e *entry
+			if b.held.Has(off) {
+				e = m.entries[blockAddr(p, off)]
+			}
+			if b.index[off] != e {
+				return fmt.Errorf("block %s's index has %v at offset %d, the Manager %v", p, b.index[off], off, e)
 			}
 		}
 		delete(ours, p)

@@ -161,10 +161,10 @@ func (b *bench) measureScale(ctx context.Context, rep *report) error {
 		ph.heapTop = top
 	}
 
-	// From here on the stand-in Service probes readiness as a kubelet
-	// would, but around the replacement and the rollout: ten probes a
-	// second, each a fresh connection, held about half of an idle
-	// replica's CPU samples.
+	// From here on the stand-in Service probes readiness every
+	// -probe-period, as a kubelet would, but around the replacement and
+	// the rollout. Ten probes a second, each a fresh connection, held
+	// about half of an idle replica's CPU samples.
 	rs.Proxy.SetProbeInterval(o.probePeriod)
 
 	// One resync interval, idle: every replica resyncs once, from its
@@ -337,7 +337,6 @@ func avg(v []float64) float64 {
 	return t / float64(len(v))
 }
 
-// scaleSection writes the scale mode's table.
 // probesWere says how often the stand-in Service probed the replicas.
 func probesWere(period time.Duration) string {
 	if period == 0 {
@@ -348,6 +347,7 @@ func probesWere(period time.Duration) string {
 		period, deployedProbePeriod, lbproxy.DefaultProbeInterval)
 }
 
+// scaleSection writes the scale mode's table.
 func (r *report) scaleSection(b *strings.Builder) {
 	ph := &r.scale
 	if !ph.ran {
