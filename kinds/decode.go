@@ -172,14 +172,68 @@ func pick(raw []byte, keys []string) (map[string]any, error) {
 
 // decodeValue decodes the JSON value raw as unstructured does.
 func decodeValue(raw []byte) (any, error) {
-	if jsonscan.KindOf(raw) == jsonscan.KindString {
+	switch jsonscan.KindOf(raw) {
+	case jsonscan.KindString:
 		return jsonscan.String(raw)
+	case jsonscan.KindNumber:
+		// The metadata's generation.
+		if n, ok := smallInt(raw); ok {
+			return n, nil
+		}
+	case jsonscan.KindArray:
+		// The metadata's finalizers.
+		if v, ok := stringArray(raw); ok {
+			return v, nil
+		}
 	}
 	var v any
 	if err := utiljson.Unmarshal(raw, &v); err != nil {
 		return nil, err
 	}
 	return v, nil
+}
+
+// smallInt decodes raw, a JSON number, as an integer of at most 18
+// digits, as utiljson.Unmarshal decodes one into an interface (int64),
+// and reports whether it is one.
+func smallInt(raw []byte) (int64, bool) {
+	digits := raw
+	if len(digits) > 0 && digits[0] == '-' {
+		digits = digits[1:]
+	}
+	if len(digits) == 0 || len(digits) > 18 {
+		return 0, false
+	}
+	var n int64
+	for _, c := range digits {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(c-'0')
+	}
+	if raw[0] == '-' {
+		n = -n
+	}
+	return n, true
+}
+
+// stringArray decodes raw, a JSON array, as utiljson.Unmarshal decodes
+// one into an interface, if every element is a string, and reports
+// whether each is.
+func stringArray(raw []byte) ([]any, bool) {
+	out := []any{}
+	ok := true
+	err := jsonscan.Each(raw, func(_ int, elem []byte) bool {
+		if jsonscan.KindOf(elem) != jsonscan.KindString {
+			ok = false
+			return false
+		}
+		s, serr := jsonscan.String(elem)
+		out = append(out, s)
+		ok = serr == nil
+		return ok
+	})
+	return out, ok && err == nil
 }
 
 // stringOrEmpty is the JSON string raw, or "" when raw is absent or not a

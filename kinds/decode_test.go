@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	utiljson "k8s.io/apimachinery/pkg/util/json"
 )
 
 // decodeKinds are the kinds DecodeTrimmed is checked against: every
@@ -171,4 +172,23 @@ func largeVM(n int) string {
 "spec":{"cpus":4,"memory":"8Gi","image":"registry.example.com/postgres:16","disks":[{"name":"root","size":"20Gi","storageClass":"fast"},{"name":"data","size":"100Gi","storageClass":"fast"}],
 "network":{"name":"default"},"restartPolicy":"Always","nodeSelector":{"kubernetes.io/arch":"amd64"}},
 "status":{"phase":"Running","node":"node-7","conditions":[{"type":"Ready","status":"True","lastTransitionTime":"2026-12-06T10:00:05Z"},{"type":"Scheduled","status":"True","lastTransitionTime":"2026-12-06T10:00:01Z"}]}}`
+}
+
+// TestDecodeValue checks decodeValue's shortcuts (integers, arrays of
+// strings) and what they leave to utiljson against utiljson itself.
+func TestDecodeValue(t *testing.T) {
+	for _, raw := range []string{`0`, `-0`, `7`, `-42`, `123456789012345678`, `-123456789012345678`, `1234567890123456789`,
+		`9223372036854775807`, `9223372036854775808`, `1.5`, `1e3`, `-2E-2`, `[]`, `["a"]`, `["a","b\"c","\u00e9"]`, `["a",1]`,
+		`[null]`, `[["a"]]`, `"s"`, `true`, `null`, `{"a":[1]}`} {
+		t.Run(raw, func(t *testing.T) {
+			var want any
+			if err := utiljson.Unmarshal([]byte(raw), &want); err != nil {
+				t.Fatal(err)
+			}
+			got, err := decodeValue([]byte(raw))
+			if err != nil || !equality.Semantic.DeepEqual(got, want) || fmt.Sprintf("%T", got) != fmt.Sprintf("%T", want) {
+				t.Errorf("decodeValue(%s) = %#v, %v; want %#v", raw, got, err, want)
+			}
+		})
+	}
 }

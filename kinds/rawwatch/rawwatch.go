@@ -173,16 +173,12 @@ func (l *ListWatch) WatchWithContext(ctx context.Context, opts metav1.ListOption
 	return watch.NewStreamWatcher(d, apierrors.NewClientErrorReporter(http.StatusInternalServerError, "GET", "ClientWatchDecoding")), nil
 }
 
-// newFrames reads one JSON value after another from r.
-func newFrames(r io.Reader) *json.Decoder { return json.NewDecoder(r) }
-
 // eventDecoder is a watch.Decoder of the API server's JSON watch stream:
 // one JSON object per event, {"type": ..., "object": ...}.
 type eventDecoder struct {
 	body   io.ReadCloser
-	frames *json.Decoder
+	frames *frames
 	decode Decoder
-	frame  json.RawMessage
 	vals   [][]byte
 }
 
@@ -193,12 +189,13 @@ var eventPaths = [][]string{{"type"}, {"object"}}
 // the annotation that ends a streaming list's initial events) is decoded
 // whole, an ERROR's as the Status it is.
 func (d *eventDecoder) Decode() (watch.EventType, runtime.Object, error) {
-	// The framing decoder checks that the event is valid JSON, as
-	// jsonscan wants; the frame's buffer is reused.
-	if err := d.frames.Decode(&d.frame); err != nil {
+	// The framing checks that the event is valid JSON, as jsonscan
+	// wants; the frame's buffer is reused.
+	frame, err := d.frames.next()
+	if err != nil {
 		return "", nil, err
 	}
-	d.vals = jsonscan.AppendExtract(d.vals[:0], d.frame, eventPaths...)
+	d.vals = jsonscan.AppendExtract(d.vals[:0], frame, eventPaths...)
 	typ, err := jsonscan.String(d.vals[0])
 	if err != nil {
 		return "", nil, fmt.Errorf("watch event's type: %w", err)

@@ -1,0 +1,113 @@
+package rawwatch
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"strings"
+	"testing"
+	"testing/iotest"
+)
+
+// readers are the ways a stream may arrive: whole, a byte at a time, half
+// of what was asked for at a time, and with its last data together with
+// io.EOF.
+var readers = map[string]func(io.Reader) io.Reader{
+	"whole":     func(r io.Reader) io.Reader { return r },
+	"one byte":  iotest.OneByteReader,
+	"half":      iotest.HalfReader,
+	"data+EOF":  iotest.DataErrReader,
+	"one+EOF":   func(r io.Reader) io.Reader { return iotest.DataErrReader(iotest.OneByteReader(r)) },
+	"half+EOF":  func(r io.Reader) io.Reader { return iotest.DataErrReader(iotest.HalfReader(r)) },
+	"two reads": func(r io.Reader) io.Reader { return io.MultiReader(io.LimitReader(r, 7), r) },
+}
+
+// TestFrames frames streams as the API server writes them and as it would
+// not, read every way a body may be.
+func TestFrames(t *testing.T) {
+	big := `{"type":"ADDED","object":{"data":"` + strings.Repeat(`x\"{[`, 3*minRead) + `"}}`
+	for _, tc := range []struct {
+		name, stream string
+		want         []string
+		// err is the error after the frames: io.EOF, io.ErrUnexpectedEOF,
+		// or another containing errText.
+		err     error
+		errText string
+	}{
+		{name: "empty", stream: "", err: io.EOF},
+		{name: "whitespace", stream: " \n\t\r\n", err: io.EOF},
+		{name: "events", stream: `{"type":"ADDED","object":{"a":[1,{"b":null}]}}` + "\n" + `{"type":"DELETED","object":{}}` + "\n",
+			want: []string{`{"type":"ADDED","object":{"a":[1,{"b":null}]}}`, `{"type":"DELETED","object":{}}`}, err: io.EOF},
+		{name: "no newlines", stream: `{"a":1}{"b":2}  {"c":3}`, want: []string{`{"a":1}`, `{"b":2}`, `{"c":3}`}, err: io.EOF},
+		{name: "brackets in strings", stream: `{"a":"}]\"{[","b":"\\","c":"\\\"}"}` + "\n",
+			want: []string{`{"a":"}]\"{[","b":"\\","c":"\\\"}"}`}, err: io.EOF},
+		{name: "larger than a read", stream: big + "\n" + `{}`, want: []string{big, `{}`}, err: io.EOF},
+		{name: "ends in an object", stream: `{"a":1}` + "\n" + `{"b":[2,`, want: []string{`{"a":1}`}, err: io.ErrUnexpectedEOF},
+		{name: "ends in a string", stream: `{"a":"}`, err: io.ErrUnexpectedEOF},
+		{name: "ends after a backslash", stream: `{"a":"\`, err: io.ErrUnexpectedEOF},
+		{name: "not an object", stream: `{}` + "\n" + `[{}]`, want: []string{`{}`}, errText: `starts with '['`},
+		{name: "a number", stream: `1`, errText: `starts with '1'`},
+		{name: "invalid", stream: `{"a":}`, errText: "not valid JSON"},
+		{name: "too many closing brackets", stream: `{"a":1}}`, want: []string{`{"a":1}`}, errText: `starts with '}'`},
+		{name: "mismatched brackets", stream: `{"a":[1}]`, errText: "not valid JSON"},
+	} {
+		for rname, wrap := range readers {
+			t.Run(tc.name+"/"+rname, func(t *testing.T) {
+				f := newFrames(wrap(strings.NewReader(tc.stream)))
+				var got []string
+				var err error
+				for {
+					var frame []byte
+					if frame, err = f.next(); err != nil {
+						break
+					}
+					got = append(got, string(frame))
+				}
+				if strings.Join(got, "\n") != strings.Join(tc.want, "\n") {
+					t.Errorf("frames %q, want %q", got, tc.want)
+				}
+				switch {
+				case tc.err != nil && err != tc.err:
+					t.Errorf("then %v, want %v", err, tc.err)
+				case tc.err == nil && (err == nil || !strings.Contains(err.Error(), tc.errText)):
+					t.Errorf("then %v, want an error with %q", err, tc.errText)
+				}
+			})
+		}
+	}
+}
+
+// FuzzFrames checks frames against encoding/json's Decoder, which framed
+// the stream before: the same objects, then an error where the Decoder
+// fails or finds anything but an object.
+func FuzzFrames(f *testing.F) {
+	for _, s := range []string{`{"a":1}` + "\n" + `{"b":"}"}`, `{"a":[{}]} {}`, `{"a":"\\\""}`, `[1]`, `{"a":`, benchEvent(1) + benchEvent(2)} {
+		f.Add([]byte(s), uint8(0))
+	}
+	f.Fuzz(func(t *testing.T, data []byte, how uint8) {
+		wraps := []func(io.Reader) io.Reader{readers["whole"], readers["one byte"], readers["half"], readers["data+EOF"]}
+		fr := newFrames(wraps[int(how)%len(wraps)](bytes.NewReader(data)))
+		dec := json.NewDecoder(bytes.NewReader(data))
+		for i := 0; ; i++ {
+			var want json.RawMessage
+			derr := dec.Decode(&want)
+			got, err := fr.next()
+			switch {
+			case derr == io.EOF:
+				if err != io.EOF {
+					t.Fatalf("value %d: the Decoder ends, frames gives %q, %v", i, got, err)
+				}
+				return
+			case derr != nil || want[0] != '{':
+				if err == nil {
+					t.Fatalf("value %d: the Decoder gives %q, %v; frames gives %q, want an error", i, want, derr, got)
+				}
+				return
+			case err != nil:
+				t.Fatalf("value %d: the Decoder gives %q; frames fails: %v", i, want, err)
+			case !bytes.Equal(got, want):
+				t.Fatalf("value %d: frames gives %q, the Decoder %q", i, got, want)
+			}
+		}
+	})
+}
