@@ -64,7 +64,7 @@ func (f *frames) next() ([]byte, error) {
 			}
 		}
 		if f.err != nil {
-			if f.err == io.EOF && f.open {
+			if errors.Is(f.err, io.EOF) && f.open {
 				return nil, io.ErrUnexpectedEOF
 			}
 			return nil, f.err

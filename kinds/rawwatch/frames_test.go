@@ -3,6 +3,7 @@ package rawwatch
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"io"
 	"strings"
 	"testing"
@@ -67,7 +68,7 @@ func TestFrames(t *testing.T) {
 					t.Errorf("frames %q, want %q", got, tc.want)
 				}
 				switch {
-				case tc.err != nil && err != tc.err:
+				case tc.err != nil && !errors.Is(err, tc.err):
 					t.Errorf("then %v, want %v", err, tc.err)
 				case tc.err == nil && (err == nil || !strings.Contains(err.Error(), tc.errText)):
 					t.Errorf("then %v, want an error with %q", err, tc.errText)
@@ -94,7 +95,7 @@ func FuzzFrames(f *testing.F) {
 			got, err := fr.next()
 			switch {
 			case derr == io.EOF:
-				if err != io.EOF {
+				if !errors.Is(err, io.EOF) {
 					t.Fatalf("value %d: the Decoder ends, frames gives %q, %v", i, got, err)
 				}
 				return
