@@ -32,6 +32,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
@@ -129,9 +130,40 @@ func (r *AddressGC) SetupWithManager(mgr ctrl.Manager) error {
 		b = b.For(r.Kind.New())
 	}
 	if r.Unlabeled != nil {
-		b = b.WatchesRawSource(source.Kind(r.Unlabeled, r.Kind.New(), &handler.TypedEnqueueRequestForObject[*unstructured.Unstructured]{}))
+		b = b.WatchesRawSource(source.Kind(r.Unlabeled, r.Kind.New(), &handler.TypedEnqueueRequestForObject[*unstructured.Unstructured]{},
+			predicate.NewTypedPredicateFuncs(func(obj *unstructured.Unstructured) bool { return !r.unmanaged(obj) })))
 	}
 	return b.Complete(r)
+}
+
+// unmanaged reports whether obj, an object without vmipam's holder label,
+// is plainly not vmipam's, so that its reconcile would do nothing and its
+// events can stay out of the queue: vmipam never stamped it (no token,
+// no pool annotation, no finalizer), and either every address it carries
+// is outside the pools (pools.Registry.Covers), or it carries none and
+// its kind's condition leaves it out. In a cluster where vmipam looks
+// after some of a kind's objects, these are all the others: every
+// replica reads each of their events, and until this filter it
+// reconciled each (a read of the cache, a deep copy, the pools' lookups).
+//
+// Where a reconcile would do something (an address that does not parse,
+// an object vmipam stamped, one in a pool or without an address), the
+// event goes to the queue as before. An event left out for an address a
+// pool being added covers is not lost: that pool's recovery reads the
+// cache, which holds the object, after Covers counts the pool.
+func (r *AddressGC) unmanaged(obj *unstructured.Unstructured) bool {
+	ann := obj.GetAnnotations()
+	if ann[vmipamv1.TokenAnnotation] != "" || ann[vmipamv1.PoolAnnotation] != "" || controllerutil.ContainsFinalizer(obj, vmipamv1.Finalizer) {
+		return false
+	}
+	addrs, err := r.addresses(obj)
+	switch {
+	case err != nil:
+		return false
+	case len(addrs) > 0:
+		return !r.Registry.Covers(addrs...)
+	}
+	return obj.GetDeletionTimestamp() == nil && !r.Kind.InScope(obj)
 }
 
 // bindOnCreate enqueues every event of the objects it watches, as
@@ -360,6 +392,7 @@ func (r *AddressGC) gather(ctx context.Context, obj *unstructured.Unstructured) 
 		f.pool = r.Registry.Get(ann[vmipamv1.PoolAnnotation])
 	case f.hasAddr():
 		f.pool = r.Registry.PoolFor(f.addrs[0])
+		f.poolComing = f.pool == nil && r.Registry.Covers(f.addrs[0])
 	case !f.deleted:
 		if !r.Kind.InScope(obj) {
 			f.notOurs = true

@@ -28,6 +28,9 @@ type facts struct {
 	pool   *pools.Pool
 	noPool error
 	retry  bool
+	// poolComing: no pool is known for its address yet, but this replica
+	// is building the allocator of one that covers it (pools.Registry.Covers).
+	poolComing bool
 	// poolsUnknown: some pool is not recovered yet (asked only for an
 	// object being deleted whose pool is not known).
 	poolsUnknown bool
@@ -82,6 +85,10 @@ func decide(f facts) (action, time.Duration) {
 		return actNoPool, time.Minute
 	case f.pool == nil:
 		switch {
+		case f.poolComing && (!f.deleted || !f.finalizer):
+			// Its pool's recovery may have read the objects before this
+			// one was stored: look again once the pool is served.
+			return actWait, time.Second
 		case f.deleted && f.finalizer && f.poolsUnknown:
 			// Not every pool is known yet: this one may still be
 			// recovering, and its address must go into cooldown.

@@ -27,6 +27,8 @@ func TestDecide(t *testing.T) {
 		"deleted, its pool unknown while pools recover":         {f: facts{deleted: true, finalizer: true, poolsUnknown: true}, want: actWait, after: time.Second},
 		"deleted, its pool gone":                                {f: facts{deleted: true, finalizer: true}, want: actRemoveFinalizer},
 		"an address outside every pool":                         {f: facts{addrs: one}, want: actWait},
+		"an address in a pool being built":                      {f: facts{addrs: one, poolComing: true}, want: actWait, after: time.Second},
+		"deleted, its pool being built, its pools unknown":      {f: facts{addrs: one, poolComing: true, deleted: true, finalizer: true, poolsUnknown: true}, want: actWait, after: time.Second},
 		"no address, no pool yet":                               {f: facts{}, want: actWait, after: 10 * time.Second},
 		"no address, no pool, going without vmipam's finalizer": {f: facts{deleted: true}, want: actWait},
 		"its pool recovering":                                   {f: facts{addrs: one, pool: pool}, want: actWait, after: time.Second},

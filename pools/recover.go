@@ -93,6 +93,17 @@ func (r *Registry) ensure(ctx context.Context, pool *vmipamv1.IPPool) error {
 			}
 		}
 	}
+	// From here until p is in pools, an object with an address in p's
+	// ranges that p's recovery may not read is still handed to the
+	// controller (Covers).
+	r.mu.Lock()
+	r.coming[pool.Name] = p.ranges
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		delete(r.coming, pool.Name)
+		r.mu.Unlock()
+	}()
 	p.setFence(r.lease.valid, r.lease.lapses.Load)
 	// Before this replica's first list of the holder Leases there is no
 	// list to give: the allocator then counts every holder as live. Given

@@ -138,6 +138,10 @@ type Registry struct {
 
 	mu    sync.RWMutex
 	pools map[string]*Pool
+	// coming are, by IPPool name, the ranges of the allocators being
+	// built (see ensure), from before their recovery reads the objects
+	// until they are in pools: see Covers.
+	coming map[string]*ipam.Ranges
 	// problems are, by IPPool name, why the last Ensure of the pool's
 	// current version failed: a spec that cannot be applied, or a
 	// recovery that failed. Only the creates that draw from that pool
@@ -185,7 +189,7 @@ func NewRegistry(opts Options) *Registry {
 	}
 	opts.Lease.Holder = opts.Holder
 	r := &Registry{
-		opts: opts, holderLabel: HolderLabelValue(opts.Holder), clock: clk, started: make(chan struct{}), leased: make(chan struct{}), relist: make(chan struct{}, 1), lostOne: make(chan struct{}, 1), pools: map[string]*Pool{}, problems: map[string]poolProblem{}, takingOver: map[string]bool{},
+		opts: opts, holderLabel: HolderLabelValue(opts.Holder), clock: clk, started: make(chan struct{}), leased: make(chan struct{}), relist: make(chan struct{}, 1), lostOne: make(chan struct{}, 1), pools: map[string]*Pool{}, coming: map[string]*ipam.Ranges{}, problems: map[string]poolProblem{}, takingOver: map[string]bool{},
 		lease: newLease(opts.Client, opts.APIReader, opts.Lease),
 	}
 	r.lease.counts = r.publishedCounts

@@ -244,3 +244,31 @@ func (r *Registry) PoolFor(a netip.Addr) *Pool {
 	}
 	return nil
 }
+
+// Covers reports whether one of addrs is in the ranges of a pool this
+// replica serves (PoolFor), or of one whose allocator it is building. An
+// object that vmipam never stamped, whose addresses it does not cover,
+// is not vmipam's to look after: the controller leaves its events out of
+// its queue.
+//
+// A pool's ranges count from before its recovery reads the objects, not
+// from when PoolFor finds it: an object stored after that read, whose
+// event comes before the pool is served, is then looked at again once it
+// is (where it was dropped as outside every pool).
+func (r *Registry) Covers(addrs ...netip.Addr) bool {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	for _, a := range addrs {
+		for _, p := range r.pools {
+			if p.ranges.Contains(a) {
+				return true
+			}
+		}
+		for _, rs := range r.coming {
+			if rs.Contains(a) {
+				return true
+			}
+		}
+	}
+	return false
+}

@@ -71,3 +71,26 @@ func admissions(t *testing.T, webhook string) int {
 	}
 	return n
 }
+
+// reconciles counts the reconciles controller ran, whatever their result.
+func reconciles(t *testing.T, controller string) int {
+	t.Helper()
+	families, err := ctrlmetrics.Registry.Gather()
+	if err != nil {
+		t.Fatalf("gather metrics: %v", err)
+	}
+	n := 0
+	for _, f := range families {
+		if f.GetName() != "controller_runtime_reconcile_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "controller" && l.GetValue() == controller {
+					n += int(m.GetCounter().GetValue())
+				}
+			}
+		}
+	}
+	return n
+}

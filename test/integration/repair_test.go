@@ -131,6 +131,48 @@ func TestRepairs(t *testing.T) {
 			return wantState(m, netip.MustParseAddr(obj.Spec.Addresses[0]), ipam.StateAllocated)
 		})
 	})
+	t.Run("objects outside every pool stay out of the queue; a pool added later adopts them", func(t *testing.T) {
+		before := reconciles(t, "address-gc")
+		const n = 24
+		outside := make([]*vmipamv1.VirtualMachine, n)
+		for i := range outside {
+			outside[i] = vm(ns, fmt.Sprintf("outside-%d", i), "", fmt.Sprintf("10.81.0.%d", 10+i))
+			if err := k8sClient.Create(ctx, outside[i]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// One object after them that the controller must act on: once it
+		// has an address, their events went past the controller too.
+		marker := vm(ns, "after-outside", "repair")
+		if err := k8sClient.Create(ctx, marker); err != nil {
+			t.Fatal(err)
+		}
+		harness.Eventually(t, 15*time.Second, "the controller to assign the marker an address", func() error {
+			if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(marker), marker); err != nil {
+				return err
+			}
+			if len(marker.Spec.Addresses) != 1 {
+				return fmt.Errorf("addresses %v", marker.Spec.Addresses)
+			}
+			return nil
+		})
+		// The marker's own reconciles, and the earlier objects' looks
+		// again, are a few; one per object outside the pools would be n
+		// more.
+		if got := reconciles(t, "address-gc") - before; got >= n {
+			t.Errorf("%d reconciles for %d objects outside every pool and one to assign", got, n)
+		}
+		late := newPool(t, v, "late", []vmipamv1.IPRange{{CIDR: "10.81.0.0/24"}})
+		harness.Eventually(t, 15*time.Second, "the new pool to hold each object's address", func() error {
+			for _, obj := range outside {
+				st, o, _ := v.reg.Get(late.Name).Lookup(netip.MustParseAddr(obj.Spec.Addresses[0]))
+				if st != ipam.StateAllocated || o.UID != string(obj.UID) {
+					return fmt.Errorf("%s of %s is %s to %+v", obj.Spec.Addresses[0], obj.Name, st, o)
+				}
+			}
+			return nil
+		})
+	})
 	t.Run("a dual-stack object created without the webhook gets both families", func(t *testing.T) {
 		obj := vm(ns, "bypassed-dual", "repair-dual")
 		obj.Spec.IPFamilyPolicy = ptr.To(vmipamv1.RequireDualStack)
