@@ -104,6 +104,9 @@ type Registry struct {
 	// namespaces, once Start set it, reads namespaces from the cache's
 	// index (see namespace).
 	namespaces atomic.Pointer[cacheindex.Index]
+	// ippools, once Start set it, reads the IPPools an admission names
+	// from the cache's index (see pool).
+	ippools atomic.Pointer[cacheindex.Index]
 	// holderLabel is HolderLabelValue(opts.Holder), worked out once: every
 	// admission stamps it.
 	holderLabel string
@@ -207,11 +210,17 @@ func (r *Registry) Start(ctx context.Context) error {
 	r.baseCtx = ctx
 	log := logf.FromContext(ctx)
 	if r.opts.Informers != nil {
-		// Every admission reads its namespace: straight from the index.
+		// Every admission reads its namespace, and the pool it names:
+		// straight from the index.
 		if idx, err := cacheindex.For(ctx, r.opts.Informers, &corev1.Namespace{}); err != nil {
 			log.Error(err, "Reading namespaces through the cache's client instead of its index")
 		} else {
 			r.namespaces.Store(idx)
+		}
+		if idx, err := cacheindex.For(ctx, r.opts.Informers, &vmipamv1.IPPool{}); err != nil {
+			log.Error(err, "Reading IPPools through the cache's client instead of its index")
+		} else {
+			r.ippools.Store(idx)
 		}
 	}
 	close(r.started)

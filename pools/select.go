@@ -42,8 +42,7 @@ func (r *Registry) Select(ctx context.Context, t kinds.Kind, ns, named string) (
 		return nil, fmt.Errorf("%w: %w", ErrNotReady, err)
 	}
 	if named != "" {
-		pool := &vmipamv1.IPPool{}
-		err := r.opts.Client.Get(ctx, client.ObjectKey{Name: named}, pool, &client.GetOptions{UnsafeDisableDeepCopy: ptr.To(true)})
+		pool, err := r.pool(ctx, named)
 		if apierrors.IsNotFound(err) {
 			// Created a moment before the object (kubectl apply of both),
 			// and not in the cache yet: see justCreated.
@@ -202,6 +201,26 @@ func (r *Registry) usable(p *Pool, ns *corev1.Namespace, where string) error {
 		return &PausedError{Pool: p.name, Field: where}
 	}
 	return nil
+}
+
+// pool reads the IPPool name from the cache, as a NotFound error when it
+// has none. The pool returned is the cache's own: read it, never change
+// it.
+func (r *Registry) pool(ctx context.Context, name string) (*vmipamv1.IPPool, error) {
+	if idx := r.ippools.Load(); idx != nil {
+		if cached, found, synced := idx.Get("", name); synced {
+			if p, ok := cached.(*vmipamv1.IPPool); found && ok {
+				return p, nil
+			}
+			return nil, apierrors.NewNotFound(vmipamv1.GroupVersion.WithResource("ippools").GroupResource(), name)
+		}
+	}
+	// Read only, so the cache's own copy will do.
+	pool := &vmipamv1.IPPool{}
+	if err := r.opts.Client.Get(ctx, client.ObjectKey{Name: name}, pool, &client.GetOptions{UnsafeDisableDeepCopy: ptr.To(true)}); err != nil {
+		return nil, err
+	}
+	return pool, nil
 }
 
 // namespace reads ns from the cache; a namespace not found has no labels.
