@@ -52,28 +52,17 @@ func histogramCount(t *testing.T, name string, labels map[string]string) int {
 // their outcome.
 func admissions(t *testing.T, webhook string) int {
 	t.Helper()
-	families, err := ctrlmetrics.Registry.Gather()
-	if err != nil {
-		t.Fatalf("gather metrics: %v", err)
-	}
-	n := 0
-	for _, f := range families {
-		if f.GetName() != "vmipam_admission_duration_seconds" {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "webhook" && l.GetValue() == webhook {
-					n += int(m.GetHistogram().GetSampleCount())
-				}
-			}
-		}
-	}
-	return n
+	return sum(t, "vmipam_admission_duration_seconds", "webhook", webhook, func(m *dto.Metric) float64 { return float64(m.GetHistogram().GetSampleCount()) })
 }
 
 // reconciles counts the reconciles controller ran, whatever their result.
 func reconciles(t *testing.T, controller string) int {
+	t.Helper()
+	return sum(t, "controller_runtime_reconcile_total", "controller", controller, func(m *dto.Metric) float64 { return m.GetCounter().GetValue() })
+}
+
+// sum adds up value over the metrics of family name whose label is v.
+func sum(t *testing.T, name, label, v string, value func(*dto.Metric) float64) int {
 	t.Helper()
 	families, err := ctrlmetrics.Registry.Gather()
 	if err != nil {
@@ -81,13 +70,13 @@ func reconciles(t *testing.T, controller string) int {
 	}
 	n := 0
 	for _, f := range families {
-		if f.GetName() != "controller_runtime_reconcile_total" {
+		if f.GetName() != name {
 			continue
 		}
 		for _, m := range f.GetMetric() {
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "controller" && l.GetValue() == controller {
-					n += int(m.GetCounter().GetValue())
+				if l.GetName() == label && l.GetValue() == v {
+					n += int(value(m))
 				}
 			}
 		}
