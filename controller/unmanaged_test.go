@@ -92,8 +92,11 @@ func TestStoredDuringItsPoolsRecovery(t *testing.T) {
 	ctx := t.Context()
 	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	late := unlabelled(t, "late", []string{"10.98.0.5"})
-	var once sync.Once
+	var once, resumed sync.Once
 	stored, resume := make(chan struct{}), make(chan struct{})
+	// However the test ends, the recovery's list goes on.
+	letGo := func() { resumed.Do(func() { close(resume) }) }
+	t.Cleanup(letGo)
 	var armed bool
 	var mu sync.Mutex
 	rig := poolstest.NewRig(t, clk, interceptor.Funcs{
@@ -164,7 +167,7 @@ func TestStoredDuringItsPoolsRecovery(t *testing.T) {
 	if err != nil || res.RequeueAfter != time.Second {
 		t.Errorf("reconcile while its pool recovers: %+v, %v; want to look again in a second", res, err)
 	}
-	close(resume)
+	letGo()
 	if err := <-ensured; err != nil {
 		t.Fatal(err)
 	}
