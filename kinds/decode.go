@@ -182,7 +182,11 @@ func decodeValue(raw []byte) (any, error) {
 		}
 	case jsonscan.KindArray:
 		// The metadata's finalizers.
-		if v, ok := stringArray(raw); ok {
+		if ss, err := jsonscan.Strings(raw, len(raw)); err == nil {
+			v := make([]any, len(ss))
+			for i, s := range ss {
+				v[i] = s
+			}
 			return v, nil
 		}
 	}
@@ -215,25 +219,6 @@ func smallInt(raw []byte) (int64, bool) {
 		n = -n
 	}
 	return n, true
-}
-
-// stringArray decodes raw, a JSON array, as utiljson.Unmarshal decodes
-// one into an interface, if every element is a string, and reports
-// whether each is.
-func stringArray(raw []byte) ([]any, bool) {
-	out := []any{}
-	ok := true
-	err := jsonscan.Each(raw, func(_ int, elem []byte) bool {
-		if jsonscan.KindOf(elem) != jsonscan.KindString {
-			ok = false
-			return false
-		}
-		s, serr := jsonscan.String(elem)
-		out = append(out, s)
-		ok = serr == nil
-		return ok
-	})
-	return out, ok && err == nil
 }
 
 // stringOrEmpty is the JSON string raw, or "" when raw is absent or not a

@@ -256,6 +256,11 @@ func (r *Registry) namespace(ctx context.Context, ns string) (*corev1.Namespace,
 func (r *Registry) PoolFor(a netip.Addr) *Pool {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
+	return r.poolForLocked(a)
+}
+
+// poolForLocked is PoolFor, with r.mu held.
+func (r *Registry) poolForLocked(a netip.Addr) *Pool {
 	for _, p := range r.pools {
 		if p.ranges.Contains(a) {
 			return p
@@ -278,10 +283,8 @@ func (r *Registry) Covers(addrs ...netip.Addr) bool {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	for _, a := range addrs {
-		for _, p := range r.pools {
-			if p.ranges.Contains(a) {
-				return true
-			}
+		if r.poolForLocked(a) != nil {
+			return true
 		}
 		for _, rs := range r.coming {
 			if rs.Contains(a) {
