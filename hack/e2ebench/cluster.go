@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -364,6 +366,9 @@ func (b *bench) profile(ctx context.Context, name string, d time.Duration) func(
 		})
 	}
 	take("e2e-bench-apiserver-"+name+".pprof", func() ([]byte, error) { return b.apiserverGet(ctx, path) })
+	// And this program's own: its CPU is the no-op webhook server's and
+	// finalizer remover's in the goal's figures, and the stand-in Service's.
+	take("e2e-bench-e2ebench-"+name+".pprof", func() ([]byte, error) { return selfProfile(ctx, d) })
 	if rs := b.replicas(); rs != nil {
 		// The scale mode's replicas, each in its own file.
 		for i, rep := range rs.Live() {
@@ -373,6 +378,20 @@ func (b *bench) profile(ctx context.Context, name string, d time.Duration) func(
 		take("e2e-bench-vmipam-"+name+".pprof", func() ([]byte, error) { return get(ctx, http.DefaultClient, "http://"+b.vmipamPprof+path) })
 	}
 	return wg.Wait
+}
+
+// selfProfile profiles this program's CPU for d (or until ctx ends).
+func selfProfile(ctx context.Context, d time.Duration) ([]byte, error) {
+	var buf bytes.Buffer
+	if err := pprof.StartCPUProfile(&buf); err != nil {
+		return nil, err
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+	pprof.StopCPUProfile()
+	return buf.Bytes(), ctx.Err()
 }
 
 // get reads url with hc and fails on any status but 200.
