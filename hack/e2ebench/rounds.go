@@ -30,9 +30,12 @@ type roundStat struct {
 // cycles; vmipamGC the same estimate summed over vmipam's processes;
 // resyncs vmipam's resyncs, summed over its processes, and resyncSecs how
 // long they took (vmipam_resync_duration_seconds); checks the watch-cache
-// consistency checks.
+// consistency checks; requests the requests the API server served
+// (apiserver_request_total: the creates, vmipam's own, anyone's) and
+// reconciles the reconciles of vmipam's address controller (all its
+// processes).
 type roundCounters struct {
-	apiGC, apiGCs, vmipamGC, resyncs, resyncSecs, checks float64
+	apiGC, apiGCs, vmipamGC, resyncs, resyncSecs, checks, requests, reconciles float64
 }
 
 // countersOf reads roundCounters from the API server's metrics a and
@@ -47,6 +50,8 @@ func countersOf(a, v metricSet) roundCounters {
 		resyncs:    v.sum("vmipam_resync_duration_seconds_count", nil),
 		resyncSecs: v.sum("vmipam_resync_duration_seconds_sum", nil),
 		checks:     cacheChecks(a),
+		requests:   a.sum("apiserver_request_total", nil),
+		reconciles: v.sum("controller_runtime_reconcile_total", map[string]string{"controller": "address-gc"}),
 	}
 }
 
@@ -55,6 +60,7 @@ func (c roundCounters) sub(o roundCounters) roundCounters {
 	return roundCounters{
 		apiGC: c.apiGC - o.apiGC, apiGCs: c.apiGCs - o.apiGCs, vmipamGC: c.vmipamGC - o.vmipamGC,
 		resyncs: c.resyncs - o.resyncs, resyncSecs: c.resyncSecs - o.resyncSecs, checks: c.checks - o.checks,
+		requests: c.requests - o.requests, reconciles: c.reconciles - o.reconciles,
 	}
 }
 
@@ -67,16 +73,19 @@ func (r *report) roundsSection(b *strings.Builder) {
 	w("Each round in the order it ran, with what else ran in it: the API server's garbage collector (its CPU as the Go runtime " +
 		"estimates it, `go_cpu_classes_gc_total_cpu_seconds_total`, and its completed cycles), vmipam's garbage collector (the same " +
 		"estimate, all its processes), vmipam's periodic resyncs that ended in the round (`vmipam_resync_duration_seconds`, all its " +
-		"processes; each runs every --resync-interval whatever the load) and the watch-cache consistency checks. CPU is per 1,000 creates.")
+		"processes; each runs every --resync-interval whatever the load), the watch-cache consistency checks, the requests the API " +
+		"server served (`apiserver_request_total`) and the reconciles of vmipam's address controller (`controller_runtime_reconcile_total`, " +
+		"all its processes; one per object in the round, for the objects it ignores too, and more if it reconciled others). CPU, " +
+		"requests and reconciles are per 1,000 creates.")
 	w("")
 	if r.opts.apiserverGC {
 		w("Before each round the API server's garbage collector ran (-apiserver-gc), so that none of its collections of the fleet in " +
 			"its heap lands in a round; the last column is what that cost the API server, outside the round's figures.")
 		w("")
 	}
-	t := table{b: b, skip: map[int]bool{9: !r.opts.apiserverGC}}
+	t := table{b: b, skip: map[int]bool{11: !r.opts.apiserverGC}}
 	t.header("round", "VM/s", "API server CPU", "of it GC (cycles)", "vmipam CPU", "of it GC", "vmipam resyncs (s)", "etcd CPU", "checks",
-		"API server CPU in the GC before it (s)")
+		"API requests", "vmipam reconciles", "API server CPU in the GC before it (s)")
 	for _, s := range r.rounds {
 		k := func(v float64) string {
 			if s.created == 0 {
@@ -84,13 +93,19 @@ func (r *report) roundsSection(b *strings.Builder) {
 			}
 			return fmt.Sprintf("%.2f", 1000*v/float64(s.created))
 		}
-		vmipamGC, resyncs := k(s.vmipamGC), fmt.Sprintf("%.0f (%.2f)", s.resyncs, s.resyncSecs)
+		count := func(v float64) string {
+			if s.created == 0 {
+				return "n/a"
+			}
+			return fmt.Sprintf("%.0f", 1000*v/float64(s.created))
+		}
+		vmipamGC, resyncs, reconciles := k(s.vmipamGC), fmt.Sprintf("%.0f (%.2f)", s.resyncs, s.resyncSecs), count(s.reconciles)
 		if s.vmipamUnknown {
-			vmipamGC, resyncs = "n/a", "n/a"
+			vmipamGC, resyncs, reconciles = "n/a", "n/a", "n/a"
 		}
 		t.row(fmt.Sprintf("%d %s", s.round, s.mode), fmt.Sprintf("%.0f", s.rate), k(s.cpu.procs["kube-apiserver"]),
 			fmt.Sprintf("%s (%.0f)", k(s.apiGC), s.apiGCs), k(s.cpu.procs["vmipam"]), vmipamGC, resyncs, k(s.cpu.procs["etcd"]),
-			fmt.Sprintf("%.0f", s.checks), fmt.Sprintf("%.2f", s.forcedGC))
+			fmt.Sprintf("%.0f", s.checks), count(s.requests), reconciles, fmt.Sprintf("%.2f", s.forcedGC))
 	}
 	w("")
 }
