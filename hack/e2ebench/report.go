@@ -517,9 +517,16 @@ func (r *report) markdown() string {
 		perK(noop, noop.cpu.softirq), perK(base, base.cpu.softirq), "", "", "", "")
 	ct.row("CPU s per 1000 creates: other processes", perK(with, with.cpu.other()), perK(without, without.cpu.other()),
 		perK(noop, noop.cpu.other()), perK(base, base.cpu.other()), "", "", "", "")
+	machine := func(s *modeStats) float64 { return s.cpu.busy / float64(max(len(s.lat), 1)) }
+	ct.row("CPU s per 1000 creates: the whole machine (its busy time, all processes and the kernel)", perK(with, with.cpu.busy),
+		perK(without, without.cpu.busy), perK(noop, noop.cpu.busy), perK(base, base.cpu.busy), ratio(machine(with), machine(without)),
+		ratio(machine(noop), machine(without)), ratio(machine(with), machine(noop)), "")
 	busy := func(s *modeStats) string { return busyShare(s.cpu) }
 	ct.row("machine CPU busy during the rounds (all cores)", busy(with), busy(without), busy(noop), busy(base), "", "", "", "")
 	w("")
+	if o.noop && len(with.lat) > 0 && len(noop.lat) > 0 {
+		r.floorGap(&b, with, noop)
+	}
 
 	w("API server requests per create during the rounds (`apiserver_request_total`; everything the API server served, vmipam's requests included):")
 	w("")
