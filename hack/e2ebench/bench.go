@@ -191,7 +191,7 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 		return nil, err
 	}
 	if o.noop {
-		if b.noop, err = startNoopServer(); err != nil {
+		if b.noop, err = startNoopServer(o.noopStamp); err != nil {
 			return nil, err
 		}
 		defer b.noop.stop()

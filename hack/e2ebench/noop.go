@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -50,15 +52,31 @@ type noopServer struct {
 	caBundle []byte
 	// mutated counts the reviews answered.
 	mutated atomic.Int64
-	// The mutating handler's two patches, fixed: adding the annotation
-	// to an existing map, or adding the map.
-	patchKey, patchMap []byte
+	// The mutating handler's patches, fixed: patches[a][l] adds the
+	// annotations to an existing map (a) or adds the map, and the labels
+	// (with -noop-stamp; none otherwise) to an existing map (l) or adds it.
+	patches [2][2][]byte
+}
+
+// noopStamp are the metadata the no-op webhook writes with -noop-stamp
+// beside its own annotation (which stands in for vmipam's pool annotation)
+// and its finalizer: with them the object carries as many annotations and
+// labels as vmipam's stamp writes, about as long (the reservation token
+// and the address annotations, the holder label), under keys of their
+// own, so that neither vmipam's controller nor its admission policies read
+// them. A floor whose stored objects are as large as vmipam's.
+var noopStamp = struct{ annotations, labels map[string]string }{
+	annotations: map[string]string{
+		"noopbm.io/token":   "0123456789abcdef01234567", // 12 random bytes in hex, as vmipam's
+		"noopbm.io/address": "100.64.0.1",
+	},
+	labels: map[string]string{"noopbm.io/holder": "slot-0"},
 }
 
 // startNoopServer issues a CA and a serving certificate for 127.0.0.1 and
 // serves the no-op mutating webhook on a free loopback port, HTTP/1.1 only
-// as vmipam serves its own.
-func startNoopServer() (*noopServer, error) {
+// as vmipam serves its own. With stamp it also writes noopStamp.
+func startNoopServer(stamp bool) (*noopServer, error) {
 	now := time.Now()
 	ca, err := pki.NewCA("e2ebench-noop-ca", now, 24*time.Hour)
 	if err != nil {
@@ -69,17 +87,22 @@ func startNoopServer() (*noopServer, error) {
 		return nil, fmt.Errorf("no-op webhook: %w", err)
 	}
 	s := &noopServer{caBundle: ca.CertPEM}
-	// A JSON pointer escapes "~" and "/" in a map key.
-	key := strings.NewReplacer("~", "~0", "/", "~1").Replace(noopAnnotation)
-	// And the finalizer the remover takes away, as vmipam adds its own
-	// (the bench's objects carry none of their own).
-	fin := map[string]any{"op": "add", "path": "/metadata/finalizers", "value": []string{noopFinalizer}}
-	if s.patchKey, err = json.Marshal([]map[string]any{{"op": "add", "path": "/metadata/annotations/" + key, "value": noopAnnotationValue}, fin}); err != nil {
-		return nil, err
+	annotations := map[string]string{noopAnnotation: noopAnnotationValue}
+	var labels map[string]string
+	if stamp {
+		maps.Copy(annotations, noopStamp.annotations)
+		labels = noopStamp.labels
 	}
-	if s.patchMap, err = json.Marshal([]map[string]any{{"op": "add", "path": "/metadata/annotations",
-		"value": map[string]string{noopAnnotation: noopAnnotationValue}}, fin}); err != nil {
-		return nil, err
+	for a := range 2 {
+		for l := range 2 {
+			ops := append(addOps("annotations", annotations, a == 1), addOps("labels", labels, l == 1)...)
+			// And the finalizer the remover takes away, as vmipam adds
+			// its own (the bench's objects carry none of their own).
+			ops = append(ops, map[string]any{"op": "add", "path": "/metadata/finalizers", "value": []string{noopFinalizer}})
+			if s.patches[a][l], err = json.Marshal(ops); err != nil {
+				return nil, err
+			}
+		}
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -100,6 +123,24 @@ func startNoopServer() (*noopServer, error) {
 		}
 	}()
 	return s, nil
+}
+
+// addOps returns the JSON patch operations that add kv to the metadata map
+// field: one per key into a map that exists, or the whole map.
+func addOps(field string, kv map[string]string, exists bool) []map[string]any {
+	if len(kv) == 0 {
+		return nil
+	}
+	if !exists {
+		return []map[string]any{{"op": "add", "path": "/metadata/" + field, "value": kv}}
+	}
+	// A JSON pointer escapes "~" and "/" in a map key.
+	esc := strings.NewReplacer("~", "~0", "/", "~1")
+	var ops []map[string]any
+	for _, k := range slices.Sorted(maps.Keys(kv)) {
+		ops = append(ops, map[string]any{"op": "add", "path": "/metadata/" + field + "/" + esc.Replace(k), "value": kv[k]})
+	}
+	return ops
 }
 
 // stop closes the server, waiting a little for calls in flight.
@@ -143,10 +184,10 @@ func writeReview(w http.ResponseWriter, resp *admissionv1.AdmissionResponse) {
 	}
 }
 
-// mutate allows the object with a patch adding the annotation and the
-// finalizer. Only the
-// object's annotations are decoded, to tell which of the two fixed
-// patches applies; the object is never encoded again.
+// mutate allows the object with a patch adding the annotation (and
+// noopStamp, with -noop-stamp) and the finalizer. Only the object's
+// annotations and labels are decoded, to tell which of the fixed patches
+// applies; the object is never encoded again.
 func (s *noopServer) mutate(w http.ResponseWriter, r *http.Request) {
 	review, ok := readReview(w, r)
 	if !ok {
@@ -155,16 +196,21 @@ func (s *noopServer) mutate(w http.ResponseWriter, r *http.Request) {
 	var obj struct {
 		Metadata struct {
 			Annotations map[string]json.RawMessage `json:"annotations"`
+			Labels      map[string]json.RawMessage `json:"labels"`
 		} `json:"metadata"`
 	}
 	if err := json.Unmarshal(review.Request.Object.Raw, &obj); err != nil {
 		http.Error(w, fmt.Sprintf("decode the object's metadata: %v", err), http.StatusBadRequest)
 		return
 	}
-	patch := s.patchKey
-	if obj.Metadata.Annotations == nil {
-		patch = s.patchMap
+	a, l := 0, 0
+	if obj.Metadata.Annotations != nil {
+		a = 1
 	}
+	if obj.Metadata.Labels != nil {
+		l = 1
+	}
+	patch := s.patches[a][l]
 	s.mutated.Add(1)
 	writeReview(w, &admissionv1.AdmissionResponse{
 		UID: review.Request.UID, Allowed: true, Patch: patch, PatchType: ptr.To(admissionv1.PatchTypeJSONPatch),

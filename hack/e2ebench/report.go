@@ -312,6 +312,15 @@ func (t table) header(cells ...string) {
 
 func bold(s string) string { return "**" + s + "**" }
 
+// mapKeys returns m's keys, sorted, each in backquotes, comma-separated.
+func mapKeys(m map[string]string) string {
+	var ks []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		ks = append(ks, "`"+k+"`")
+	}
+	return strings.Join(ks, ", ")
+}
+
 // namedHist is a row of a histogram table.
 type namedHist struct {
 	name string
@@ -739,6 +748,12 @@ func (r *report) chartAndMethod(b *strings.Builder) {
 			"controller in this program (a watch of the namespace, a queue, %d workers, an optimistically locked patch, as vmipam's controller "+
 			"removes its finalizer) takes the finalizer away: the floor of a delete through a finalizer.",
 			nsNoop, nsWithout, noopRange, noopConfig, namespaceNameLabel, noopAnnotation, noopFinalizer, finalizerWorkers)
+		if o.noopStamp {
+			w("  With -noop-stamp, the patch also adds the annotations %s and the label %s: as many, and about as long, as vmipam's stamp "+
+				"writes (its token and address annotations and its holder label; the no-op's own annotation stands in for vmipam's pool annotation), so that the stored objects are as large as vmipam's "+
+				"and with / no-op leaves out what the stamp's size costs the API server and etcd. The no-op objects still do not go through "+
+				"vmipam's admission policy of creates.", mapKeys(noopStamp.annotations), mapKeys(noopStamp.labels))
+		}
 	}
 	w("- Baseline: namespace `%s` (also excluded): per VirtualMachine, GET the ConfigMap `%s` holding every allocation as JSON, pick the first "+
 		"free address of %s, UPDATE it with its resourceVersion, start again on Conflict, then create the VirtualMachine with that address. "+
