@@ -603,7 +603,7 @@ func (r *report) markdown() string {
 		noopLags = "; no-op mutating webhook " + lagsOf(noop)
 	}
 	w("The allocator wrote %.0f IPBlock objects during the rounds; %.0f of its %.0f allocations found no armed address and waited for the store "+
-		"(`vmipam_allocation_store_waits_total`). vmipam's address controller (one reconcile per object, also for the "+
+		"(`vmipam_allocation_store_waits_total`). vmipam's address controller (which sees every object's watch event, also of the "+
 		"objects it ignores) had processed every object, and bound every reservation, this long after the end of each round: "+
 		"with vmipam %s; without %s%s; baseline %s.", wh.storeWrites, wh.storeWaits, wh.allocations, lagsOf(with), lagsOf(without), noopLags, lagsOf(base))
 	w("")

@@ -75,7 +75,8 @@ func (r *report) roundsSection(b *strings.Builder) {
 		"estimate, all its processes), vmipam's periodic resyncs that ended in the round (`vmipam_resync_duration_seconds`, all its " +
 		"processes; each runs every --resync-interval whatever the load), the watch-cache consistency checks, the requests the API " +
 		"server served (`apiserver_request_total`) and the reconciles of vmipam's address controller (`controller_runtime_reconcile_total`, " +
-		"all its processes; one per object in the round, for the objects it ignores too, and more if it reconciled others). CPU, " +
+		"all its processes; a create is bound in the watch's handler and the objects outside every pool stay out of the queue, so a " +
+		"round's own objects need none: what it counts is other work). CPU, " +
 		"requests and reconciles are per 1,000 creates.")
 	w("")
 	if r.opts.apiserverGC {
@@ -87,18 +88,15 @@ func (r *report) roundsSection(b *strings.Builder) {
 	t.header("round", "VM/s", "API server CPU", "of it GC (cycles)", "vmipam CPU", "of it GC", "vmipam resyncs (s)", "etcd CPU", "checks",
 		"API requests", "vmipam reconciles", "API server CPU in the GC before it (s)")
 	for _, s := range r.rounds {
-		k := func(v float64) string {
+		// perK formats v per 1,000 creates of the round.
+		perK := func(format string, v float64) string {
 			if s.created == 0 {
 				return "n/a"
 			}
-			return fmt.Sprintf("%.2f", 1000*v/float64(s.created))
+			return fmt.Sprintf(format, 1000*v/float64(s.created))
 		}
-		count := func(v float64) string {
-			if s.created == 0 {
-				return "n/a"
-			}
-			return fmt.Sprintf("%.0f", 1000*v/float64(s.created))
-		}
+		k := func(v float64) string { return perK("%.2f", v) }
+		count := func(v float64) string { return perK("%.0f", v) }
 		vmipamGC, resyncs, reconciles := k(s.vmipamGC), fmt.Sprintf("%.0f (%.2f)", s.resyncs, s.resyncSecs), count(s.reconciles)
 		if s.vmipamUnknown {
 			vmipamGC, resyncs, reconciles = "n/a", "n/a", "n/a"
