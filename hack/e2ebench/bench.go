@@ -20,6 +20,7 @@ import (
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/test/harness"
+	"github.com/vmipam/vmipam/test/lbproxy"
 )
 
 // mode is one way of creating VirtualMachines.
@@ -195,6 +196,17 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 			return nil, err
 		}
 		defer b.noop.stop()
+		if o.noopBehindService() {
+			period := o.probePeriod
+			if period <= 0 {
+				period = lbproxy.DefaultProbeInterval
+			}
+			px, err := startNoopProxy(ctx, b.root, dir, filepath.Join(b.results, "e2e-bench-lbproxy.log"), b.noop, period)
+			if err != nil {
+				return nil, fmt.Errorf("the no-op webhook's stand-in Service: %w", err)
+			}
+			defer px.stop()
+		}
 		if err := b.noop.install(ctx, cl.Client); err != nil {
 			return nil, err
 		}

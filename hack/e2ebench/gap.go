@@ -18,7 +18,7 @@ func (r *report) floorGap(b *strings.Builder, with, noop *modeStats) {
 	}
 	per := func(s *modeStats, v float64) float64 { return v / float64(len(s.lat)) }
 	var parts []part
-	for _, p := range cpuProcs {
+	for _, p := range r.opts.cpuProcs() {
 		parts = append(parts, part{p, per(with, with.cpu.procs[p]), per(noop, noop.cpu.procs[p])})
 	}
 	parts = append(parts,
@@ -48,11 +48,19 @@ func (r *report) floorGap(b *strings.Builder, with, noop *modeStats) {
 		t.row(p.name, fmt.Sprintf("%.3f", 1000*p.with), fmt.Sprintf("%.3f", 1000*p.off), fmt.Sprintf("%+.3f", d), share)
 	}
 	w("")
-	if r.opts.fleet > 0 {
+	switch {
+	case r.opts.noopBehindService():
+		w("In this mode vmipam's replicas sit behind this program's stand-in for their Service, a user-space proxy that kube-proxy " +
+			"replaces with the kernel's forwarding in a cluster, and the no-op webhook's server behind the same proxy run as a process " +
+			"of its own (lbproxy): this program's difference is its stand-in and its clients' larger responses less the no-op server and " +
+			"finalizer remover, which run in it during the no-op rounds only, and lbproxy's is the no-op's stand-in " +
+			"(-profile writes this program's own profiles, e2e-bench-e2ebench-<mode>.pprof).")
+		w("")
+	case r.opts.fleet > 0:
 		w("In this mode vmipam's replicas sit behind this program's stand-in for the Service, a user-space proxy that kube-proxy " +
-			"replaces with the kernel's forwarding in a cluster, while the no-op webhook's server is reached directly: this program's " +
-			"difference is that proxy and its clients' larger responses less the no-op server and finalizer remover, which run in it " +
-			"during the no-op rounds only (-profile writes its own profiles, e2e-bench-e2ebench-<mode>.pprof).")
+			"replaces with the kernel's forwarding in a cluster, while the no-op webhook's server is reached directly (-noop-service=false): " +
+			"this program's difference is that proxy and its clients' larger responses less the no-op server and finalizer remover, which " +
+			"run in it during the no-op rounds only (-profile writes its own profiles, e2e-bench-e2ebench-<mode>.pprof).")
 		w("")
 	}
 }

@@ -15,13 +15,17 @@ func TestFloorGap(t *testing.T) {
 	// 0.2 vmipam's, 0.05 etcd's and -0.1 this program's.
 	with := stats(1000, 1800*time.Millisecond, 3.6, 0.1, map[string]float64{"kube-apiserver": 2.25, "vmipam": 0.5, "etcd": 0.25, "e2ebench": 0.5})
 	noop := stats(1000, 1600*time.Millisecond, 3.2, 0.1, map[string]float64{"kube-apiserver": 2.0, "vmipam": 0.3, "etcd": 0.2, "e2ebench": 0.6})
+	// The same, with 0.05 s of the no-op's e2ebench moved to its stand-in
+	// Service's process.
+	noopProxied := stats(1000, 1600*time.Millisecond, 3.2, 0.1, map[string]float64{"kube-apiserver": 2.0, "vmipam": 0.3, "etcd": 0.2, "e2ebench": 0.55, "lbproxy": 0.05})
 	tests := []struct {
-		name  string
-		fleet int
-		want  []string
-		not   []string
+		name string
+		opts options
+		noop *modeStats
+		want []string
+		not  []string
 	}{
-		{"without a fleet", 0, []string{
+		{"without a fleet", options{}, noop, []string{
 			"3.60 ms with vmipam, 3.20 ms through the no-op webhook (0.89× by that measure; 0.89× measured)",
 			"at most 3.37 ms, 0.17 ms more", "it cost 0.40 ms more",
 			"| kube-apiserver | 2.250 | 2.000 | +0.250 | 62% |",
@@ -29,14 +33,22 @@ func TestFloorGap(t *testing.T) {
 			"| e2ebench | 0.500 | 0.600 | -0.100 | -25% |",
 			"| kernel softirq | 0.100 | 0.100 | +0.000 | 0% |",
 			"| other processes | 0.000 | 0.000 | +0.000 | 0% |",
-		}, []string{"stand-in"}},
-		{"the scale mode names the stand-in for the Service", 100000, []string{"stand-in for the Service"}, nil},
+		}, []string{"stand-in", "lbproxy"}},
+		{"the scale mode names the stand-in for the Service", options{fleet: 100000, noop: true}, noop,
+			[]string{"stand-in for the Service", "reached directly (-noop-service=false)"}, []string{"lbproxy"}},
+		{"the no-op's stand-in Service is a row of its own", options{fleet: 100000, noop: true, noopService: true}, noopProxied, []string{
+			"no-op webhook's server behind the same proxy run as a process of its own (lbproxy)",
+			"| e2ebench | 0.500 | 0.550 | -0.050 | -13% |",
+			"| lbproxy | 0.000 | 0.050 | -0.050 | -13% |",
+			"| vmipam | 0.500 | 0.300 | +0.200 | 50% |",
+		}, []string{"reached directly"}},
+		{"no stand-in for the no-op outside the scale mode", options{noop: true, noopService: true}, noop, nil, []string{"stand-in", "lbproxy"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r := &report{opts: options{fleet: tt.fleet}}
+			r := &report{opts: tt.opts}
 			var b strings.Builder
-			r.floorGap(&b, with, noop)
+			r.floorGap(&b, with, tt.noop)
 			got := b.String()
 			for _, s := range tt.want {
 				if !strings.Contains(got, s) {
