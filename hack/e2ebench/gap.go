@@ -28,11 +28,15 @@ func (r *report) floorGap(b *strings.Builder, with, noop *modeStats) {
 	if mw <= 0 || mn <= 0 {
 		return
 	}
+	cost := fmt.Sprintf("%.2f ms more", 1000*(mw-mn))
+	if mw < mn {
+		cost = fmt.Sprintf("%.2f ms less", 1000*(mn-mw))
+	}
 	w("What separates the creates with vmipam from the no-op floor. The rounds keep the machine's cores busy, so throughput is "+
 		"about the cores over what one create costs the whole machine: %.2f ms with vmipam, %.2f ms through the no-op webhook "+
 		"(%.2f× by that measure; %.2f× measured). For %.2f× the floor a create with vmipam may cost at most %.2f ms, %.2f ms more "+
-		"than through the no-op webhook; it cost %.2f ms more, of which:", 1000*mw, 1000*mn, mn/mw, with.rate()/noop.rate(), goalCreateVsNoop,
-		1000*mn/goalCreateVsNoop, 1000*(mn/goalCreateVsNoop-mn), 1000*(mw-mn))
+		"than through the no-op webhook; it cost %s, of which (shares of the difference only where it is more than the goal allows):",
+		1000*mw, 1000*mn, mn/mw, with.rate()/noop.rate(), goalCreateVsNoop, 1000*mn/goalCreateVsNoop, 1000*(mn/goalCreateVsNoop-mn), cost)
 	w("")
 	t := table{b: b}
 	t.header("CPU ms per create", "with vmipam", "no-op mutating webhook", "difference", "share of the difference")
@@ -41,8 +45,11 @@ func (r *report) floorGap(b *strings.Builder, with, noop *modeStats) {
 		if math.Abs(d) < 0.0005 {
 			d = 0 // no "-0.000" for what rounds to nothing
 		}
-		share := "n/a" // no difference to share out
-		if mw > mn {
+		// Shares explain a miss: within the goal's margin the difference
+		// is small enough for the runs' spread to make them read as
+		// hundreds of percent either way.
+		share := "n/a"
+		if mw-mn > mn/goalCreateVsNoop-mn {
 			share = fmt.Sprintf("%.0f%%", 100*d/(1000*(mw-mn)))
 		}
 		t.row(p.name, fmt.Sprintf("%.3f", 1000*p.with), fmt.Sprintf("%.3f", 1000*p.off), fmt.Sprintf("%+.3f", d), share)

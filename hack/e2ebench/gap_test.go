@@ -71,6 +71,29 @@ func TestFloorGap(t *testing.T) {
 	})
 }
 
+func TestFloorGapWithinMargin(t *testing.T) {
+	// 3.3 ms against 3.2: 0.1 ms more, less than the 0.17 the goal allows.
+	with := &modeStats{lat: make([]time.Duration, 1000), elapsed: time.Second,
+		cpu: cpuSample{procs: map[string]float64{"vmipam": 0.4}, busy: 3.3}}
+	noop := &modeStats{lat: make([]time.Duration, 1000), elapsed: time.Second,
+		cpu: cpuSample{procs: map[string]float64{"vmipam": 0.3}, busy: 3.2}}
+	var b strings.Builder
+	(&report{}).floorGap(&b, with, noop)
+	if got := b.String(); !strings.Contains(got, "| vmipam | 0.400 | 0.300 | +0.100 | n/a |") || !strings.Contains(got, "it cost 0.10 ms more") {
+		t.Errorf("floorGap wrote\n%s\nwant shares n/a when the difference is within the goal's margin", got)
+	}
+}
+
+func TestFloorGapCheaper(t *testing.T) {
+	with := &modeStats{lat: make([]time.Duration, 1000), elapsed: time.Second, cpu: cpuSample{procs: map[string]float64{}, busy: 3.47}}
+	noop := &modeStats{lat: make([]time.Duration, 1000), elapsed: time.Second, cpu: cpuSample{procs: map[string]float64{}, busy: 3.53}}
+	var b strings.Builder
+	(&report{}).floorGap(&b, with, noop)
+	if got := b.String(); !strings.Contains(got, "it cost 0.06 ms less") {
+		t.Errorf("floorGap wrote\n%s\nwant a create with vmipam that costs less said so", got)
+	}
+}
+
 func TestFloorGapNoDifference(t *testing.T) {
 	s := &modeStats{lat: make([]time.Duration, 100), elapsed: time.Second,
 		cpu: cpuSample{procs: map[string]float64{"vmipam": 0.1}, busy: 0.3}}
