@@ -786,7 +786,7 @@ func (r *report) chartAndMethod(b *strings.Builder) {
 			"without vmipam and none of the phase's releases lands in them; the final check that every address of the pool is free covers the phase's addresses too.",
 			o.pacedN, nsWith, poolName, phaseLabel, phasePaced, o.c)
 	}
-	w("- CPU time is read from /proc for vmipam, kube-apiserver, etcd and this program (and lbproxy, the no-op webhook's stand-in Service, "+
+	w("- CPU time is read from /proc for vmipam, kube-apiserver, etcd and this program (and lbproxy, the no-op webhook's stand-in Service, " +
 		"with -noop-service in the scale mode); \"other\" is the rest of the machine's busy time (work outside the benchmark). The per-process rows cover the rounds alone. The goal's vmipam figure also covers the wait after " +
 		"each round until vmipam's controller had caught up and the pause after it, so that binds and watch events that come after the " +
 		"last create count; it includes vmipam's own idle work and the metric reads of that wait (and, with -profile, the rest of the " +
