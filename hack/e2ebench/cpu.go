@@ -6,7 +6,8 @@ import (
 	"github.com/prometheus/procfs"
 )
 
-// Processes whose CPU time is reported; others on the machine count as
+// Processes whose CPU time is reported (options.cpuProcs adds the no-op
+// webhook's stand-in Service when it runs); others on the machine count as
 // "other".
 var cpuProcs = []string{"vmipam", "kube-apiserver", "etcd", "e2ebench"}
 
