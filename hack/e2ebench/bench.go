@@ -20,7 +20,6 @@ import (
 
 	vmipamv1 "github.com/vmipam/vmipam/api/v1alpha1"
 	"github.com/vmipam/vmipam/test/harness"
-	"github.com/vmipam/vmipam/test/lbproxy"
 )
 
 // mode is one way of creating VirtualMachines.
@@ -197,11 +196,8 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 		}
 		defer b.noop.stop()
 		if o.noopBehindService() {
-			period := o.probePeriod
-			if period <= 0 {
-				period = lbproxy.DefaultProbeInterval
-			}
-			px, err := startNoopProxy(ctx, b.root, dir, filepath.Join(b.results, "e2e-bench-lbproxy.log"), b.noop, period)
+			// A period of 0 is the proxy's default, as for the replicas'.
+			px, err := startNoopProxy(ctx, b.root, dir, filepath.Join(b.results, "e2e-bench-lbproxy.log"), b.noop, o.probePeriod)
 			if err != nil {
 				return nil, fmt.Errorf("the no-op webhook's stand-in Service: %w", err)
 			}

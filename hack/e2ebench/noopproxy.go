@@ -35,9 +35,9 @@ type noopProxy struct {
 
 // startNoopProxy builds hack/lbproxy into dir (this program's own copy,
 // from the working directory, where make runs it, so that -repo may name
-// an older vmipam; else -repo's), serves
-// the no-op server's readiness, starts the proxy in front of s probing
-// every period (logging to logPath), waits until it has the server in
+// an older vmipam; else -repo's), serves the no-op server's readiness,
+// starts the proxy in front of s probing every period (0: the proxy's
+// default) and logging to logPath, waits until it has the server in
 // rotation, and points s's URL at it.
 func startNoopProxy(ctx context.Context, repo, dir, logPath string, s *noopServer, period time.Duration) (*noopProxy, error) {
 	bin := filepath.Join(dir, noopProxyComm)
