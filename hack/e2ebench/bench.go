@@ -191,7 +191,13 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 		return nil, err
 	}
 	if o.noop {
-		if b.noop, err = startNoopServer(o.noopStamp); err != nil {
+		if o.noopProcess {
+			b.noop, err = startNoopProcess(ctx, dir, filepath.Join(b.results, "e2e-bench-noopwebhook.log"), cl.Kubeconfig,
+				cl.Config.QPS, cl.Config.Burst, o.noopStamp)
+		} else {
+			b.noop, err = startNoopServer(o.noopStamp)
+		}
+		if err != nil {
 			return nil, err
 		}
 		defer b.noop.stop()
@@ -207,9 +213,12 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 			return nil, err
 		}
 		// The no-op objects carry a finalizer: something must take it
-		// away, as vmipam's controller takes its own.
-		if err := b.startFinalizerRemover(ctx); err != nil {
-			return nil, fmt.Errorf("no-op finalizer remover: %w", err)
+		// away, as vmipam's controller takes its own (the no-op process
+		// runs its own remover).
+		if !o.noopProcess {
+			if err := b.startFinalizerRemover(ctx); err != nil {
+				return nil, fmt.Errorf("no-op finalizer remover: %w", err)
+			}
 		}
 	}
 	if err := b.waitWebhooks(ctx); err != nil {

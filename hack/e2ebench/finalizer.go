@@ -43,18 +43,23 @@ type finalizerRemover struct {
 	wake    chan struct{}
 }
 
-// startFinalizerRemover runs a remover until ctx ends.
+// startFinalizerRemover runs a remover in this program until ctx ends.
 func (b *bench) startFinalizerRemover(ctx context.Context) error {
 	c, err := client.NewWithWatch(b.cl.Config, client.Options{Scheme: scheme.Scheme, Mapper: b.cl.Client.RESTMapper()})
 	if err != nil {
 		return err
 	}
+	startRemover(ctx, c)
+	return nil
+}
+
+// startRemover runs a remover with c until ctx ends.
+func startRemover(ctx context.Context, c client.WithWatch) {
 	f := &finalizerRemover{c: c, latest: map[string]*vmipamv1.VirtualMachine{}, wake: make(chan struct{}, 1)}
 	go f.watch(ctx)
 	for range finalizerWorkers {
 		go f.work(ctx)
 	}
-	return nil
 }
 
 // watch queues every object being deleted that carries the finalizer,

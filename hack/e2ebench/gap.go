@@ -58,12 +58,24 @@ func (r *report) floorGap(b *strings.Builder, with, noop *modeStats) {
 	}
 	w("")
 	switch {
+	case r.opts.noopBehindService() && r.opts.noopProcess:
+		w("In this mode vmipam's replicas sit behind this program's stand-in for their Service, a user-space proxy that kube-proxy " +
+			"replaces with the kernel's forwarding in a cluster, and the no-op webhook's server behind the same proxy run as a process " +
+			"of its own (lbproxy); the no-op server and finalizer remover run in a process of their own (" + noopProcessComm + "): this " +
+			"program's difference is its stand-in and its clients' larger responses, and lbproxy's is the no-op's stand-in.")
+		w("")
 	case r.opts.noopBehindService():
 		w("In this mode vmipam's replicas sit behind this program's stand-in for their Service, a user-space proxy that kube-proxy " +
 			"replaces with the kernel's forwarding in a cluster, and the no-op webhook's server behind the same proxy run as a process " +
 			"of its own (lbproxy): this program's difference is its stand-in and its clients' larger responses less the no-op server and " +
 			"finalizer remover, which run in it during the no-op rounds only, and lbproxy's is the no-op's stand-in " +
 			"(-profile writes this program's own profiles, e2e-bench-e2ebench-<mode>.pprof).")
+		w("")
+	case r.opts.fleet > 0 && r.opts.noopProcess:
+		w("In this mode vmipam's replicas sit behind this program's stand-in for the Service, a user-space proxy that kube-proxy " +
+			"replaces with the kernel's forwarding in a cluster, while the no-op webhook's server is reached directly (-noop-service=false), " +
+			"in a process of its own with the finalizer remover (" + noopProcessComm + "): this program's difference is that proxy and its " +
+			"clients' larger responses.")
 		w("")
 	case r.opts.fleet > 0:
 		w("In this mode vmipam's replicas sit behind this program's stand-in for the Service, a user-space proxy that kube-proxy " +

@@ -18,6 +18,9 @@ func TestFloorGap(t *testing.T) {
 	// The same, with 0.05 s of the no-op's e2ebench moved to its stand-in
 	// Service's process.
 	noopProxied := stats(1000, 1600*time.Millisecond, 3.2, 0.1, map[string]float64{"kube-apiserver": 2.0, "vmipam": 0.3, "etcd": 0.2, "e2ebench": 0.55, "lbproxy": 0.05})
+	// And 0.15 s of the rest moved to the no-op's own process.
+	noopOwn := stats(1000, 1600*time.Millisecond, 3.2, 0.1, map[string]float64{"kube-apiserver": 2.0, "vmipam": 0.3, "etcd": 0.2, "e2ebench": 0.4, "lbproxy": 0.05,
+		"noopwebhook": 0.15})
 	tests := []struct {
 		name string
 		opts options
@@ -42,6 +45,15 @@ func TestFloorGap(t *testing.T) {
 			"| lbproxy | 0.000 | 0.050 | -0.050 | -13% |",
 			"| vmipam | 0.500 | 0.300 | +0.200 | 50% |",
 		}, []string{"reached directly"}},
+		{"the no-op's own process is a row of its own", options{fleet: 100000, noop: true, noopService: true, noopProcess: true}, noopOwn, []string{
+			"the no-op server and finalizer remover run in a process of their own (noopwebhook)",
+			"| e2ebench | 0.500 | 0.400 | +0.100 | 25% |",
+			"| noopwebhook | 0.000 | 0.150 | -0.150 | -38% |",
+			"| lbproxy | 0.000 | 0.050 | -0.050 | -13% |",
+		}, []string{"reached directly", "less the no-op server"}},
+		{"the no-op's own process, reached directly", options{fleet: 100000, noop: true, noopProcess: true}, noopOwn,
+			[]string{"reached directly (-noop-service=false), in a process of its own with the finalizer remover (noopwebhook)"},
+			[]string{"less the no-op server"}},
 		{"no stand-in for the no-op outside the scale mode", options{noop: true, noopService: true}, noop, nil, []string{"stand-in", "lbproxy"}},
 	}
 	for _, tt := range tests {

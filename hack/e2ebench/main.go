@@ -16,7 +16,9 @@
 //     with a patch adding an annotation and a finalizer (which a controller
 //     in e2ebench removes on delete): the floor of what one mutating
 //     webhook call per create, and a delete through a finalizer, cost,
-//     against which vmipam's own cost shows;
+//     against which vmipam's own cost shows (with -noop-process the server
+//     and the remover run as a process of their own, this program started
+//     under the name noopwebhook);
 //   - baseline: whereabouts-style IPAM, a read-modify-write of one ConfigMap
 //     holding every allocation (retrying on conflict), then the create.
 //
@@ -77,6 +79,9 @@ type options struct {
 	// noopService: in the scale mode, the no-op webhook sits behind a
 	// stand-in for its Service, as vmipam's replicas do.
 	noopService bool
+	// noopProcess: the no-op server and finalizer remover run as a
+	// process of their own (see -noop-process).
+	noopProcess bool
 	// pacedRate: the steady-rate phase's creates per second; 0: half the
 	// throughput with vmipam of the saturated rounds; negative: no phase.
 	pacedRate float64
@@ -103,10 +108,14 @@ func (o *options) noopBehindService() bool { return o.noop && o.noopService && o
 // cpuProcs returns the processes whose CPU time the report shows: the
 // no-op webhook's stand-in Service too when it runs.
 func (o *options) cpuProcs() []string {
-	if o.noopBehindService() {
-		return append(slices.Clone(cpuProcs), noopProxyComm)
+	procs := slices.Clone(cpuProcs)
+	if o.noop && o.noopProcess {
+		procs = append(procs, noopProcessComm)
 	}
-	return cpuProcs
+	if o.noopBehindService() {
+		procs = append(procs, noopProxyComm)
+	}
+	return procs
 }
 
 // paced reports whether the steady-rate phase runs.
@@ -119,6 +128,13 @@ func (o *options) enabled(m mode) bool {
 }
 
 func main() {
+	if filepath.Base(os.Args[0]) == noopProcessComm {
+		if err := runNoopProcess(os.Args[1:]); err != nil {
+			fmt.Fprintf(os.Stderr, "%s: %v\n", noopProcessComm, err)
+			os.Exit(1)
+		}
+		return
+	}
 	var o options
 	flag.IntVar(&o.n, "n", 3000, "VirtualMachines to create with vmipam, and again without it and through the no-op mutating webhook (split across the rounds).")
 	flag.IntVar(&o.c, "c", 32, "Concurrent clients.")
@@ -134,6 +150,7 @@ func main() {
 	flag.DurationVar(&o.profile, "profile", 0, "When set, CPU profiles of kube-apiserver, of vmipam and of this program (e2e-bench-e2ebench-<mode>.pprof: its clients, the no-op webhook server and finalizer remover, the stand-in Service) this long (whole seconds; in the scale mode also over the idle resync interval, into e2e-bench-{apiserver,vmipam}-idle*.pprof) are taken from the start of each mode's first round, into e2e-bench-{apiserver,vmipam}-<mode>.pprof, and from the start of each mode's deletes, into e2e-bench-{apiserver,vmipam}-delete-<mode>.pprof; the rounds and the deletes should last longer (see -n).")
 	flag.BoolVar(&o.noopStamp, "noop-stamp", false, "The no-op mutating webhook also writes two annotations and a label about as long as vmipam's stamp writes (its token and address annotations, its holder label; its own annotation stands in for vmipam's pool annotation), under keys of its own: a floor whose stored objects are as large as vmipam's, so that with / no-op leaves out what the stamp's size costs the API server and etcd (not the stamp's admission policy, which the no-op objects do not go through).")
 	flag.BoolVar(&o.noopService, "noop-service", true, "In the scale mode, where vmipam's replicas sit behind this program's stand-in for their Service (a user-space proxy, where a cluster has kube-proxy forward in the kernel), the no-op webhook's server sits behind one too, so that both modes pay the same hop: hack/lbproxy, the same proxy, run as a process of its own with the no-op server as its one backend, so that its CPU is counted apart (the lbproxy row) and not in the no-op server and finalizer remover's figure. false: the no-op server is reached directly, as in the runs before this flag; the other modes never go through a stand-in.")
+	flag.BoolVar(&o.noopProcess, "noop-process", false, "The no-op webhook's server and finalizer remover run as a process of their own (this program under the name "+noopProcessComm+", its CPU a row of its own and the no-op figure of the goals), as a webhook in a Pod of its own runs, instead of inside this program, where they share the busy runtime of its clients (its scheduler's wake-ups and collector) and their CPU is e2ebench's in the no-op rounds less its CPU in the rounds without vmipam. -profile does not profile that process.")
 	flag.BoolVar(&o.noop, "noop", true, "Also measure a no-op mutating webhook: creates without vmipam, through one mutating webhook that e2ebench serves and that only allows, adding an annotation and a finalizer (the floor of one webhook call per create, and of a delete through a finalizer).")
 	flag.Float64Var(&o.pacedRate, "paced-rate", 0, "Creates per second with vmipam in the steady-rate phase after the saturated rounds, where the webhooks' latency is measured again at a fixed load below saturation; 0: half the throughput with vmipam just measured; negative: no such phase.")
 	flag.IntVar(&o.pacedN, "paced-n", 1500, "VirtualMachines to create with vmipam in the steady-rate phase (see -paced-rate).")

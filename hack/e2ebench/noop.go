@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"os/exec"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -45,11 +46,18 @@ const (
 // mutating webhook call per create costs the API server (encoding the
 // review, TLS on loopback, applying a patch), as vmipam's one call per
 // create does, with almost no work of its own. It runs inside this
-// program, so its CPU counts as e2ebench's.
+// program, so its CPU counts as e2ebench's, or with -noop-process in a
+// process of its own (startNoopProcess), whose noopServer here only
+// starts, reads and stops it.
 type noopServer struct {
 	srv      *http.Server
 	url      string
 	caBundle []byte
+	// proc is the no-op process with -noop-process (nil otherwise), done
+	// its exit, and status the base URL of its status server.
+	proc   *exec.Cmd
+	done   chan error
+	status string
 	// mutated counts the reviews answered.
 	mutated atomic.Int64
 	// The mutating handler's patches, fixed: patches[a][l] adds the
@@ -145,6 +153,10 @@ func addOps(field string, kv map[string]string, exists bool) []map[string]any {
 
 // stop closes the server, waiting a little for calls in flight.
 func (s *noopServer) stop() {
+	if s.proc != nil {
+		s.stopProcess()
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := s.srv.Shutdown(ctx); err != nil {
@@ -154,6 +166,9 @@ func (s *noopServer) stop() {
 
 // reviews returns how many reviews the mutating handler answered so far.
 func (s *noopServer) reviews() int64 {
+	if s.proc != nil {
+		return s.remoteReviews()
+	}
 	return s.mutated.Load()
 }
 

@@ -29,7 +29,8 @@ type noopProxy struct {
 	cmd  *exec.Cmd
 	done chan error
 	// readiness serves the no-op server's readiness over plain HTTP, for
-	// the proxy's probes.
+	// the proxy's probes (nil with -noop-process, whose process serves
+	// its own).
 	readiness *http.Server
 }
 
@@ -49,33 +50,40 @@ func startNoopProxy(ctx context.Context, repo, dir, logPath string, s *noopServe
 	if out, err := build.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("build hack/lbproxy: %w: %s", err, out)
 	}
-	readyLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, fmt.Errorf("listen for the no-op server's readiness: %w", err)
+	p := &noopProxy{done: make(chan error, 1)}
+	// The no-op process (-noop-process) serves its own readiness, and
+	// pays for the probes as vmipam's replicas do.
+	readyz := s.status + "/readyz"
+	if s.proc == nil {
+		readyLn, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("listen for the no-op server's readiness: %w", err)
+		}
+		p.readiness = &http.Server{
+			Handler:           http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) }),
+			ReadHeaderTimeout: 10 * time.Second,
+		}
+		go func() { _ = p.readiness.Serve(readyLn) }()
+		readyz = "http://" + readyLn.Addr().String() + "/readyz"
 	}
-	p := &noopProxy{done: make(chan error, 1), readiness: &http.Server{
-		Handler:           http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) }),
-		ReadHeaderTimeout: 10 * time.Second,
-	}}
-	go func() { _ = p.readiness.Serve(readyLn) }()
 	listen, err := freeLocalAddr()
 	if err != nil {
-		return nil, errors.Join(err, p.readiness.Close())
+		return nil, errors.Join(err, p.closeReadiness())
 	}
 	status, err := freeLocalAddr()
 	if err != nil {
-		return nil, errors.Join(err, p.readiness.Close())
+		return nil, errors.Join(err, p.closeReadiness())
 	}
 	logFile, err := os.Create(logPath)
 	if err != nil {
-		return nil, errors.Join(err, p.readiness.Close())
+		return nil, errors.Join(err, p.closeReadiness())
 	}
 	backend := strings.TrimPrefix(s.url, "https://")
 	p.cmd = exec.Command(bin, "--listen="+listen, "--status-bind-address="+status, "--stats-interval=0",
-		"--probe-interval="+period.String(), "--backend=noop,"+backend+",http://"+readyLn.Addr().String()+"/readyz")
+		"--probe-interval="+period.String(), "--backend=noop,"+backend+","+readyz)
 	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile
 	if err := p.cmd.Start(); err != nil {
-		return nil, errors.Join(fmt.Errorf("start %s: %w", bin, err), logFile.Close(), p.readiness.Close())
+		return nil, errors.Join(fmt.Errorf("start %s: %w", bin, err), logFile.Close(), p.closeReadiness())
 	}
 	go func() {
 		p.done <- p.cmd.Wait()
@@ -120,5 +128,13 @@ func (p *noopProxy) stop() {
 	if err != nil {
 		logf("the no-op webhook's stand-in Service: %v", err)
 	}
-	_ = p.readiness.Close()
+	_ = p.closeReadiness()
+}
+
+// closeReadiness closes the readiness server, if this program serves it.
+func (p *noopProxy) closeReadiness() error {
+	if p.readiness == nil {
+		return nil
+	}
+	return p.readiness.Close()
 }
