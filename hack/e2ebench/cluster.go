@@ -346,11 +346,13 @@ func (b *bench) apiserverGet(ctx context.Context, path string) ([]byte, error) {
 	return get(ctx, hc, strings.TrimSuffix(b.cl.Config.Host, "/")+path)
 }
 
-// profile starts CPU profiles of the API server and of vmipam (when it
-// serves pprof) for d, written to the results folder as
-// e2e-bench-apiserver-<name>.pprof and e2e-bench-vmipam-<name>.pprof (in
-// the scale mode e2e-bench-vmipam-<name>-<i>.pprof, one per replica); the
-// returned function waits for them.
+// profile starts CPU profiles of the API server, of this program, of the
+// no-op process (-noop-process) and of vmipam (when it serves pprof) for
+// d, written to the results folder as e2e-bench-apiserver-<name>.pprof,
+// e2e-bench-e2ebench-<name>.pprof, e2e-bench-noopwebhook-<name>.pprof and
+// e2e-bench-vmipam-<name>.pprof (in the scale mode
+// e2e-bench-vmipam-<name>-<i>.pprof, one per replica); the returned
+// function waits for them.
 func (b *bench) profile(ctx context.Context, name string, d time.Duration) func() {
 	path := fmt.Sprintf("/debug/pprof/profile?seconds=%d", int(d.Seconds()))
 	var wg sync.WaitGroup
@@ -369,6 +371,10 @@ func (b *bench) profile(ctx context.Context, name string, d time.Duration) func(
 	// And this program's own: its CPU is the no-op webhook server's and
 	// finalizer remover's in the goal's figures, and the stand-in Service's.
 	take("e2e-bench-e2ebench-"+name+".pprof", func() ([]byte, error) { return selfProfile(ctx, d) })
+	if b.noop != nil && b.noop.proc != nil {
+		// The no-op server and finalizer remover in their own process.
+		take("e2e-bench-"+noopProcessComm+"-"+name+".pprof", func() ([]byte, error) { return get(ctx, http.DefaultClient, b.noop.status+path) })
+	}
 	if rs := b.replicas(); rs != nil {
 		// The scale mode's replicas, each in its own file.
 		for i, rep := range rs.Live() {

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -41,7 +42,8 @@ type noopHello struct {
 // finalizer remover, as this program does in its own process without
 // -noop-process, until SIGTERM or SIGINT. It serves over plain HTTP on
 // -status the server's readiness (/readyz, for the stand-in Service's
-// probes) and the count of reviews it answered (/reviews), prints a
+// probes), the count of reviews it answered (/reviews) and CPU profiles
+// (/debug/pprof/profile, for -profile), prints a
 // noopHello line once it serves, and logs to its standard error.
 func runNoopProcess(args []string) error {
 	fs := flag.NewFlagSet(noopProcessComm, flag.ContinueOnError)
@@ -78,6 +80,8 @@ func runNoopProcess(args []string) error {
 	mux.HandleFunc("GET /reviews", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(w, strconv.FormatInt(s.reviews(), 10))
 	})
+	// For -profile, as vmipam serves it.
+	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
 	statusSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = statusSrv.Serve(statusLn) }()
 	defer statusSrv.Close() //nolint:errcheck // exiting
