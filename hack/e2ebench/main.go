@@ -208,7 +208,8 @@ func (o *options) validate() error {
 	usable := 1<<(32-p.Bits()) - 2
 	need, what := o.n+2*o.warmup, "-n plus the warm-up"
 	if o.fleet > 0 {
-		need, what = need+o.fleet, "-fleet, -n plus the warm-up"
+		// And the warm-up after the rolling restart, which stays.
+		need, what = need+o.fleet+o.warmup, "-fleet, -n plus the warm-ups"
 	}
 	if o.paced() {
 		need, what = need+o.pacedN, "-n, -paced-n and the warm-up"

@@ -376,14 +376,14 @@ func (r *report) markdown() string {
 	w("")
 	if o.noop {
 		w("%d VirtualMachines with vmipam, %d without, %d through one no-op mutating webhook and %d through the read-modify-write baseline, "+
-			"from %d concurrent clients (%s connections), in %d alternating rounds (with, without, no-op, baseline, then reversed, and so on) after a warm-up of %d per mode. "+
+			"from %d concurrent clients (%s connections), in %d alternating rounds (with, without, no-op, baseline, then reversed, and so on) after a warm-up of %d per mode%s. "+
 			"Pool %s (%d usable addresses), cooldown %s. The figures depend on the machine; the ratios are what to compare.",
-			o.n, o.n, o.n, o.baselineN, o.c, o.clients, o.rounds, o.warmup, o.poolCIDR, r.usable(), o.cooldown)
+			o.n, o.n, o.n, o.baselineN, o.c, o.clients, o.rounds, o.warmup, warmAgain(o), o.poolCIDR, r.usable(), o.cooldown)
 	} else {
 		w("%d VirtualMachines with vmipam and %d without, %d through the read-modify-write baseline, from %d concurrent clients (%s connections), "+
-			"in %d alternating rounds (with, without, baseline, then reversed, and so on) after a warm-up of %d per mode. Pool %s (%d usable addresses), cooldown %s. "+
+			"in %d alternating rounds (with, without, baseline, then reversed, and so on) after a warm-up of %d per mode%s. Pool %s (%d usable addresses), cooldown %s. "+
 			"The figures depend on the machine; the ratios are what to compare.",
-			o.n, o.n, o.baselineN, o.c, o.clients, o.rounds, o.warmup, o.poolCIDR, r.usable(), o.cooldown)
+			o.n, o.n, o.baselineN, o.c, o.clients, o.rounds, o.warmup, warmAgain(o), o.poolCIDR, r.usable(), o.cooldown)
 	}
 	if ps := &r.paced; ps.ran {
 		w("")
@@ -931,4 +931,13 @@ func fmtCounts(c map[string]float64) string {
 		}
 	}
 	return strings.Join(s, ", ")
+}
+
+// warmAgain says, in the scale mode, that the warm-up ran again after the
+// rolling restart, right before the rounds.
+func warmAgain(o options) string {
+	if o.fleet > 0 && o.warmup > 0 {
+		return " (in the scale mode before the fleet's creation, and again after the rolling restart, whose new replicas the rounds meet, its VMs left in place)"
+	}
+	return ""
 }
