@@ -183,15 +183,5 @@ func (s *noopServer) remoteReviews() int64 {
 
 // stopProcess ends the no-op process (SIGTERM, then SIGKILL after 10 s).
 func (s *noopServer) stopProcess() {
-	_ = s.proc.Process.Signal(syscall.SIGTERM)
-	var err error
-	select {
-	case err = <-s.done:
-	case <-time.After(10 * time.Second):
-		_ = s.proc.Process.Kill()
-		err = <-s.done
-	}
-	if err != nil {
-		logf("the no-op webhook's process: %v", err)
-	}
+	stopChild(s.proc, s.done, "the no-op webhook's process")
 }

@@ -117,18 +117,24 @@ func startNoopProxy(ctx context.Context, repo, dir, logPath string, s *noopServe
 // stop ends the proxy (SIGTERM, then SIGKILL after 10 s) and the
 // readiness server.
 func (p *noopProxy) stop() {
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	stopChild(p.cmd, p.done, "the no-op webhook's stand-in Service")
+	_ = p.closeReadiness()
+}
+
+// stopChild ends cmd, a child of this program whose exit done reports:
+// SIGTERM, then SIGKILL after 10 s. What is logs any error it exits with.
+func stopChild(cmd *exec.Cmd, done chan error, what string) {
+	_ = cmd.Process.Signal(syscall.SIGTERM)
 	var err error
 	select {
-	case err = <-p.done:
+	case err = <-done:
 	case <-time.After(10 * time.Second):
-		_ = p.cmd.Process.Kill()
-		err = <-p.done
+		_ = cmd.Process.Kill()
+		err = <-done
 	}
 	if err != nil {
-		logf("the no-op webhook's stand-in Service: %v", err)
+		logf("%s: %v", what, err)
 	}
-	_ = p.closeReadiness()
 }
 
 // closeReadiness closes the readiness server, if this program serves it.
