@@ -240,9 +240,9 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 		return nil, fmt.Errorf("scale mode: %w", err)
 	}
 	if o.fleet > 0 {
-		// The rolling restart left new replicas, and the rounds should
-		// meet them warm, as the warm-up above left the first ones: else
-		// the first round, always one with vmipam, pays for their start.
+		// The rolling restart left new replicas: the rounds meet them
+		// warm, as the warm-up above left the first ones for the phases
+		// before.
 		logf("scale: warming up again after the rolling restart, %d VirtualMachines per mode", o.warmup)
 		if err := b.warmUp(ctx, true); err != nil {
 			return nil, fmt.Errorf("warm up after the scale mode: %w", err)

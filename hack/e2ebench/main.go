@@ -106,7 +106,7 @@ type options struct {
 func (o *options) noopBehindService() bool { return o.noop && o.noopService && o.fleet > 0 }
 
 // cpuProcs returns the processes whose CPU time the report shows: the
-// no-op webhook's stand-in Service too when it runs.
+// no-op webhook's own process and its stand-in Service too when they run.
 func (o *options) cpuProcs() []string {
 	procs := slices.Clone(cpuProcs)
 	if o.noop && o.noopProcess {

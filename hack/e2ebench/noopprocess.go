@@ -31,8 +31,9 @@ import (
 // runs runNoopProcess when it is started under that name.
 const noopProcessComm = "noopwebhook"
 
-// noopHello is the line the no-op process prints on its standard output
-// once it serves: where the API server reaches it, and how to trust it.
+// noopHello is what the no-op process prints on its standard output once
+// it serves, in JSON, followed on the same line by its status server's
+// address: where the API server reaches it, and how to trust it.
 type noopHello struct {
 	URL      string `json:"url"`
 	CABundle []byte `json:"caBundle"`
@@ -43,15 +44,15 @@ type noopHello struct {
 // -noop-process, until SIGTERM or SIGINT. It serves over plain HTTP on
 // -status the server's readiness (/readyz, for the stand-in Service's
 // probes), the count of reviews it answered (/reviews) and CPU profiles
-// (/debug/pprof/profile, for -profile), prints a
-// noopHello line once it serves, and logs to its standard error.
+// (/debug/pprof/profile, for -profile), prints its noopHello line once it
+// serves, and logs to its standard error.
 func runNoopProcess(args []string) error {
 	fs := flag.NewFlagSet(noopProcessComm, flag.ContinueOnError)
 	kubeconfig := fs.String("kubeconfig", "", "The kubeconfig the finalizer remover uses.")
 	qps := fs.Float64("qps", 0, "The finalizer remover's client QPS (0: client-go's default).")
 	burst := fs.Int("burst", 0, "The finalizer remover's client burst (0: client-go's default).")
 	stamp := fs.Bool("stamp", false, "Write the no-op stamp as well (e2ebench's -noop-stamp).")
-	status := fs.String("status", "127.0.0.1:0", "Where to serve /readyz and /reviews over plain HTTP.")
+	status := fs.String("status", "127.0.0.1:0", "Where to serve /readyz, /reviews and /debug/pprof/profile over plain HTTP.")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
