@@ -122,7 +122,8 @@ func (p *noopProxy) stop() {
 }
 
 // stopChild ends cmd, a child of this program whose exit done reports:
-// SIGTERM, then SIGKILL after 10 s. What is logs any error it exits with.
+// SIGTERM, then SIGKILL after 10 s; an error it exits with is logged
+// under what.
 func stopChild(cmd *exec.Cmd, done chan error, what string) {
 	_ = cmd.Process.Signal(syscall.SIGTERM)
 	var err error
