@@ -16,8 +16,14 @@ import (
 // It finds an object's end by counting brackets outside strings, a scan
 // that resumes where it stopped when more of the stream arrives, so an
 // object that comes in many reads is scanned once.
+//
+// An event longer than max is an error, as it is to client-go's streaming
+// decoder: a stream whose brackets never close (a broken proxy, a
+// truncated write) must not grow the buffer until the process runs out
+// of memory.
 type frames struct {
 	r   io.Reader
+	max int
 	buf []byte
 	// buf[off:n] is what was read and not returned yet.
 	off, n int
@@ -32,7 +38,12 @@ type frames struct {
 }
 
 // newFrames reads the objects of the stream r.
-func newFrames(r io.Reader) *frames { return &frames{r: r} }
+func newFrames(r io.Reader) *frames { return &frames{r: r, max: maxFrame} }
+
+// maxFrame is the longest event frames reads: client-go's streaming
+// decoder refuses longer objects too (16 MiB), and etcd stores none
+// larger than its request limit (1.5 MiB unless raised).
+const maxFrame = 16 << 20
 
 // minRead is the room frames keeps free for a read.
 const minRead = 16 << 10
@@ -57,11 +68,17 @@ func (f *frames) next() ([]byte, error) {
 			if end, ok := f.scan(); ok {
 				frame := f.buf[f.off:end]
 				f.off, f.open = end, false
+				if len(frame) > f.max {
+					return nil, f.tooLong()
+				}
 				if !json.Valid(frame) {
 					return nil, errors.New("watch stream: an event is not valid JSON")
 				}
 				return frame, nil
 			}
+		}
+		if f.open && f.n-f.off > f.max {
+			return nil, f.tooLong()
 		}
 		if f.err != nil {
 			if errors.Is(f.err, io.EOF) && f.open {
@@ -71,6 +88,10 @@ func (f *frames) next() ([]byte, error) {
 		}
 		f.fill()
 	}
+}
+
+func (f *frames) tooLong() error {
+	return fmt.Errorf("watch stream: an event is longer than %d bytes", f.max)
 }
 
 // scan counts brackets from pos, and returns the end of the open object

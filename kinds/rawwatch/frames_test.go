@@ -23,6 +23,73 @@ var readers = map[string]func(io.Reader) io.Reader{
 	"two reads": func(r io.Reader) io.Reader { return io.MultiReader(io.LimitReader(r, 7), r) },
 }
 
+// TestFramesLongEvent stops at an event longer than the limit, however the
+// stream arrives, instead of buffering it: a stream whose object never
+// closes must not take the process's memory.
+func TestFramesLongEvent(t *testing.T) {
+	const limit = 4 * minRead
+	event := `{"a":"` + strings.Repeat("x", limit-8) + `"}`
+	for _, tc := range []struct {
+		name   string
+		stream func() io.Reader
+		want   []string
+		// tooLong: the frames end with the error for an event's length,
+		// else with io.EOF.
+		tooLong bool
+	}{
+		{name: "at the limit", stream: func() io.Reader { return strings.NewReader(event + "\n" + `{}`) }, want: []string{event, `{}`}},
+		{name: "one byte over", stream: func() io.Reader { return strings.NewReader(`{"a":"x` + event[6:]) }, tooLong: true},
+		{name: "after an event", stream: func() io.Reader {
+			return io.MultiReader(strings.NewReader(`{"a":1}`+"\n"+`{"b":"`), endless('x'))
+		}, want: []string{`{"a":1}`}, tooLong: true},
+		{name: "a string that never closes", stream: func() io.Reader {
+			return io.MultiReader(strings.NewReader(`{"a":"`), endless('x'))
+		}, tooLong: true},
+		{name: "brackets that never close", stream: func() io.Reader {
+			return io.MultiReader(strings.NewReader(`{"a":`), endless('['))
+		}, tooLong: true},
+	} {
+		for rname, wrap := range readers {
+			t.Run(tc.name+"/"+rname, func(t *testing.T) {
+				f := newFrames(wrap(tc.stream()))
+				f.max = limit
+				var got []string
+				var err error
+				for {
+					var frame []byte
+					if frame, err = f.next(); err != nil {
+						break
+					}
+					got = append(got, string(frame))
+				}
+				if strings.Join(got, "\n") != strings.Join(tc.want, "\n") {
+					t.Errorf("frames %q, want %q", got, tc.want)
+				}
+				if tc.tooLong {
+					if err == nil || !strings.Contains(err.Error(), "longer than") {
+						t.Errorf("then %v, want an error for the event's length", err)
+					}
+				} else if !errors.Is(err, io.EOF) {
+					t.Errorf("then %v, want io.EOF", err)
+				}
+				if len(f.buf) > 2*limit+2*minRead {
+					t.Errorf("buffer grew to %d bytes, with a limit of %d", len(f.buf), limit)
+				}
+			})
+		}
+	}
+}
+
+// endless is a stream of c that never ends.
+type endless byte
+
+func (e endless) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = byte(e)
+	}
+	return len(p), nil
+}
+
 // TestFrames frames streams as the API server writes them and as it would
 // not, read every way a body may be.
 func TestFrames(t *testing.T) {
