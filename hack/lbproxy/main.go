@@ -97,7 +97,7 @@ func run(o options, log logr.Logger) error {
 		}
 		defer func() { _ = srv.Close() }()
 	}
-	log.Info("Proxying", "listen", p.Addr().String(), "backends", len(o.backends), "probeInterval", o.proxy.ProbeInterval)
+	log.Info("Proxying", "listen", p.Addr().String(), "backends", len(o.backends), "probeInterval", p.ProbeInterval())
 	var tick <-chan time.Time
 	if o.statsInterval > 0 {
 		t := time.NewTicker(o.statsInterval)

@@ -404,6 +404,14 @@ func (p *Proxy) SetProbeInterval(d time.Duration) {
 	}
 }
 
+// ProbeInterval returns the interval between a backend's readiness probes
+// now: Options.ProbeInterval, or the default when it was not positive, as
+// SetProbeInterval last changed it.
+func (p *Proxy) ProbeInterval() time.Duration {
+	d, _ := p.probeInterval()
+	return d
+}
+
 // probeInterval returns the probes' interval now, and a channel closed
 // when it changes.
 func (p *Proxy) probeInterval() (time.Duration, <-chan struct{}) {

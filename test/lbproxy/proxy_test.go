@@ -246,6 +246,37 @@ func TestSetProbeInterval(t *testing.T) {
 	settleReady(false)
 }
 
+// TestProbeInterval reports the interval in force: the option's, the
+// default for none, and what SetProbeInterval set (the default for none).
+func TestProbeInterval(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		option time.Duration
+		set    []time.Duration
+		want   time.Duration
+	}{
+		{name: "option", option: 7 * time.Millisecond, want: 7 * time.Millisecond},
+		{name: "no option", want: DefaultProbeInterval},
+		{name: "negative option", option: -time.Second, want: DefaultProbeInterval},
+		{name: "set", option: 7 * time.Millisecond, set: []time.Duration{time.Hour}, want: time.Hour},
+		{name: "set to none", option: 7 * time.Millisecond, set: []time.Duration{time.Hour, 0}, want: DefaultProbeInterval},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := Listen("127.0.0.1:0", Options{ProbeInterval: tc.option})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = p.Close() })
+			for _, d := range tc.set {
+				p.SetProbeInterval(d)
+			}
+			if got := p.ProbeInterval(); got != tc.want {
+				t.Errorf("ProbeInterval() = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
 func TestNoReadyBackendResets(t *testing.T) {
 	tests := map[string]struct{ backends int }{
 		"no backends":           {backends: 0},
