@@ -435,6 +435,9 @@ func (b *bench) measureCreates(ctx context.Context, rep *report) error {
 			st.cpuSettled.add(sampleCPU().sub(c0))
 		}
 	}
+	if o.profile > 0 {
+		rep.apiserverSplit = b.splitAPIServerProfiles(ctx)
+	}
 	vAfter, err := b.vmipamMetrics()
 	if err != nil {
 		return err

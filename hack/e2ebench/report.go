@@ -119,6 +119,9 @@ type report struct {
 	scale       scalePhase
 	// rounds: each round of the creates, in the order they ran.
 	rounds []roundStat
+	// apiserverSplit: the API server's profiles of the rounds by part,
+	// with -profile.
+	apiserverSplit apiserverSplit
 }
 
 func ms(d time.Duration) string { return secs(d.Seconds()) }
@@ -549,6 +552,7 @@ func (r *report) markdown() string {
 	w("")
 	if o.noop && len(with.lat) > 0 && len(noop.lat) > 0 {
 		r.floorGap(&b, with, noop)
+		r.apiserverPartsSection(&b)
 	}
 
 	w("API server requests per create during the rounds (`apiserver_request_total`; everything the API server served, vmipam's requests included):")
