@@ -53,15 +53,7 @@ func TestFramesLongEvent(t *testing.T) {
 			t.Run(tc.name+"/"+rname, func(t *testing.T) {
 				f := newFrames(wrap(tc.stream()))
 				f.max = limit
-				var got []string
-				var err error
-				for {
-					var frame []byte
-					if frame, err = f.next(); err != nil {
-						break
-					}
-					got = append(got, string(frame))
-				}
+				got, err := readAll(f)
 				if strings.Join(got, "\n") != strings.Join(tc.want, "\n") {
 					t.Errorf("frames %q, want %q", got, tc.want)
 				}
@@ -77,6 +69,19 @@ func TestFramesLongEvent(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// readAll returns the frames f reads until its first error, and that
+// error.
+func readAll(f *frames) ([]string, error) {
+	var got []string
+	for {
+		frame, err := f.next()
+		if err != nil {
+			return got, err
+		}
+		got = append(got, string(frame))
 	}
 }
 
@@ -122,15 +127,7 @@ func TestFrames(t *testing.T) {
 		for rname, wrap := range readers {
 			t.Run(tc.name+"/"+rname, func(t *testing.T) {
 				f := newFrames(wrap(strings.NewReader(tc.stream)))
-				var got []string
-				var err error
-				for {
-					var frame []byte
-					if frame, err = f.next(); err != nil {
-						break
-					}
-					got = append(got, string(frame))
-				}
+				got, err := readAll(f)
 				if strings.Join(got, "\n") != strings.Join(tc.want, "\n") {
 					t.Errorf("frames %q, want %q", got, tc.want)
 				}
