@@ -118,12 +118,13 @@ func splitProfile(ctx context.Context, path string, parts []profilePart) (profil
 // round (-profile) holds, by part; nil for a mode without one.
 type apiserverSplit [numModes]*profileSplit
 
-// splitAPIServerProfiles splits the API server's profile of each mode's
-// first round that -profile took. A profile that cannot be read is left
-// out (and logged): the rest of the report does not depend on it.
+// splitAPIServerProfiles splits the API server's profiles of the first
+// round with vmipam and through the no-op webhook that -profile took, the
+// two the report compares. A profile that cannot be read is left out (and
+// logged): the rest of the report does not depend on it.
 func (b *bench) splitAPIServerProfiles(ctx context.Context) apiserverSplit {
 	var out apiserverSplit
-	for m := range numModes {
+	for _, m := range []mode{modeWith, modeNoop} {
 		path := filepath.Join(b.results, "e2e-bench-apiserver-"+m.prefix()+".pprof")
 		if _, err := os.Stat(path); err != nil {
 			continue

@@ -90,6 +90,7 @@ func (f *frames) next() ([]byte, error) {
 	}
 }
 
+// tooLong is the error for an event longer than f.max.
 func (f *frames) tooLong() error {
 	return fmt.Errorf("watch stream: an event is longer than %d bytes", f.max)
 }
