@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -111,8 +112,12 @@ func splitProfile(ctx context.Context, path string, parts []profilePart) (profil
 	if err != nil {
 		return profileSplit{}, fmt.Errorf("go tool pprof -traces %s: %w: %s", path, err, strings.TrimSpace(stderr.String()))
 	}
-	return splitTraces(strings.NewReader(string(out)), parts)
+	return splitTraces(bytes.NewReader(out), parts)
 }
+
+// apiserverProfile is the file profile writes the API server's profile
+// named name to, in the results folder.
+func apiserverProfile(name string) string { return "e2e-bench-apiserver-" + name + ".pprof" }
 
 // apiserverSplit is what the API server's profile of each mode's first
 // round (-profile) holds, by part; nil for a mode without one.
@@ -125,7 +130,7 @@ type apiserverSplit [numModes]*profileSplit
 func (b *bench) splitAPIServerProfiles(ctx context.Context) apiserverSplit {
 	var out apiserverSplit
 	for _, m := range []mode{modeWith, modeNoop} {
-		path := filepath.Join(b.results, "e2e-bench-apiserver-"+m.prefix()+".pprof")
+		path := filepath.Join(b.results, apiserverProfile(m.prefix()))
 		if _, err := os.Stat(path); err != nil {
 			continue
 		}
@@ -166,11 +171,7 @@ func (r *report) apiserverPartsSection(b *strings.Builder) {
 	t := table{b: b}
 	t.header("API server CPU ms per create", "with vmipam", "no-op mutating webhook", "difference")
 	row := func(name string, a, n float64) {
-		d := a - n
-		if d > -0.0005 && d < 0.0005 {
-			d = 0
-		}
-		t.row(name, fmt.Sprintf("%.3f", a), fmt.Sprintf("%.3f", n), fmt.Sprintf("%+.3f", d))
+		t.row(name, fmt.Sprintf("%.3f", a), fmt.Sprintf("%.3f", n), fmt.Sprintf("%+.3f", noNegZero(a-n)))
 	}
 	for i, p := range apiserverParts {
 		row(p.name, perCreate(with, rw, with.parts[i]), perCreate(noop, rn, noop.parts[i]))
@@ -195,8 +196,11 @@ func (r *report) firstRound(m mode) *roundStat {
 func (r *report) shortRounds(rs ...*roundStat) string {
 	var short []string
 	for _, s := range rs {
-		if s.rate > 0 && time.Duration(float64(s.created)/s.rate*float64(time.Second)) < r.opts.profile {
-			short = append(short, fmt.Sprintf("%s (%.1f s)", s.mode, float64(s.created)/s.rate))
+		if s.rate <= 0 {
+			continue
+		}
+		if lasted := float64(s.created) / s.rate; lasted < r.opts.profile.Seconds() {
+			short = append(short, fmt.Sprintf("%s (%.1f s)", s.mode, lasted))
 		}
 	}
 	if len(short) == 0 {

@@ -367,7 +367,7 @@ func (b *bench) profile(ctx context.Context, name string, d time.Duration) func(
 			}
 		})
 	}
-	take("e2e-bench-apiserver-"+name+".pprof", func() ([]byte, error) { return b.apiserverGet(ctx, path) })
+	take(apiserverProfile(name), func() ([]byte, error) { return b.apiserverGet(ctx, path) })
 	// And this program's own: its CPU is the no-op webhook server's and
 	// finalizer remover's in the goal's figures, and the stand-in Service's.
 	take("e2e-bench-e2ebench-"+name+".pprof", func() ([]byte, error) { return selfProfile(ctx, d) })

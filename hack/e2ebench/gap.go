@@ -43,10 +43,7 @@ func (r *report) floorGap(b *strings.Builder, with, noop *modeStats) {
 	t := table{b: b}
 	t.header("CPU ms per create", "with vmipam", "no-op mutating webhook", "difference", "share of the difference")
 	for _, p := range parts {
-		d := 1000 * (p.with - p.off)
-		if math.Abs(d) < 0.0005 {
-			d = 0 // no "-0.000" for what rounds to nothing
-		}
+		d := noNegZero(1000 * (p.with - p.off))
 		// Shares explain a miss: within the goal's margin the difference
 		// is small enough for the runs' spread to make them read as
 		// hundreds of percent either way.
@@ -84,4 +81,13 @@ func (r *report) floorGap(b *strings.Builder, with, noop *modeStats) {
 			"run in it during the no-op rounds only (-profile writes its own profiles, e2e-bench-e2ebench-<mode>.pprof).")
 		w("")
 	}
+}
+
+// noNegZero is the difference d (ms, printed to three decimals), or 0 where
+// it rounds to nothing, so that no table prints "-0.000".
+func noNegZero(d float64) float64 {
+	if math.Abs(d) < 0.0005 {
+		return 0
+	}
+	return d
 }
