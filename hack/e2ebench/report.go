@@ -246,6 +246,26 @@ func metOrNA(v float64, ok bool) string {
 	return met(ok)
 }
 
+// createGoal is the goal of create throughput against the no-op floor.
+const createGoal = "create throughput with vmipam ≥ %.2f × the floor of one no-op mutating webhook, measured in the same run"
+
+// createGoalRow is the goals table's row of create throughput with vmipam
+// (withRate) against the no-op floor (noopRate). With -noop-stamp (stamped)
+// the floor writes as much as vmipam's stamp: a higher floor than the
+// goal's, which leaves out what the stamp costs the API server, so the row
+// says so and does not call the goal met or not.
+func createGoalRow(withRate, noopRate float64, stamped bool) string {
+	goal := fmt.Sprintf(createGoal, goalCreateVsNoop)
+	measured := fmt.Sprintf("%s (%s vs %s VM/s)", ratio(withRate, noopRate), rate(withRate), rate(noopRate))
+	cr := withRate / noopRate
+	verdict := metOrNA(cr, cr >= goalCreateVsNoop)
+	if stamped {
+		measured += " against a no-op webhook that writes a stamp as large as vmipam's (-noop-stamp)"
+		verdict = "– (not the goal's floor)"
+	}
+	return "| " + goal + " | " + measured + " | " + verdict + " |"
+}
+
 // cpuPerK returns the CPU seconds process p spent in c per 1,000 of the
 // creates s counted; NaN without any.
 func cpuPerK(s *modeStats, c cpuSample, p string) float64 {
@@ -407,11 +427,8 @@ func (r *report) markdown() string {
 	w("")
 	w("| goal | measured | met |")
 	w("|---|---:|:---:|")
-	const createGoal = "create throughput with vmipam ≥ %.2f × the floor of one no-op mutating webhook, measured in the same run"
 	if o.noop {
-		cr := with.rate() / noop.rate()
-		w("| "+createGoal+" | %s (%s vs %s VM/s) | %s |", goalCreateVsNoop, ratio(with.rate(), noop.rate()),
-			rate(with.rate()), rate(noop.rate()), metOrNA(cr, cr >= goalCreateVsNoop))
+		w("%s", createGoalRow(with.rate(), noop.rate(), o.noopStamp))
 	} else {
 		w("| "+createGoal+" | not measured (-noop=false) | – |", goalCreateVsNoop)
 	}
